@@ -1,0 +1,88 @@
+#include "textgen/kernels/rms_norm.h"
+
+#include <cmath>
+#include <limits>
+
+#include "textgen/kernels/half.h"
+
+namespace textgen::kernels {
+namespace {
+
+// Reads and writes one element of a dtype-typed buffer as float, rounding on store.
+struct Elements {
+  DType dtype;
+
+  float load(const void* base, int64_t i) const {
+    switch (dtype) {
+      case DType::kF32: return static_cast<const float*>(base)[i];
+      case DType::kF16: return f16ToFloat(static_cast<const uint16_t*>(base)[i]);
+      case DType::kBF16: return bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    }
+    return 0.0f;
+  }
+  void store(void* base, int64_t i, float v) const {
+    switch (dtype) {
+      case DType::kF32: static_cast<float*>(base)[i] = v; break;
+      case DType::kF16: static_cast<uint16_t*>(base)[i] = floatToF16(v); break;
+      case DType::kBF16: static_cast<uint16_t*>(base)[i] = floatToBf16(v); break;
+    }
+  }
+  float round(float v) const {
+    switch (dtype) {
+      case DType::kF32: return v;
+      case DType::kF16: return f16ToFloat(floatToF16(v));
+      case DType::kBF16: return bf16ToFloat(floatToBf16(v));
+    }
+    return v;
+  }
+};
+
+}  // namespace
+
+Status validateRmsNorm(const RmsNormParams& p) {
+  if (p.numTokens < 0) return invalidArgumentError("rms_norm: numTokens must be >= 0");
+  if (p.hiddenSize <= 0) return invalidArgumentError("rms_norm: hiddenSize must be > 0");
+  if (p.hiddenSize > std::numeric_limits<int32_t>::max()) {
+    return invalidArgumentError("rms_norm: hiddenSize exceeds 2^31-1");
+  }
+  if (p.numTokens > std::numeric_limits<int32_t>::max()) {
+    return invalidArgumentError("rms_norm: numTokens exceeds 2^31-1");
+  }
+  if (!(p.eps >= 0.0f)) return invalidArgumentError("rms_norm: eps must be >= 0");
+  if (p.numTokens == 0) return okStatus();
+  if (!p.input) return invalidArgumentError("rms_norm: input is null");
+  if (!p.output) return invalidArgumentError("rms_norm: output is null");
+  if (!p.weight) return invalidArgumentError("rms_norm: weight is null");
+  if ((p.residual == nullptr) != (p.residualOut == nullptr)) {
+    return invalidArgumentError("rms_norm: residual and residualOut must be set together");
+  }
+  return okStatus();
+}
+
+Status rmsNormReference(const RmsNormParams& p) {
+  TG_RETURN_IF_ERROR(validateRmsNorm(p));
+  const Elements e{p.dtype};
+  const int64_t h = p.hiddenSize;
+  for (int64_t t = 0; t < p.numTokens; ++t) {
+    const int64_t row = t * h;
+    double sumSq = 0.0;
+    for (int64_t i = 0; i < h; ++i) {
+      float x = e.load(p.input, row + i);
+      if (p.residual) {
+        x = e.round(x + e.load(p.residual, row + i));
+        e.store(p.residualOut, row + i, x);
+      }
+      sumSq += static_cast<double>(x) * x;
+    }
+    const float mean = static_cast<float>(sumSq / static_cast<double>(h));
+    const float inv = 1.0f / std::sqrt(mean + p.eps);
+    const void* src = p.residual ? p.residualOut : p.input;
+    for (int64_t i = 0; i < h; ++i) {
+      const float normed = e.round(e.load(src, row + i) * inv);
+      e.store(p.output, row + i, e.load(p.weight, i) * normed);
+    }
+  }
+  return okStatus();
+}
+
+}  // namespace textgen::kernels

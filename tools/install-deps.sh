@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs textgen's build and test dependencies from Debian 12's archive. Idempotent: packages
+# already installed are skipped, so a second run does no network work.
+# The CUDA 13 toolkit is not a Debian package: it is used from /usr/local/cuda when present.
+set -euo pipefail
+
+packages=(
+  # build
+  build-essential cmake ninja-build ccache pkg-config git
+  # router <-> shard contract
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # HTTP, config, logging, JSON
+  libcpprest-dev libssl-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  # CPU backend and tokenizer
+  libopenblas-dev libpcre2-dev libutf8proc-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: run as root or install sudo" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
