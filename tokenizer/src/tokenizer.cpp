@@ -1,0 +1,294 @@
+#include "textgen/tokenizer/tokenizer.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "added_vocabulary.h"
+#include "components.h"
+#include "unicode.h"
+
+namespace textgen::tokenizer {
+
+struct Tokenizer::Impl {
+  std::unique_ptr<Normalizer> normalizer;
+  std::unique_ptr<PreTokenizer> preTokenizer;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<PostProcessor> postProcessor;
+  std::unique_ptr<Decoder> decoder;
+  AddedVocabulary added;
+  TokenizerConfig config;
+};
+
+namespace {
+
+StatusOr<std::string> readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return notFoundError("cannot open " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return dataLossError("error reading " + path);
+  return ss.str();
+}
+
+StatusOr<std::vector<AddedToken>> parseAddedTokens(const Json& root) {
+  std::vector<AddedToken> out;
+  auto it = root.find("added_tokens");
+  if (it == root.end() || it->is_null()) return out;
+  if (!it->is_array()) return jsonError("/added_tokens", "expected an array");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& t = (*it)[i];
+    const std::string path = childPath("/added_tokens", i);
+    if (!t.is_object()) return jsonError(path, "expected an object");
+    AddedToken a;
+    TG_ASSIGN_OR_RETURN(a.content, getString(t, path, "content"));
+    auto id = t.find("id");
+    if (id == t.end() || !id->is_number_unsigned() || id->get<uint64_t>() > UINT32_MAX) {
+      return jsonError(path, "missing or invalid 'id'");
+    }
+    a.id = id->get<uint32_t>();
+    TG_ASSIGN_OR_RETURN(a.singleWord, getBoolOr(t, path, "single_word", false));
+    TG_ASSIGN_OR_RETURN(a.lstrip, getBoolOr(t, path, "lstrip", false));
+    TG_ASSIGN_OR_RETURN(a.rstrip, getBoolOr(t, path, "rstrip", false));
+    TG_ASSIGN_OR_RETURN(a.special, getBoolOr(t, path, "special", false));
+    TG_ASSIGN_OR_RETURN(a.normalized, getBoolOr(t, path, "normalized", !a.special));
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+// A token field of tokenizer_config.json: a string, an AddedToken object, or null.
+StatusOr<std::optional<std::string>> configToken(const Json& c, std::string_view key) {
+  auto it = c.find(key);
+  if (it == c.end() || it->is_null()) return std::optional<std::string>();
+  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return std::optional<std::string>((*it)["content"].get<std::string>());
+  }
+  return invalidArgumentError("tokenizer_config.json /" + std::string(key) +
+                              ": expected a string or {\"content\": ...}");
+}
+
+StatusOr<TokenizerConfig> parseConfig(std::string_view text) {
+  TokenizerConfig config;
+  if (text.empty()) return config;
+  Json c = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (c.is_discarded() || !c.is_object()) {
+    return invalidArgumentError("tokenizer_config.json: not a JSON object");
+  }
+  if (auto it = c.find("tokenizer_class"); it != c.end() && it->is_string()) {
+    config.tokenizerClass = it->get<std::string>();
+  }
+  TG_ASSIGN_OR_RETURN(config.bosToken, configToken(c, "bos_token"));
+  TG_ASSIGN_OR_RETURN(config.eosToken, configToken(c, "eos_token"));
+  TG_ASSIGN_OR_RETURN(config.unkToken, configToken(c, "unk_token"));
+  TG_ASSIGN_OR_RETURN(config.padToken, configToken(c, "pad_token"));
+  for (auto [key, field] : {std::pair{"add_bos_token", &config.addBosToken},
+                            std::pair{"add_eos_token", &config.addEosToken}}) {
+    if (auto it = c.find(key); it != c.end() && !it->is_null()) {
+      if (!it->is_boolean())
+        return invalidArgumentError(std::string("tokenizer_config.json /") + key +
+                                    ": expected a boolean");
+      *field = it->get<bool>();
+    }
+  }
+  if (auto it = c.find("model_max_length"); it != c.end() && it->is_number()) {
+    const double v = it->get<double>();
+    if (v > 0) config.modelMaxLength = v >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(v);
+  }
+  return config;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::~Tokenizer() = default;
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromDirectory(const std::string& dir) {
+  TG_ASSIGN_OR_RETURN(std::string json, readFile(dir + "/tokenizer.json"));
+  std::string config;
+  if (std::ifstream(dir + "/tokenizer_config.json")) {
+    TG_ASSIGN_OR_RETURN(config, readFile(dir + "/tokenizer_config.json"));
+  }
+  return fromJson(json, config);
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromJson(std::string_view tokenizerJson,
+                                                         std::string_view configJson) {
+  // Loading checks types before reading values; this catch is the backstop that keeps a malformed
+  // file an error rather than a crash.
+  try {
+    return load(tokenizerJson, configJson);
+  } catch (const std::exception& e) {
+    return invalidArgumentError(std::string("tokenizer.json: ") + e.what());
+  }
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(std::string_view tokenizerJson,
+                                                     std::string_view configJson) {
+  Json root = Json::parse(tokenizerJson, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return invalidArgumentError("tokenizer.json: not valid JSON");
+  if (!root.is_object()) return jsonError("", "expected an object");
+  auto impl = std::make_unique<Impl>();
+  TG_ASSIGN_OR_RETURN(impl->config, parseConfig(configJson));
+  auto present = [&](const char* key) { return root.contains(key) && !root[key].is_null(); };
+  if (!present("model")) return jsonError("", "missing field 'model'");
+  TG_ASSIGN_OR_RETURN(impl->model, makeModel(root["model"], "/model"));
+  if (present("normalizer")) {
+    TG_ASSIGN_OR_RETURN(impl->normalizer, makeNormalizer(root["normalizer"], "/normalizer"));
+  }
+  if (present("pre_tokenizer")) {
+    TG_ASSIGN_OR_RETURN(impl->preTokenizer,
+                        makePreTokenizer(root["pre_tokenizer"], "/pre_tokenizer"));
+  }
+  if (present("post_processor")) {
+    TG_ASSIGN_OR_RETURN(impl->postProcessor,
+                        makePostProcessor(root["post_processor"], "/post_processor"));
+  }
+  if (present("decoder")) {
+    TG_ASSIGN_OR_RETURN(impl->decoder, makeDecoder(root["decoder"], "/decoder"));
+  }
+  if (present("truncation") || present("padding")) {
+    // TGI truncates itself (truncate parameter) and never pads token ids; ignoring these matches
+    // it.
+  }
+  TG_ASSIGN_OR_RETURN(std::vector<AddedToken> added, parseAddedTokens(root));
+  impl->added.build(std::move(added), impl->normalizer.get());
+
+  // TGI's router rebuilds the post-processor of Llama tokenizers from tokenizer_config.json.
+  const TokenizerConfig& c = impl->config;
+  if (c.tokenizerClass == "LlamaTokenizer" || c.tokenizerClass == "LlamaTokenizerFast") {
+    const bool addBos = c.addBosToken.value_or(true);
+    const bool addEos = c.addEosToken.value_or(false);
+    std::vector<std::pair<std::string, uint32_t>> before, after;
+    auto resolve = [&](const std::optional<std::string>& token, const char* what,
+                       std::vector<std::pair<std::string, uint32_t>>& into) -> Status {
+      if (!token)
+        return invalidArgumentError(std::string("tokenizer_config.json: add_") + what +
+                                    "_token is set but " + what + "_token is missing");
+      std::optional<uint32_t> id = impl->added.tokenToId(*token);
+      if (!id) id = impl->model->tokenToId(*token);
+      if (!id)
+        return invalidArgumentError("tokenizer_config.json: " + std::string(what) + "_token '" +
+                                    *token + "' is not in the vocabulary");
+      into.push_back({*token, *id});
+      return okStatus();
+    };
+    if (addBos) TG_RETURN_IF_ERROR(resolve(c.bosToken, "bos", before));
+    if (addEos) TG_RETURN_IF_ERROR(resolve(c.eosToken, "eos", after));
+    TG_ASSIGN_OR_RETURN(impl->postProcessor, makeTemplatePostProcessor(before, after));
+  }
+  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
+}
+
+StatusOr<Encoding> Tokenizer::encode(std::string_view text, bool addSpecialTokens) const {
+  if (!isValidUtf8(text)) return invalidArgumentError("input is not valid UTF-8");
+  if (text.size() >= UINT32_MAX) return invalidArgumentError("input is larger than 4 GiB");
+  const Impl& t = *impl_;
+  PreTokenizedString pre = t.added.extractAndNormalize(t.normalizer.get(), text);
+  if (t.preTokenizer) t.preTokenizer->preTokenize(pre);
+  Encoding e;
+  std::vector<Token> tokens;
+  for (Split& split : pre.splits) {
+    if (!split.tokens) {
+      tokens.clear();
+      TG_RETURN_IF_ERROR(t.model->tokenize(split.normalized.get(), tokens));
+      split.tokens = std::move(tokens);
+      tokens = {};
+    }
+    const auto shift = static_cast<uint32_t>(split.normalized.originalShift());
+    for (Token& tok : *split.tokens) {
+      Offsets o = tok.offsets;
+      if (auto r = split.normalized.convertOffsets(tok.offsets))
+        o = {shift + r->first, shift + r->second};
+      e.append(tok.id, std::move(tok.value), o, false);
+    }
+  }
+  if (t.postProcessor) {
+    // Hugging Face post-processes offsets in characters (its Python API's unit) — ByteLevel's
+    // whitespace trimming counts characters — so do the same and convert back to bytes.
+    const bool ascii = countChars(text) == text.size();
+    if (ascii) {
+      t.postProcessor->process(e, addSpecialTokens);
+    } else {
+      std::vector<uint32_t> charToByte;
+      std::vector<uint32_t> byteToChar(text.size() + 1, 0);
+      charToByte.reserve(text.size() + 1);
+      for (size_t i = 0; i < text.size(); ++i) {
+        if ((static_cast<unsigned char>(text[i]) & 0xc0) != 0x80)
+          charToByte.push_back(static_cast<uint32_t>(i));
+        byteToChar[i] = static_cast<uint32_t>(charToByte.size() - 1);
+      }
+      charToByte.push_back(static_cast<uint32_t>(text.size()));
+      byteToChar[text.size()] = static_cast<uint32_t>(charToByte.size() - 1);
+      for (auto& [start, end] : e.offsets) {
+        start = byteToChar[std::min<size_t>(start, text.size())];
+        end = byteToChar[std::min<size_t>(end, text.size())];
+      }
+      t.postProcessor->process(e, addSpecialTokens);
+      for (auto& [start, end] : e.offsets) {
+        start = charToByte[std::min<size_t>(start, charToByte.size() - 1)];
+        end = charToByte[std::min<size_t>(end, charToByte.size() - 1)];
+      }
+    }
+  }
+  return e;
+}
+
+std::string Tokenizer::decode(std::span<const uint32_t> ids, bool skipSpecialTokens) const {
+  const Impl& t = *impl_;
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (uint32_t id : ids) {
+    const std::string* token = t.added.idToDecodeForm(id);
+    if (!token) token = t.model->idToToken(id);
+    if (!token) continue;
+    if (skipSpecialTokens && t.added.isSpecialContent(*token)) continue;
+    tokens.push_back(*token);
+  }
+  if (!t.decoder) {
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (i) out += ' ';
+      out += tokens[i];
+    }
+    return out;
+  }
+  t.decoder->decodeChain(tokens);
+  std::string out;
+  for (const std::string& s : tokens) out += s;
+  return out;
+}
+
+std::optional<uint32_t> Tokenizer::tokenToId(std::string_view token) const {
+  if (auto id = impl_->added.tokenToId(token)) return id;
+  return impl_->model->tokenToId(token);
+}
+
+std::optional<std::string> Tokenizer::idToToken(uint32_t id) const {
+  if (const std::string* t = impl_->added.idToToken(id)) return *t;
+  if (const std::string* t = impl_->model->idToToken(id)) return *t;
+  return std::nullopt;
+}
+
+bool Tokenizer::isSpecial(uint32_t id) const {
+  const std::string* t = impl_->added.idToToken(id);
+  return t && impl_->added.isSpecialContent(*t);
+}
+
+size_t Tokenizer::vocabSize() const {
+  return std::max<size_t>(impl_->model->vocabSize(), impl_->added.maxId());
+}
+
+const TokenizerConfig& Tokenizer::config() const {
+  return impl_->config;
+}
+
+std::optional<uint32_t> Tokenizer::bosTokenId() const {
+  return impl_->config.bosToken ? tokenToId(*impl_->config.bosToken) : std::nullopt;
+}
+
+std::optional<uint32_t> Tokenizer::eosTokenId() const {
+  return impl_->config.eosToken ? tokenToId(*impl_->config.eosToken) : std::nullopt;
+}
+
+}  // namespace textgen::tokenizer
