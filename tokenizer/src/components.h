@@ -91,6 +91,9 @@ class Decoder {
   virtual ~Decoder() = default;
   // Rewrites the token strings; decode() joins the result.
   virtual void decodeChain(std::vector<std::string>& tokens) const = 0;
+  // True when "<0xNN>" tokens are decoded as a group whose rendering depends on the whole run
+  // (ByteFallback): streaming must not emit such a run before it ends.
+  virtual bool groupsByteTokens() const { return false; }
 };
 
 // A Split/Replace pattern: a literal string, or a regex in Oniguruma's dialect.

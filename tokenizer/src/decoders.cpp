@@ -60,6 +60,8 @@ class MetaspaceDecoder final : public Decoder {
 
 class ByteFallbackDecoder final : public Decoder {
  public:
+  bool groupsByteTokens() const override { return true; }
+
   void decodeChain(std::vector<std::string>& tokens) const override {
     std::vector<std::string> out;
     out.reserve(tokens.size());
@@ -204,6 +206,12 @@ class SequenceDecoder final : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts)
       : parts_(std::move(parts)) {}
+  bool groupsByteTokens() const override {
+    for (const auto& p : parts_) {
+      if (p->groupsByteTokens()) return true;
+    }
+    return false;
+  }
   void decodeChain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decodeChain(tokens);
   }

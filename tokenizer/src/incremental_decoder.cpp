@@ -33,6 +33,14 @@ std::string IncrementalDecoder::decodeRange(size_t from, size_t to) const {
 
 std::string IncrementalDecoder::step(uint32_t id) {
   ids_.push_back(id);
+  // A run of grouped byte tokens may still turn invalid and re-render as U+FFFD (ByteFallback
+  // decodes the run as one unit): hold it until a token that ends the run. Tokens that decode
+  // drops do not end it.
+  for (auto it = ids_.rbegin(); it != ids_.rend(); ++it) {
+    if (tokenizer_.isSkippedInDecode(*it, skipSpecialTokens_)) continue;
+    if (tokenizer_.isGroupedByteToken(*it)) return {};
+    break;
+  }
   const std::string prefixText = decodeRange(prefixOffset_, readOffset_);
   const std::string newText = decodeRange(prefixOffset_, ids_.size());
   if (newText.size() > prefixText.size() && !endsWith(newText, kReplacement) &&

@@ -275,6 +275,19 @@ bool Tokenizer::isSpecial(uint32_t id) const {
   return t && impl_->added.isSpecialContent(*t);
 }
 
+bool Tokenizer::isSkippedInDecode(uint32_t id, bool skipSpecialTokens) const {
+  const std::string* token = impl_->added.idToDecodeForm(id);
+  if (!token) token = impl_->model->idToToken(id);
+  return !token || (skipSpecialTokens && impl_->added.isSpecialContent(*token));
+}
+
+bool Tokenizer::isGroupedByteToken(uint32_t id) const {
+  if (!impl_->decoder || !impl_->decoder->groupsByteTokens() || impl_->added.idToToken(id))
+    return false;
+  const std::string* token = impl_->model->idToToken(id);
+  return token && token->size() == 6 && token->compare(0, 3, "<0x") == 0 && (*token)[5] == '>';
+}
+
 size_t Tokenizer::vocabSize() const {
   return std::max<size_t>(impl_->model->vocabSize(), impl_->added.maxId());
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "textgen/tokenizer/tokenizer.h"
 
 namespace textgen::tokenizer {
@@ -15,7 +16,7 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kFixtures = TEXTGEN_TOKENIZER_FIXTURES;
+const std::string& kFixtures = testing::kFixtures;
 
 std::vector<json> readJsonl(const std::string& path) {
   std::ifstream in(path);

@@ -1,9 +1,11 @@
 // Streaming detokenization: the text each new token adds, never splitting a UTF-8 character.
 //
 // TGI's prefix/read-offset method — decode a short window before and after the new token and emit
-// the difference once it does not end in an incomplete character — plus flush(), which emits what
-// is still held at the end. Invariant: the concatenation of every step() and the final flush()
-// equals tokenizer.decode(all ids) (relative to the prompt context, when one is given).
+// the difference once it does not end in an incomplete character — with two additions that make
+// it exact: a run of ByteFallback byte tokens is held until the run ends (Hugging Face decodes the
+// run as one unit, and an invalid run re-renders bytes already seen as U+FFFD), and flush() emits
+// what is still held at the end. Invariant, property-tested: the concatenation of every step() and
+// the final flush() equals tokenizer.decode(all ids) (relative to the prompt context, if given).
 #pragma once
 
 #include <cstdint>

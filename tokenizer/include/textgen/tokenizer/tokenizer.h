@@ -54,6 +54,11 @@ class Tokenizer {
   std::optional<std::string> idToToken(uint32_t id) const;
   // True for added tokens marked special (e.g. <s>, <|eot_id|>).
   bool isSpecial(uint32_t id) const;
+  // True when decode() drops the id (unknown, or special while skipping special tokens).
+  bool isSkippedInDecode(uint32_t id, bool skipSpecialTokens) const;
+  // True for a byte token ("<0xNN>") that the decoder renders together with its neighbours
+  // (ByteFallback), so that its text is final only once the run of byte tokens ends.
+  bool isGroupedByteToken(uint32_t id) const;
   // Model vocabulary plus added tokens (one past the largest id).
   size_t vocabSize() const;
 
