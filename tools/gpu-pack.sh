@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 pack=../shared/tools/device-pack
 [ -x "$pack" ] || { echo "gpu-pack: $pack not found (it lives in ../shared beside the checkout)" >&2; exit 1; }
 bins=()
-for b in tests/kernels/kernels_cuda_test bench/bench_rms_norm; do
+for b in tests/kernels/kernels_cuda_test bench/bench_rms_norm bench/bench_tokenizer; do
   [ -x "$build/$b" ] || { echo "gpu-pack: $build/$b missing: build with nvcc present (make build)" >&2; exit 1; }
   bins+=("$build/$b")
 done

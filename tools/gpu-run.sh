@@ -22,10 +22,20 @@ for t in "$here"/bin/*_test; do
   fi
 done
 
-for b in "$here"/bin/bench_*; do
-  name=$(basename "$b")
-  echo "== $name"
-  "$b" 2>&1 | tee "$out/$name.log" || true
-done
+if [ -x "$here/bin/bench_rms_norm" ]; then
+  echo "== bench_rms_norm"
+  "$here/bin/bench_rms_norm" 2>&1 | tee "$out/bench_rms_norm.log" || true
+fi
+
+# Tokenizer encode throughput beside Hugging Face tokenizers on the same documents and machine
+# (run from the repository root: it needs the fixtures and tools/reference).
+if [ -x "$here/bin/bench_tokenizer" ] && python3 -c "import tokenizers" 2>/dev/null; then
+  echo "== bench_tokenizer (with Hugging Face tokenizers)"
+  docs=${TMPDIR:-/tmp}/textgen-bench-docs.jsonl
+  python3 tools/reference/tokenizer_bench_hf.py tests/reference/tokenizers "$docs" "$out/hf_tokenizers.json" 2>&1 |
+    tee "$out/hf_tokenizers.log"
+  "$here/bin/bench_tokenizer" --fixtures tests/reference/tokenizers --docs "$docs" \
+    --hf "$out/hf_tokenizers.json" 2>&1 | tee "$out/bench_tokenizer.log" || true
+fi
 echo "gpu-run: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

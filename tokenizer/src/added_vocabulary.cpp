@@ -154,7 +154,12 @@ PreTokenizedString AddedVocabulary::extractAndNormalize(const Normalizer* normal
         continue;
       }
       if (normalize && normalizer) normalizer->normalize(s.normalized);
-      for (auto& [token, range] : findMatches(s.normalized.get(), m)) {
+      auto matches = findMatches(s.normalized.get(), m);
+      if (matches.size() == 1 && !matches[0].first) {  // no added token here: keep the piece whole
+        if (!s.normalized.empty()) next.push_back(std::move(s));
+        continue;
+      }
+      for (auto& [token, range] : matches) {
         NormalizedString piece = s.normalized.slice(range);
         if (piece.empty()) continue;
         if (token) {

@@ -6,6 +6,7 @@
 #include <shared_mutex>
 
 #include "components.h"
+#include "pair_map.h"
 #include "unicode.h"
 #include "vocab.h"
 
@@ -46,8 +47,7 @@ class BpeModel final : public Model {
     bool ignoreMerges = false;
   };
 
-  BpeModel(VocabMap vocab, std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges,
-           Options options)
+  BpeModel(VocabMap vocab, PairMap merges, Options options)
       : vocab_(std::move(vocab)), merges_(std::move(merges)), options_(std::move(options)) {
     reverse_.build(vocab_);
     if (options_.byteFallback) {
@@ -164,10 +164,7 @@ class BpeModel final : public Model {
     return okStatus();
   }
 
-  const std::pair<uint32_t, uint32_t>* findMerge(uint32_t a, uint32_t b) const {
-    auto it = merges_.find((static_cast<uint64_t>(a) << 32) | b);
-    return it == merges_.end() ? nullptr : &it->second;
-  }
+  const PairMap::Value* findMerge(uint32_t a, uint32_t b) const { return merges_.find(a, b); }
 
   // Applies merges lowest rank first, leftmost first among equal ranks (Hugging Face's order).
   void mergeAll(std::vector<Symbol>& word) const {
@@ -182,7 +179,7 @@ class BpeModel final : public Model {
     std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
     for (size_t i = 0; i + 1 < word.size(); ++i) {
       if (auto m = findMerge(word[i].id, word[i + 1].id))
-        queue.push({m->first, static_cast<int>(i), m->second});
+        queue.push({m->rank, static_cast<int>(i), m->newId});
     }
     while (!queue.empty()) {
       const Candidate top = queue.top();
@@ -192,7 +189,7 @@ class BpeModel final : public Model {
       const int nextPos = left.next;
       const Symbol right = word[nextPos];
       const auto* m = findMerge(left.id, right.id);
-      if (!m || m->second != top.newId) continue;  // stale entry
+      if (!m || m->newId != top.newId) continue;  // stale entry
       left.id = top.newId;
       left.len += right.len;
       left.next = right.next;
@@ -200,11 +197,11 @@ class BpeModel final : public Model {
       if (right.next >= 0) word[right.next].prev = top.pos;
       if (left.prev >= 0) {
         if (auto pm = findMerge(word[left.prev].id, left.id))
-          queue.push({pm->first, left.prev, pm->second});
+          queue.push({pm->rank, left.prev, pm->newId});
       }
       if (left.next >= 0) {
         if (auto nm = findMerge(left.id, word[left.next].id))
-          queue.push({nm->first, top.pos, nm->second});
+          queue.push({nm->rank, top.pos, nm->newId});
       }
     }
     std::erase_if(word, [](const Symbol& s) { return s.len == 0; });
@@ -212,7 +209,7 @@ class BpeModel final : public Model {
 
   VocabMap vocab_;
   ReverseVocab reverse_;
-  std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges_;  // (a,b) -> (rank, new id)
+  PairMap merges_;  // (a, b) -> (rank, merged id)
   Options options_;
   std::optional<uint32_t> byteIds_[256];
   mutable std::shared_mutex cacheMutex_;
@@ -242,8 +239,7 @@ StatusOr<std::unique_ptr<Model>> makeBpe(const Json& j, const std::string& path)
   TG_ASSIGN_OR_RETURN(const Json* merges, getArray(j, path, "merges"));
   const std::string mergesPath = childPath(path, "merges");
   const size_t prefixLen = o.continuingSubwordPrefix.size();
-  std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> mergeMap;
-  mergeMap.reserve(merges->size());
+  PairMap mergeMap(merges->size());
   for (size_t i = 0; i < merges->size(); ++i) {
     const Json& m = (*merges)[i];
     std::string a, b;
@@ -274,7 +270,7 @@ StatusOr<std::unique_ptr<Model>> makeBpe(const Json& j, const std::string& path)
     if (!newId)
       return jsonError(childPath(mergesPath, i),
                        "merged token '" + merged + "' is not in the vocabulary");
-    mergeMap[(static_cast<uint64_t>(*aId) << 32) | *bId] = {static_cast<uint32_t>(i), *newId};
+    mergeMap.insert(*aId, *bId, {static_cast<uint32_t>(i), *newId});
   }
   return std::unique_ptr<Model>(
       std::make_unique<BpeModel>(std::move(vocab), std::move(mergeMap), std::move(o)));

@@ -52,7 +52,7 @@ void invertMatches(Matches& matches) {
 }
 
 NormalizedString::NormalizedString(std::string_view original)
-    : original_(original), normalized_(original) {
+    : originalSize_(original.size()), normalized_(original) {
   alignments_.reserve(original.size());
   size_t len;
   for (size_t i = 0; i < original.size(); i += len) {
@@ -104,7 +104,7 @@ std::optional<Offsets> NormalizedString::convertOffsets(Offsets r) const {
   if (r.first == r.second) return r;
   if (r.first > r.second) return std::nullopt;
   if (normalized_.empty() && r == Offsets{0, 0})
-    return Offsets{0, static_cast<uint32_t>(original_.size())};
+    return Offsets{0, static_cast<uint32_t>(originalSize_)};
   if (r.second > alignments_.size()) return std::nullopt;
   return Offsets{alignments_[r.first].first, alignments_[r.second - 1].second};
 }
@@ -112,7 +112,7 @@ std::optional<Offsets> NormalizedString::convertOffsets(Offsets r) const {
 NormalizedString NormalizedString::slice(Offsets r) const {
   NormalizedString out;
   const Offsets o = convertOffsets(r).value_or(Offsets{0, 0});
-  out.original_ = original_.substr(o.first, o.second - o.first);
+  out.originalSize_ = o.second - o.first;
   out.normalized_ = normalized_.substr(r.first, r.second - r.first);
   out.alignments_.reserve(r.second - r.first);
   for (uint32_t i = r.first; i < r.second; ++i) {
@@ -126,7 +126,7 @@ NormalizedString NormalizedString::slice(Offsets r) const {
 }
 
 std::vector<NormalizedString> NormalizedString::split(const Matches& matches,
-                                                      SplitBehavior behavior) const {
+                                                      SplitBehavior behavior) && {
   // (range, remove) per resulting piece.
   std::vector<std::pair<Offsets, bool>> pieces;
   pieces.reserve(matches.size());
@@ -175,6 +175,11 @@ std::vector<NormalizedString> NormalizedString::split(const Matches& matches,
     }
   }
   std::vector<NormalizedString> out;
+  if (pieces.size() == 1 && !pieces[0].second && pieces[0].first.first == 0 &&
+      pieces[0].first.second == normalized_.size()) {
+    out.push_back(std::move(*this));  // nothing to split
+    return out;
+  }
   out.reserve(pieces.size());
   for (const auto& [range, remove] : pieces) {
     if (!remove) out.push_back(slice(range));

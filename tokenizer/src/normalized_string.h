@@ -41,7 +41,7 @@ class NormalizedString {
   explicit NormalizedString(std::string_view original);
 
   const std::string& get() const { return normalized_; }
-  const std::string& original() const { return original_; }
+  size_t originalSize() const { return originalSize_; }
   size_t size() const { return normalized_.size(); }
   bool empty() const { return normalized_.empty(); }
   // Start of this piece in the whole original input.
@@ -57,7 +57,8 @@ class NormalizedString {
   // The piece covering normalised bytes [start, end).
   NormalizedString slice(Offsets normalizedRange) const;
 
-  std::vector<NormalizedString> split(const Matches& matches, SplitBehavior behavior) const;
+  // Consumes the string: a split that keeps it whole moves it instead of copying.
+  std::vector<NormalizedString> split(const Matches& matches, SplitBehavior behavior) &&;
 
   void prepend(std::string_view s);
   void replace(const Regex& pattern, std::string_view content);
@@ -66,9 +67,9 @@ class NormalizedString {
   void filter(const std::function<bool(char32_t)>& keep);
 
  private:
-  std::string original_;
+  size_t originalSize_ = 0;  // the original text itself is never needed, only its extent
   std::string normalized_;
-  std::vector<Offsets> alignments_;  // one per byte of normalized_, ranges within original_
+  std::vector<Offsets> alignments_;  // one per byte of normalized_, ranges within the original
   size_t originalShift_ = 0;
 };
 

@@ -44,7 +44,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
     s.split([&](NormalizedString piece) {
       if (addPrefixSpace_ && piece.get().rfind(' ', 0) != 0) piece.prepend(" ");
       if (!regex_) return std::vector<NormalizedString>{std::move(piece)};
-      return piece.split(findMatches(*regex_, piece.get()), SplitBehavior::kIsolated);
+      return std::move(piece).split(findMatches(*regex_, piece.get()), SplitBehavior::kIsolated);
     });
     s.normalize(byteLevelTransform);
   }
@@ -63,7 +63,7 @@ class SplitPreTokenizer final : public PreTokenizer {
     s.split([&](NormalizedString piece) {
       Matches m = findMatches(*pattern_, piece.get());
       if (invert_) invertMatches(m);
-      return piece.split(m, behavior_);
+      return std::move(piece).split(m, behavior_);
     });
   }
 
@@ -92,7 +92,7 @@ class MetaspacePreTokenizer final : public PreTokenizer {
       }
       if (!split_) return std::vector<NormalizedString>{std::move(piece)};
       const char32_t r = replacement_;
-      return piece.split(findMatches([r](char32_t c) { return c == r; }, piece.get()),
+      return std::move(piece).split(findMatches([r](char32_t c) { return c == r; }, piece.get()),
                          SplitBehavior::kMergedWithNext);
     });
   }
@@ -113,7 +113,7 @@ class PredicatePreTokenizer final : public PreTokenizer {
 
   void preTokenize(PreTokenizedString& s) const override {
     s.split([&](NormalizedString piece) {
-      return piece.split(findMatches(predicate_, piece.get()), behavior_);
+      return std::move(piece).split(findMatches(predicate_, piece.get()), behavior_);
     });
   }
 
@@ -131,7 +131,7 @@ class WhitespacePreTokenizer final : public PreTokenizer {
     s.split([&](NormalizedString piece) {
       Matches m = findMatches(*regex_, piece.get());
       invertMatches(m);
-      return piece.split(m, SplitBehavior::kRemoved);
+      return std::move(piece).split(m, SplitBehavior::kRemoved);
     });
   }
 
