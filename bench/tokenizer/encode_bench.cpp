@@ -1,15 +1,14 @@
-// Single-thread encode throughput of textgen's tokenizer on a file of documents (one JSON string per
-// line), per fixture family; with --hf RESULTS.json (from tools/reference/tokenizer_bench_hf.py,
-// same documents, same machine) it prints Hugging Face's numbers beside ours.
-// Prints a table and one JSON line. Usage:
+// Single-thread encode throughput of textgen's tokenizer on a file of documents (one JSON string
+// per line), per fixture family; with --hf RESULTS.json (from
+// tools/reference/tokenizer_bench_hf.py, same documents, same machine) it prints Hugging Face's
+// numbers beside ours. Prints a table and one JSON line. Usage:
 //   bench_tokenizer --fixtures DIR --docs DOCS.jsonl [--hf HF.json] [--families a,b,...]
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,7 +29,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_tokenizer --fixtures DIR --docs DOCS.jsonl [--hf HF.json] [--families a,b]\n");
+  std::fprintf(
+      stderr,
+      "usage: bench_tokenizer --fixtures DIR --docs DOCS.jsonl [--hf HF.json] [--families a,b]\n");
   return 2;
 }
 
@@ -38,7 +39,8 @@ int usage() {
 
 int main(int argc, char** argv) {
   std::string fixtures, docsPath, hfPath;
-  std::vector<std::string> families{"gpt2", "llama2", "mistral", "llama3", "t5", "unigram-byte-fallback",
+  std::vector<std::string> families{"gpt2",      "llama2",    "mistral",
+                                    "llama3",    "t5",        "unigram-byte-fallback",
                                     "wordlevel", "bpe-suffix"};
   for (int i = 1; i < argc; ++i) {
     const bool more = i + 1 < argc;
@@ -78,12 +80,14 @@ int main(int argc, char** argv) {
   }
 
   std::printf("encode, single thread, %zu documents, %.2f MB\n", docs.size(), bytes / 1e6);
-  std::printf("%-22s %10s %12s %10s %12s %8s\n", "family", "MB/s", "Mtokens/s", "HF MB/s", "HF Mtok/s", "vs HF");
+  std::printf("%-22s %10s %12s %10s %12s %8s\n", "family", "MB/s", "Mtokens/s", "HF MB/s",
+              "HF Mtok/s", "vs HF");
   json results = json::array();
   for (const std::string& family : families) {
     auto tok = Tokenizer::fromDirectory(fixtures + "/" + family);
     if (!tok.ok()) {
-      std::fprintf(stderr, "bench_tokenizer: %s: %s\n", family.c_str(), tok.status().toString().c_str());
+      std::fprintf(stderr, "bench_tokenizer: %s: %s\n", family.c_str(),
+                   tok.status().toString().c_str());
       return 1;
     }
     size_t tokens = 0;
@@ -95,7 +99,8 @@ int main(int argc, char** argv) {
         auto e = (*tok)->encode(d);
         if (!e.ok()) return 1;
       }
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      best = std::min(best,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     const double mbps = bytes / best / 1e6, mtps = tokens / best / 1e6;
     json row{{"family", family}, {"mb_per_s", mbps}, {"mtokens_per_s", mtps}, {"tokens", tokens}};
@@ -107,13 +112,15 @@ int main(int argc, char** argv) {
       row["hf_mtokens_per_s"] = hfMtps;
       row["speedup"] = mbps / hfMbps;
       row["same_token_count"] = hf["families"][family]["tokens"].get<size_t>() == tokens;
-      std::printf("%-22s %10.2f %12.2f %10.2f %12.2f %7.2fx\n", family.c_str(), mbps, mtps, hfMbps, hfMtps, mbps / hfMbps);
+      std::printf("%-22s %10.2f %12.2f %10.2f %12.2f %7.2fx\n", family.c_str(), mbps, mtps, hfMbps,
+                  hfMtps, mbps / hfMbps);
     } else {
       std::printf("%-22s %10.2f %12.2f %10s %12s %8s\n", family.c_str(), mbps, mtps, "-", "-", "-");
     }
     results.push_back(row);
   }
-  json line{{"bench", "tokenizer_encode"}, {"bytes", bytes}, {"docs", docs.size()}, {"results", results}};
+  json line{
+      {"bench", "tokenizer_encode"}, {"bytes", bytes}, {"docs", docs.size()}, {"results", results}};
   if (hf.contains("tokenizers")) line["hf_tokenizers"] = hf["tokenizers"];
   std::printf("%s\n", line.dump().c_str());
   return 0;

@@ -16,7 +16,8 @@ class PairMap {
 
   explicit PairMap(size_t expected = 0) { rehash(expected * 2 + 16); }
 
-  // Later insertions of the same pair replace earlier ones (as Hugging Face's HashMap collect does).
+  // Later insertions of the same pair replace earlier ones (as Hugging Face's HashMap collect
+  // does).
   void insert(uint32_t a, uint32_t b, Value v) {
     if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
     Slot& s = probe(key(a, b));
@@ -43,7 +44,9 @@ class PairMap {
   };
 
   static uint64_t key(uint32_t a, uint32_t b) { return (static_cast<uint64_t>(a) << 32) | b; }
-  size_t hash(uint64_t k) const { return static_cast<size_t>((k * 0x9e3779b97f4a7c15ull) >> shift_); }
+  size_t hash(uint64_t k) const {
+    return static_cast<size_t>((k * 0x9e3779b97f4a7c15ull) >> shift_);
+  }
 
   Slot& probe(uint64_t k) {
     for (size_t i = hash(k);; i = (i + 1) & mask_) {
@@ -64,7 +67,8 @@ class PairMap {
     shift_ = 64 - bits;
     size_ = 0;
     for (const Slot& s : old) {
-      if (s.key != kEmpty) insert(static_cast<uint32_t>(s.key >> 32), static_cast<uint32_t>(s.key), s.value);
+      if (s.key != kEmpty)
+        insert(static_cast<uint32_t>(s.key >> 32), static_cast<uint32_t>(s.key), s.value);
     }
   }
 

@@ -93,7 +93,7 @@ class MetaspacePreTokenizer final : public PreTokenizer {
       if (!split_) return std::vector<NormalizedString>{std::move(piece)};
       const char32_t r = replacement_;
       return std::move(piece).split(findMatches([r](char32_t c) { return c == r; }, piece.get()),
-                         SplitBehavior::kMergedWithNext);
+                                    SplitBehavior::kMergedWithNext);
     });
   }
 

@@ -134,13 +134,7 @@ INSTANTIATE_TEST_SUITE_P(Families, FixtureTest,
                          ::testing::Values("gpt2", "gpt2-splits-a", "gpt2-splits-b", "llama2",
                                            "mistral", "llama3", "t5", "unigram-byte-fallback",
                                            "wordlevel", "wordlevel-whitespace", "bpe-suffix"),
-                         [](const auto& param) {
-                           std::string name = param.param;
-                           for (char& c : name) {
-                             if (c == '-') c = '_';
-                           }
-                           return name;
-                         });
+                         testing::familyTestName);
 
 }  // namespace
 }  // namespace textgen::tokenizer

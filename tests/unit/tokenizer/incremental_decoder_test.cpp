@@ -102,13 +102,7 @@ TEST(IncrementalDecoderBytesTest, HoldsIncompleteCharacters) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, IncrementalDecoderTest, ::testing::ValuesIn(testing::kFamilies),
-                         [](const auto& param) {
-                           std::string name = param.param;
-                           for (char& c : name) {
-                             if (c == '-') c = '_';
-                           }
-                           return name;
-                         });
+                         testing::familyTestName);
 
 }  // namespace
 }  // namespace textgen::tokenizer

@@ -1,6 +1,8 @@
 // Shared helpers of the tokenizer tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -27,5 +29,14 @@ inline const char* kFamilies[] = {"gpt2",
                                   "wordlevel",
                                   "wordlevel-whitespace",
                                   "bpe-suffix"};
+
+// gtest parameter names: "gpt2-splits-a" -> "gpt2_splits_a".
+inline std::string familyTestName(const ::testing::TestParamInfo<const char*>& info) {
+  std::string name = info.param;
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
+  return name;
+}
 
 }  // namespace textgen::tokenizer::testing
