@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Writes textgen's model reference fixtures with Hugging Face transformers.
+
+Tiny random-weight float32 checkpoints of each supported architecture, saved with save_pretrained,
+plus the Llama-2-style tokenizer of tests/reference/tokenizers/llama2, and reference.json with, per
+prompt: input ids, the last position's logits, its top-5 log-probabilities, the last position's
+hidden state after every layer (to locate a divergence), and 32 greedy tokens computed by full
+recomputation (no KV cache) with the minimum top-1/top-2 logit gap seen (weights are scaled so greedy
+choices are not near-ties).
+
+Fixtures:
+  llama-gqa          LlamaForCausalLM, 4 heads / 2 KV heads
+  llama-tied-linear  tied embeddings, linear RoPE scaling (factor 2), rope_theta 500000
+  llama-dynamic      dynamic-NTK RoPE scaling with max_position_embeddings 16 (exceeded while generating)
+  mistral-sharded    MistralForCausalLM, sliding window 24 (exceeded), saved in several safetensors shards
+
+Run on the GPU machine (transformers, torch):
+    python3 tools/reference/make_model_fixtures.py TOKENIZER_DIR OUT_DIR
+"""
+import json
+import math
+import os
+import shutil
+import sys
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+PROMPTS = [
+    "The quick brown fox",
+    "Kubernetes schedules pods onto nodes",
+    "def add(a, b):\n    return",
+    "In 1969, two astronauts",
+]
+NEW_TOKENS = 32
+
+
+def scale_weights(model, seed):
+    """Weights with enough spread that greedy argmaxes are clear (random init gives near-ties)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # norm weights
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (1.5 / math.sqrt(p.shape[1])))
+
+
+def reference(model, tokenizer_path, prompts):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(tokenizer_path, "tokenizer.json"))
+    rows = []
+    for text in prompts:
+        ids = tok.encode(text).ids  # <s> + text, as textgen's tokenizer gives it
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), output_hidden_states=True)
+            last = out.logits[0, -1].double()
+            logprobs = torch.log_softmax(last, -1)
+            top = torch.topk(logprobs, 5)
+            hidden = [h[0, -1].tolist() for h in out.hidden_states]
+            # Greedy with the KV cache, as generate() and a paged-KV server run it.
+            greedy, min_gap = [], float("inf")
+            step = model(torch.tensor([ids]), use_cache=True)
+            for _ in range(NEW_TOKENS):
+                logits = step.logits[0, -1]
+                two = torch.topk(logits, 2)
+                min_gap = min(min_gap, float(two.values[0] - two.values[1]))
+                nxt = int(two.indices[0])
+                greedy.append(nxt)
+                step = model(torch.tensor([[nxt]]), past_key_values=step.past_key_values, use_cache=True)
+            # Greedy by full recomputation: equal to the above except where RoPE depends on the
+            # sequence length (dynamic NTK), where cached keys keep the scale they were made with.
+            seq, recompute = list(ids), []
+            for _ in range(NEW_TOKENS):
+                nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+                recompute.append(nxt)
+                seq.append(nxt)
+        rows.append({
+            "text": text, "input_ids": ids, "last_logits": last.float().tolist(),
+            "top5": [[int(i), float(v)] for v, i in zip(top.values, top.indices)],
+            "hidden_last": hidden, "greedy": greedy, "greedy_recompute": recompute,
+            "min_greedy_gap": min_gap,
+        })
+    return rows
+
+
+def build(name, outdir, tokenizer_dir, cls, config, seed, shard=None):
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    scale_weights(model, seed)
+    d = os.path.join(outdir, name)
+    os.makedirs(d, exist_ok=True)
+    kwargs = {"safe_serialization": True}
+    if shard:
+        kwargs["max_shard_size"] = shard
+    model.save_pretrained(d, **kwargs)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, f), d)
+    rows = reference(model, tokenizer_dir, PROMPTS)
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "prompts": rows}
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(meta, f)
+    gaps = [r["min_greedy_gap"] for r in rows]
+    print(f"{name}: files {sorted(os.listdir(d))}, min greedy gap {min(gaps):.4f}")
+    print("  config.json:", open(os.path.join(d, "config.json")).read().replace("\n", " ")[:900])
+
+
+def main():
+    tokenizer_dir, outdir = sys.argv[1], sys.argv[2]
+    vocab = Tokenizer_vocab(tokenizer_dir)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, bos_token_id=1,
+                  eos_token_id=2)
+    def rope(cls, theta, scaling, **kw):
+        """The config, with RoPE scaling given the way this transformers version takes it."""
+        if scaling is None:
+            return cls(rope_theta=theta, **kw, **common)
+        try:
+            return cls(rope_theta=theta, rope_scaling=scaling, **kw, **common)
+        except Exception:
+            return cls(rope_parameters=dict(scaling, rope_theta=theta), **kw, **common)
+
+    jobs = [
+        ("llama-gqa", LlamaForCausalLM,
+         lambda: rope(LlamaConfig, 10000.0, None, max_position_embeddings=256, tie_word_embeddings=False), 1, None),
+        ("llama-tied-linear", LlamaForCausalLM,
+         lambda: rope(LlamaConfig, 500000.0, {"rope_type": "linear", "factor": 2.0}, max_position_embeddings=256,
+                      tie_word_embeddings=True), 2, None),
+        ("llama-dynamic", LlamaForCausalLM,
+         lambda: rope(LlamaConfig, 10000.0, {"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=16,
+                      tie_word_embeddings=False), 3, None),
+        ("mistral-sharded", MistralForCausalLM,
+         lambda: rope(MistralConfig, 10000.0, None, max_position_embeddings=256, sliding_window=24,
+                      tie_word_embeddings=False), 4, "400KB"),
+    ]
+    failed = []
+    for name, cls, make_config, seed, shard in jobs:
+        try:
+            build(name, outdir, tokenizer_dir, cls, make_config(), seed, shard)
+        except Exception:
+            import traceback
+            traceback.print_exc()
+            failed.append(name)
+    print("failed:", failed or "none")
+    return 1 if failed else 0
+
+
+def Tokenizer_vocab(tokenizer_dir):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json")).get_vocab_size(True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
