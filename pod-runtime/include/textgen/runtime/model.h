@@ -1,0 +1,60 @@
+// A loaded model: one forward over a flattened batch of new tokens of several sequences, writing
+// their keys and values into the paged KV cache and returning logits for the requested rows.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "textgen/base/status_or.h"
+#include "textgen/runtime/backend.h"
+#include "textgen/runtime/model_config.h"
+
+namespace textgen::runtime {
+
+// Paged keys and values of every layer: [numBlocks * blockSize slots, numKvHeads, headDim] each.
+class KvCache {
+ public:
+  static StatusOr<std::unique_ptr<KvCache>> create(Backend& backend, const ModelConfig& config,
+                                                   int64_t numBlocks, int64_t blockSize);
+  // Bytes one block takes across all layers (keys and values).
+  static int64_t bytesPerBlock(const ModelConfig& config, int64_t blockSize);
+
+  int64_t numBlocks() const { return numBlocks_; }
+  int64_t blockSize() const { return blockSize_; }
+  int64_t numSlots() const { return numBlocks_ * blockSize_; }
+  float* keys(int64_t layer) { return keys_[layer]->f32(); }
+  float* values(int64_t layer) { return values_[layer]->f32(); }
+
+ private:
+  int64_t numBlocks_ = 0, blockSize_ = 0;
+  std::vector<std::unique_ptr<Buffer>> keys_, values_;
+};
+
+struct ForwardBatch {
+  std::vector<uint32_t> tokenIds;       // [rows]
+  std::vector<uint32_t> slots;          // [rows]: where each row's key and value go
+  std::vector<SequenceRows> sequences;  // which rows belong to which sequence
+  std::vector<int64_t> logitRows;       // rows whose logits are wanted
+};
+
+struct ModelOptions {
+  int rank = 0;       // tensor-parallel rank of this process
+  int worldSize = 1;  // tensor-parallel degree
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Logits [logitRows.size(), vocab] on the host. INVALID_ARGUMENT for an inconsistent batch
+  // (a slot or token id out of range, rows not covered by the sequences).
+  virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;
+};
+
+// Loads a Hugging Face model directory (config.json, generation_config.json, safetensors).
+StatusOr<std::unique_ptr<Model>> loadModel(const std::string& modelDir, Backend& backend,
+                                           const ModelOptions& options = {});
+
+}  // namespace textgen::runtime

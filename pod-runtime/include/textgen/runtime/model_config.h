@@ -1,0 +1,56 @@
+// config.json (and generation_config.json) as typed hyper-parameters. Parsed once at start-up; a
+// missing or invalid field, or an unsupported architecture, is an error that names it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "textgen/base/status_or.h"
+#include "textgen/kernels/dtype.h"
+
+namespace textgen::runtime {
+
+enum class RopeType { kDefault, kLinear, kDynamic };
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  double theta = 10000.0;
+  double factor = 1.0;               // linear / dynamic scaling factor
+  double partialRotaryFactor = 1.0;  // fraction of head_dim that is rotated
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  std::string modelType;     // e.g. "llama"
+  int64_t vocabSize = 0;
+  int64_t hiddenSize = 0;
+  int64_t intermediateSize = 0;
+  int64_t numLayers = 0;
+  int64_t numHeads = 0;
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;
+  int64_t maxPositionEmbeddings = 0;
+  double rmsNormEps = 1e-6;
+  RopeConfig rope;
+  bool tieWordEmbeddings = false;
+  bool attentionBias = false;
+  bool mlpBias = false;
+  std::optional<int64_t> slidingWindow;  // attend to this many most recent positions (Mistral)
+  kernels::DType dtype = kernels::DType::kF32;  // the checkpoint's torch dtype
+  std::optional<uint32_t> bosTokenId;
+  std::vector<uint32_t> eosTokenIds;  // config.json and generation_config.json, merged
+
+  int64_t rotaryDim() const { return static_cast<int64_t>(headDim * rope.partialRotaryFactor); }
+};
+
+// `generationConfigJson` may be empty.
+StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
+                                       std::string_view generationConfigJson = {});
+
+// Reads DIR/config.json and DIR/generation_config.json (optional).
+StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir);
+
+}  // namespace textgen::runtime

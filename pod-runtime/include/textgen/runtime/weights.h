@@ -1,0 +1,41 @@
+// The weights of a model directory: model.safetensors, or the shards named by
+// model.safetensors.index.json. Tensors load as float32 (the CPU backend's compute type), whole or
+// as one tensor-parallel rank's slice.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "textgen/base/status_or.h"
+#include "textgen/runtime/safetensors.h"
+#include "textgen/runtime/tensor.h"
+
+namespace textgen::runtime {
+
+// A tensor-parallel slice: rank `rank` of `worldSize` equal parts along dimension `dim`.
+struct Shard {
+  int dim = 0;
+  int rank = 0;
+  int worldSize = 1;
+};
+
+class WeightStore {
+ public:
+  static StatusOr<std::unique_ptr<WeightStore>> open(const std::string& modelDir);
+
+  bool contains(const std::string& name) const { return where_.contains(name); }
+  const TensorInfo* info(const std::string& name) const;
+
+  // NOT_FOUND naming the tensor; INVALID_ARGUMENT for a shape other than `expectShape` (when given)
+  // or a dtype other than F32/F16/BF16.
+  StatusOr<Tensor> loadF32(const std::string& name, const std::vector<int64_t>& expectShape = {},
+                           Shard shard = {}) const;
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> where_;
+};
+
+}  // namespace textgen::runtime

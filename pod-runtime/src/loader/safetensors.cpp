@@ -1,0 +1,136 @@
+#include "textgen/runtime/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace textgen::runtime {
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100 * 1024 * 1024;  // the safetensors format's own limit
+
+int64_t elementSize(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
+    return 1;
+  return 0;
+}
+
+}  // namespace
+
+StatusOr<std::map<std::string, TensorInfo>> parseSafetensorsHeader(std::string_view header,
+                                                                   uint64_t dataSize) {
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return invalidArgumentError("header is not a JSON object");
+  std::map<std::string, TensorInfo> out;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const std::string& name = it.key();
+    const nlohmann::json& t = it.value();
+    auto bad = [&](const std::string& what) {
+      return invalidArgumentError("tensor '" + name + "': " + what);
+    };
+    if (!t.is_object()) return bad("entry is not an object");
+    if (!t.contains("dtype") || !t["dtype"].is_string()) return bad("missing dtype");
+    if (!t.contains("shape") || !t["shape"].is_array()) return bad("missing shape");
+    if (!t.contains("data_offsets") || !t["data_offsets"].is_array() ||
+        t["data_offsets"].size() != 2) {
+      return bad("data_offsets must be [begin, end]");
+    }
+    TensorInfo info;
+    info.dtype = t["dtype"].get<std::string>();
+    const int64_t es = elementSize(info.dtype);
+    if (es == 0) return bad("unknown dtype '" + info.dtype + "'");
+    uint64_t elements = 1;
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_unsigned()) return bad("shape entries must be non-negative integers");
+      const uint64_t v = d.get<uint64_t>();
+      if (v != 0 && elements > (uint64_t{1} << 62) / v) return bad("shape overflows");
+      elements *= v;
+      info.shape.push_back(static_cast<int64_t>(v));
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (!t["data_offsets"][k].is_number_unsigned())
+        return bad("data_offsets must be non-negative integers");
+    }
+    info.begin = t["data_offsets"][0].get<uint64_t>();
+    info.end = t["data_offsets"][1].get<uint64_t>();
+    if (info.begin > info.end || info.end > dataSize) {
+      return bad("data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
+                 ") outside the " + std::to_string(dataSize) + "-byte data section");
+    }
+    if (info.end - info.begin != elements * static_cast<uint64_t>(es)) {
+      return bad("data_offsets span " + std::to_string(info.end - info.begin) +
+                 " bytes, shape and dtype need " + std::to_string(elements * es));
+    }
+    ranges.push_back({info.begin, info.end});
+    out.emplace(name, std::move(info));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second)
+      return invalidArgumentError("tensors overlap in the data section");
+  }
+  return out;
+}
+
+StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return notFoundError(path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return internalError(path + ": " + std::strerror(e));
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  auto fail = [&](const std::string& what) {
+    ::close(fd);
+    return invalidArgumentError(path + ": " + what);
+  };
+  if (size < 8) return fail("shorter than the 8-byte header length");
+  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return internalError(path + ": mmap failed: " + std::strerror(errno));
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  file->map_ = static_cast<const unsigned char*>(map);
+  file->size_ = size;
+  uint64_t headerLen = 0;
+  for (int i = 7; i >= 0; --i) headerLen = (headerLen << 8) | file->map_[i];
+  if (headerLen > kMaxHeaderBytes) {
+    return invalidArgumentError(path + ": header length " + std::to_string(headerLen) +
+                                " exceeds 100 MB");
+  }
+  if (headerLen > size - 8) {
+    return invalidArgumentError(path + ": header length " + std::to_string(headerLen) +
+                                " exceeds the file (" + std::to_string(size) +
+                                " bytes): truncated?");
+  }
+  file->dataStart_ = 8 + headerLen;
+  std::string_view header(reinterpret_cast<const char*>(file->map_ + 8), headerLen);
+  auto tensors = parseSafetensorsHeader(header, size - file->dataStart_);
+  if (!tensors.ok()) return tensors.status().withContext(path);
+  file->tensors_ = std::move(*tensors);
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) munmap(const_cast<unsigned char*>(map_), size_);
+}
+
+std::string_view SafetensorsFile::bytes(const TensorInfo& info) const {
+  return {reinterpret_cast<const char*>(map_ + dataStart_ + info.begin),
+          static_cast<size_t>(info.end - info.begin)};
+}
+
+}  // namespace textgen::runtime

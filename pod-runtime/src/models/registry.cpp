@@ -1,0 +1,47 @@
+// Architecture registry: config.json's class name -> the forward that serves it.
+#include "architectures.h"
+#include "textgen/runtime/model.h"
+#include "textgen/runtime/weights.h"
+
+namespace textgen::runtime {
+
+StatusOr<std::unique_ptr<Model>> loadLlamaFamily(const ModelConfig& config,
+                                                 const ArchitectureSpec& spec,
+                                                 const WeightStore& weights, Backend& backend,
+                                                 const ModelOptions& options);
+
+StatusOr<std::unique_ptr<Model>> loadModel(const std::string& modelDir, Backend& backend,
+                                           const ModelOptions& options) {
+  TG_ASSIGN_OR_RETURN(ModelConfig config, loadModelConfig(modelDir));
+  TG_ASSIGN_OR_RETURN(auto weights, WeightStore::open(modelDir));
+  if (config.architecture == kLlama.architecture)
+    return loadLlamaFamily(config, kLlama, *weights, backend, options);
+  if (config.architecture == kMistral.architecture)
+    return loadLlamaFamily(config, kMistral, *weights, backend, options);
+  return unimplementedError("architecture '" + config.architecture + "' is not supported");
+}
+
+int64_t KvCache::bytesPerBlock(const ModelConfig& c, int64_t blockSize) {
+  return 2 * c.numLayers * blockSize * c.numKvHeads * c.headDim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+StatusOr<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const ModelConfig& c,
+                                                   int64_t numBlocks, int64_t blockSize) {
+  if (numBlocks <= 0 || blockSize <= 0)
+    return invalidArgumentError("KV cache needs positive blocks and block size");
+  auto cache = std::make_unique<KvCache>();
+  cache->numBlocks_ = numBlocks;
+  cache->blockSize_ = blockSize;
+  const size_t bytes =
+      static_cast<size_t>(numBlocks * blockSize * c.numKvHeads * c.headDim) * sizeof(float);
+  for (int64_t i = 0; i < c.numLayers; ++i) {
+    TG_ASSIGN_OR_RETURN(auto k, backend.allocate(bytes));
+    TG_ASSIGN_OR_RETURN(auto v, backend.allocate(bytes));
+    cache->keys_.push_back(std::move(k));
+    cache->values_.push_back(std::move(v));
+  }
+  return cache;
+}
+
+}  // namespace textgen::runtime
