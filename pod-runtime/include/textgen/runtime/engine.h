@@ -1,0 +1,114 @@
+// The step loop behind the shard's RPCs. The router owns KV allocation (blocks and slots) and batch
+// composition; the engine keeps each cached batch's request state, runs mixed prefill/decode
+// forwards, samples, detokenizes and applies the stopping criteria. Not thread-safe: the service
+// serialises calls, as a shard processes one RPC at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "textgen/base/status_or.h"
+#include "textgen/runtime/model.h"
+#include "textgen/runtime/sampling.h"
+#include "textgen/runtime/stopping.h"
+#include "textgen/tokenizer/tokenizer.h"
+
+namespace textgen::runtime {
+
+struct RequestSpec {
+  uint64_t id = 0;
+  std::vector<uint32_t> inputIds;
+  SamplingParams sampling;
+  StoppingParams stopping;
+  bool prefillLogprobs = false;
+  std::vector<uint32_t> blocks;
+  std::vector<uint32_t> slots;  // empty: derived from blocks
+  uint32_t cacheLen = 0;
+  std::optional<uint32_t> chunkLen;
+};
+
+struct TokenList {
+  std::vector<uint32_t> ids;
+  std::vector<float> logprobs;
+  std::vector<std::string> texts;
+  std::vector<bool> isSpecial;
+};
+
+struct FinishedText {
+  std::string text;
+  uint32_t generatedTokens = 0;
+  FinishReason reason = FinishReason::kLength;
+  std::optional<uint64_t> seed;
+};
+
+struct GenerationResult {
+  uint64_t requestId = 0;
+  std::optional<TokenList> prefillTokens;
+  TokenList tokens;
+  std::optional<FinishedText> finished;
+  std::vector<TokenList> topTokens;  // one per token in `tokens`
+};
+
+struct BatchInfo {
+  uint64_t id = 0;
+  std::vector<uint64_t> requestIds;
+  uint32_t maxTokens = 0;
+  uint32_t currentTokens = 0;
+};
+
+struct StepResult {
+  std::vector<GenerationResult> generations;
+  std::optional<BatchInfo> batch;  // absent when every request finished
+  uint64_t forwardNs = 0, decodeNs = 0, totalNs = 0;
+  std::optional<uint64_t> concatNs;
+};
+
+struct WarmupResult {
+  uint32_t maxSupportedTotalTokens = 0;
+  uint32_t maxInputTokens = 0;
+  uint32_t maxTotalTokens = 0;
+};
+
+struct EngineOptions {
+  int64_t blockSize = 16;
+  int64_t kvCacheBytes = 0;  // KV pool budget; sized at Warmup
+};
+
+class Engine {
+ public:
+  Engine(Model& model, const tokenizer::Tokenizer& tokenizer, Backend& backend,
+         EngineOptions options);
+  ~Engine();
+
+  StatusOr<WarmupResult> warmup(uint64_t batchId, std::vector<RequestSpec> requests,
+                                std::optional<uint32_t> maxInputTokens, uint32_t maxPrefillTokens,
+                                std::optional<uint32_t> maxTotalTokens);
+  StatusOr<StepResult> prefill(uint64_t batchId, std::vector<RequestSpec> requests,
+                               std::optional<uint64_t> cachedBatchId);
+  StatusOr<StepResult> decode(const std::vector<uint64_t>& batchIds);
+  StatusOr<BatchInfo> filter(uint64_t batchId, const std::vector<uint64_t>& keep);
+  void clear(std::optional<uint64_t> batchId);
+
+  const EngineOptions& options() const { return options_; }
+  int64_t maxContext() const;  // longest prompt + generation the model allows
+
+ private:
+  struct Request;
+  struct Batch;
+  Status validate(const RequestSpec& r) const;
+  StatusOr<StepResult> step(std::unique_ptr<Batch> batch);
+  BatchInfo info(const Batch& b) const;
+
+  Model& model_;
+  const tokenizer::Tokenizer& tokenizer_;
+  Backend& backend_;
+  EngineOptions options_;
+  std::unique_ptr<KvCache> cache_;
+  std::map<uint64_t, std::unique_ptr<Batch>> batches_;
+};
+
+}  // namespace textgen::runtime

@@ -1,0 +1,57 @@
+// Choosing the next token of one request, in TGI's order: repetition penalty, frequency penalty and
+// logit bias on the raw logits, then the warpers temperature, top-k, top-p and typical-p; the
+// returned log-probabilities are those of the processed distribution. Each request has its own
+// seeded generator, so its draws never depend on the other requests of the batch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "textgen/base/status.h"
+
+namespace textgen::runtime {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 means 1
+  uint32_t topK = 0;         // 0: off
+  float topP = 1.0f;         // 0 or 1: off
+  float typicalP = 1.0f;     // 0 or 1: off
+  bool doSample = false;     // false: arg-max
+  uint64_t seed = 0;
+  float repetitionPenalty = 1.0f;  // 0 or 1: off
+  float frequencyPenalty = 0.0f;
+  std::map<uint32_t, float> logitBias;
+  uint32_t topNTokens = 0;
+};
+
+// INVALID_ARGUMENT naming the first bad field (TGI's validation rules).
+Status validateSamplingParams(const SamplingParams& p);
+
+struct TokenChoice {
+  uint32_t id = 0;
+  float logprob = 0.0f;                         // of id, in the processed distribution
+  std::vector<std::pair<uint32_t, float>> top;  // topNTokens best (id, logprob), best first
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams params);
+  // `logits` is modified in place. `history`: every token so far (prompt and generated), for the
+  // penalties.
+  TokenChoice choose(std::span<float> logits, std::span<const uint32_t> history);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+};
+
+// Natural-log softmax of raw logits (prefill log-probabilities).
+void logSoftmax(std::span<const float> logits, std::span<float> out);
+
+}  // namespace textgen::runtime

@@ -1,0 +1,344 @@
+#include "textgen/runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "textgen/tokenizer/incremental_decoder.h"
+
+namespace textgen::runtime {
+
+namespace {
+uint64_t nowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+}  // namespace
+
+struct Engine::Request {
+  RequestSpec spec;
+  std::vector<uint32_t> tokens;  // prompt then generated
+  int64_t computed = 0;          // positions whose KV is in the cache
+  Sampler sampler;
+  StoppingCriteria stopping;
+  tokenizer::IncrementalDecoder detok;
+  std::vector<uint32_t> generated;
+  TokenList prefill;  // prefill log-probabilities, gathered over chunks
+
+  Request(RequestSpec s, const tokenizer::Tokenizer& tok, std::vector<uint32_t> eos)
+      : spec(std::move(s)),
+        tokens(spec.inputIds),
+        computed(spec.cacheLen),
+        sampler(spec.sampling),
+        stopping(spec.stopping, std::move(eos)),
+        detok(tok, false, spec.inputIds) {}
+
+  bool prefilling() const { return computed < static_cast<int64_t>(spec.inputIds.size()); }
+  int64_t nextRows() const {
+    if (!prefilling()) return 1;
+    const int64_t remaining = static_cast<int64_t>(spec.inputIds.size()) - computed;
+    return spec.chunkLen && *spec.chunkLen > 0 ? std::min<int64_t>(*spec.chunkLen, remaining)
+                                               : remaining;
+  }
+};
+
+struct Engine::Batch {
+  uint64_t id = 0;
+  std::vector<std::unique_ptr<Request>> requests;
+};
+
+Engine::Engine(Model& model, const tokenizer::Tokenizer& tokenizer, Backend& backend,
+               EngineOptions options)
+    : model_(model), tokenizer_(tokenizer), backend_(backend), options_(options) {}
+
+Engine::~Engine() = default;
+
+int64_t Engine::maxContext() const {
+  const ModelConfig& c = model_.config();
+  const double factor = c.rope.type == RopeType::kDefault ? 1.0 : c.rope.factor;
+  return static_cast<int64_t>(static_cast<double>(c.maxPositionEmbeddings) * factor);
+}
+
+Status Engine::validate(const RequestSpec& r) const {
+  const std::string who = "request " + std::to_string(r.id) + ": ";
+  if (r.inputIds.empty()) return invalidArgumentError(who + "empty prompt");
+  const int64_t total = static_cast<int64_t>(r.inputIds.size()) + r.stopping.maxNewTokens;
+  if (static_cast<int64_t>(r.inputIds.size()) > maxContext()) {
+    return invalidArgumentError(who + "prompt of " + std::to_string(r.inputIds.size()) +
+                                " tokens is longer than the model allows (" +
+                                std::to_string(maxContext()) + ")");
+  }
+  if (r.stopping.maxNewTokens == 0)
+    return invalidArgumentError(who + "max_new_tokens must be at least 1");
+  for (uint32_t id : r.inputIds) {
+    if (id >= model_.config().vocabSize)
+      return invalidArgumentError(who + "token id " + std::to_string(id) + " out of vocabulary");
+  }
+  if (r.cacheLen >= r.inputIds.size())
+    return invalidArgumentError(who + "cache_len must be below the prompt length");
+  const int64_t bs = cache_->blockSize();
+  if (static_cast<int64_t>(r.blocks.size()) * bs < total) {
+    return invalidArgumentError(who + std::to_string(r.blocks.size()) + " blocks of " +
+                                std::to_string(bs) + " cannot hold " + std::to_string(total) +
+                                " tokens (prompt + max_new_tokens)");
+  }
+  for (uint32_t b : r.blocks) {
+    if (b >= cache_->numBlocks())
+      return invalidArgumentError(who + "block " + std::to_string(b) + " out of range");
+  }
+  if (!r.slots.empty()) {
+    if (static_cast<int64_t>(r.slots.size()) < total)
+      return invalidArgumentError(who + "fewer slots than prompt + max_new_tokens");
+    for (int64_t p = 0; p < total; ++p) {
+      if (r.slots[p] != r.blocks[p / bs] * bs + p % bs) {
+        return invalidArgumentError(who + "slot " + std::to_string(p) +
+                                    " does not follow the block table");
+      }
+    }
+  }
+  TG_RETURN_IF_ERROR(validateSamplingParams(r.sampling));
+  return okStatus();
+}
+
+BatchInfo Engine::info(const Batch& b) const {
+  BatchInfo i;
+  i.id = b.id;
+  for (const auto& r : b.requests) {
+    i.requestIds.push_back(r->spec.id);
+    i.maxTokens += static_cast<uint32_t>(r->spec.inputIds.size() + r->spec.stopping.maxNewTokens);
+    i.currentTokens += static_cast<uint32_t>(r->nextRows());
+  }
+  return i;
+}
+
+StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
+  const uint64_t start = nowNs();
+  const int64_t bs = cache_->blockSize();
+  ForwardBatch fb;
+  std::vector<int64_t> logitStart(batch->requests.size());
+  for (size_t i = 0; i < batch->requests.size(); ++i) {
+    Request& r = *batch->requests[i];
+    const int64_t n = r.nextRows();
+    SequenceRows rows{.firstRow = static_cast<int64_t>(fb.tokenIds.size()),
+                      .numRows = n,
+                      .startPos = r.computed,
+                      .blocks = r.spec.blocks};
+    for (int64_t p = r.computed; p < r.computed + n; ++p) {
+      fb.tokenIds.push_back(r.tokens[p]);
+      fb.slots.push_back(r.spec.blocks[p / bs] * bs + p % bs);
+    }
+    fb.sequences.push_back(rows);
+    logitStart[i] = static_cast<int64_t>(fb.logitRows.size());
+    if (r.prefilling() && r.spec.prefillLogprobs) {
+      for (int64_t t = 0; t < n; ++t) fb.logitRows.push_back(rows.firstRow + t);
+    } else {
+      fb.logitRows.push_back(rows.firstRow + n - 1);
+    }
+  }
+  auto logits = model_.forward(fb, *cache_);
+  if (!logits.ok()) {
+    batches_.emplace(batch->id, std::move(batch));  // keep the batch: the router decides
+    return logits.status();
+  }
+  const uint64_t forwardDone = nowNs();
+  const int64_t vocab = model_.config().vocabSize;
+  StepResult result;
+  std::vector<std::unique_ptr<Request>> alive;
+  for (size_t i = 0; i < batch->requests.size(); ++i) {
+    std::unique_ptr<Request>& owner = batch->requests[i];
+    Request& r = *owner;
+    const int64_t n = fb.sequences[i].numRows;
+    const bool wasPrefilling = r.prefilling();
+    if (wasPrefilling && r.spec.prefillLogprobs) {
+      // Log-probability of prompt token p+1 from the row of position p; the first has none.
+      std::vector<float> lp(vocab);
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t pos = r.computed + t;
+        if (pos == 0) {
+          r.prefill.ids.push_back(r.tokens[0]);
+          r.prefill.logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
+        }
+        if (pos + 1 < static_cast<int64_t>(r.spec.inputIds.size())) {
+          logSoftmax(std::span<const float>(logits->data() + (logitStart[i] + t) * vocab, vocab),
+                     lp);
+          r.prefill.ids.push_back(r.tokens[pos + 1]);
+          r.prefill.logprobs.push_back(lp[r.tokens[pos + 1]]);
+        }
+      }
+    }
+    r.computed += n;
+    if (r.prefilling()) {  // more prompt chunks to come: nothing to sample yet
+      alive.push_back(std::move(owner));
+      continue;
+    }
+    const int64_t lastRow =
+        wasPrefilling && r.spec.prefillLogprobs ? logitStart[i] + n - 1 : logitStart[i];
+    std::span<float> row(logits->data() + lastRow * vocab, vocab);
+    const TokenChoice choice = r.sampler.choose(row, r.tokens);
+    GenerationResult g;
+    g.requestId = r.spec.id;
+    if (wasPrefilling && r.spec.prefillLogprobs) {
+      for (uint32_t id : r.prefill.ids) {
+        r.prefill.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
+        r.prefill.isSpecial.push_back(tokenizer_.isSpecial(id));
+      }
+      g.prefillTokens = std::move(r.prefill);
+    }
+    r.tokens.push_back(choice.id);
+    r.generated.push_back(choice.id);
+    std::string text = r.detok.step(choice.id);
+    const std::optional<FinishReason> reason = r.stopping.update(choice.id, text);
+    if (reason) text += r.detok.flush();  // the stream's pieces add up to the whole text
+    g.tokens = {{choice.id}, {choice.logprob}, {text}, {tokenizer_.isSpecial(choice.id)}};
+    if (r.spec.sampling.topNTokens > 0) {
+      TokenList top;
+      for (const auto& [id, lp] : choice.top) {
+        top.ids.push_back(id);
+        top.logprobs.push_back(lp);
+        top.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
+        top.isSpecial.push_back(tokenizer_.isSpecial(id));
+      }
+      g.topTokens.push_back(std::move(top));
+    }
+    if (reason) {
+      FinishedText f;
+      f.text = tokenizer_.decode(r.generated, /*skipSpecialTokens=*/true);
+      f.generatedTokens = r.stopping.generatedTokens();
+      f.reason = *reason;
+      if (r.spec.sampling.doSample) f.seed = r.spec.sampling.seed;
+      g.finished = std::move(f);
+    } else {
+      alive.push_back(std::move(owner));
+    }
+    result.generations.push_back(std::move(g));
+  }
+  batch->requests = std::move(alive);
+  if (!batch->requests.empty()) {
+    result.batch = info(*batch);
+    batches_.emplace(batch->id, std::move(batch));
+  }
+  const uint64_t end = nowNs();
+  result.forwardNs = forwardDone - start;
+  result.decodeNs = end - forwardDone;
+  result.totalNs = end - start;
+  return result;
+}
+
+StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> requests,
+                                     std::optional<uint64_t> cachedBatchId) {
+  if (!cache_) return failedPreconditionError("Warmup has not run: the KV cache is not allocated");
+  if (requests.empty() && !cachedBatchId) return invalidArgumentError("empty batch");
+  if (batches_.contains(batchId) && batchId != cachedBatchId) {
+    return invalidArgumentError("batch " + std::to_string(batchId) + " already exists");
+  }
+  for (const RequestSpec& r : requests) TG_RETURN_IF_ERROR(validate(r));
+  const uint64_t start = nowNs();
+  auto batch = std::make_unique<Batch>();
+  batch->id = batchId;
+  std::optional<uint64_t> concatNs;
+  if (cachedBatchId) {
+    auto it = batches_.find(*cachedBatchId);
+    if (it == batches_.end())
+      return invalidArgumentError("batch " + std::to_string(*cachedBatchId) + " not found");
+    batch = std::move(it->second);
+    batches_.erase(it);
+    batch->id = batchId;
+    concatNs = nowNs() - start;
+  }
+  for (RequestSpec& r : requests) {
+    batch->requests.push_back(
+        std::make_unique<Request>(std::move(r), tokenizer_, model_.config().eosTokenIds));
+  }
+  TG_ASSIGN_OR_RETURN(StepResult result, step(std::move(batch)));
+  result.concatNs = concatNs;
+  return result;
+}
+
+StatusOr<StepResult> Engine::decode(const std::vector<uint64_t>& batchIds) {
+  if (batchIds.empty()) return invalidArgumentError("no batches to decode");
+  for (uint64_t id : batchIds) {
+    if (!batches_.contains(id))
+      return invalidArgumentError("batch " + std::to_string(id) + " not found");
+  }
+  const uint64_t start = nowNs();
+  auto merged = std::move(batches_[batchIds[0]]);
+  batches_.erase(batchIds[0]);
+  for (size_t i = 1; i < batchIds.size(); ++i) {
+    auto& other = batches_[batchIds[i]];
+    if (!other) continue;  // the same id twice
+    for (auto& r : other->requests) merged->requests.push_back(std::move(r));
+    batches_.erase(batchIds[i]);
+  }
+  const std::optional<uint64_t> concatNs =
+      batchIds.size() > 1 ? std::optional<uint64_t>(nowNs() - start) : std::nullopt;
+  TG_ASSIGN_OR_RETURN(StepResult result, step(std::move(merged)));
+  result.concatNs = concatNs;
+  return result;
+}
+
+StatusOr<BatchInfo> Engine::filter(uint64_t batchId, const std::vector<uint64_t>& keep) {
+  auto it = batches_.find(batchId);
+  if (it == batches_.end())
+    return invalidArgumentError("batch " + std::to_string(batchId) + " not found");
+  for (uint64_t id : keep) {
+    bool found = false;
+    for (const auto& r : it->second->requests) found |= r->spec.id == id;
+    if (!found)
+      return invalidArgumentError("request " + std::to_string(id) + " is not in batch " +
+                                  std::to_string(batchId));
+  }
+  std::erase_if(it->second->requests, [&](const std::unique_ptr<Request>& r) {
+    return std::find(keep.begin(), keep.end(), r->spec.id) == keep.end();
+  });
+  return info(*it->second);
+}
+
+void Engine::clear(std::optional<uint64_t> batchId) {
+  if (batchId) {
+    batches_.erase(*batchId);
+  } else {
+    batches_.clear();
+  }
+}
+
+StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec> requests,
+                                      std::optional<uint32_t> maxInputTokens,
+                                      uint32_t maxPrefillTokens,
+                                      std::optional<uint32_t> maxTotalTokens) {
+  const ModelConfig& c = model_.config();
+  const int64_t perBlock = KvCache::bytesPerBlock(c, options_.blockSize);
+  const int64_t numBlocks = options_.kvCacheBytes / perBlock;
+  int64_t needed = 0;
+  for (const RequestSpec& r : requests) {
+    for (uint32_t b : r.blocks) needed = std::max<int64_t>(needed, int64_t{b} + 1);
+  }
+  if (numBlocks < 1 || numBlocks < needed) {
+    return resourceExhaustedError("KV cache budget of " + std::to_string(options_.kvCacheBytes) +
+                                  " bytes holds " + std::to_string(numBlocks) + " blocks of " +
+                                  std::to_string(options_.blockSize) +
+                                  " tokens; the warmup batch needs " + std::to_string(needed));
+  }
+  clear(std::nullopt);
+  cache_.reset();
+  TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, c, numBlocks, options_.blockSize));
+  if (!requests.empty()) {
+    // A real forward of the largest batch the router will send, then forget it.
+    for (RequestSpec& r : requests)
+      r.stopping.maxNewTokens = std::max<uint32_t>(r.stopping.maxNewTokens, 1);
+    auto result = prefill(batchId, std::move(requests), std::nullopt);
+    clear(std::nullopt);
+    if (!result.ok()) return result.status().withContext("warmup forward");
+  }
+  WarmupResult w;
+  w.maxSupportedTotalTokens =
+      static_cast<uint32_t>(std::min<int64_t>(numBlocks * options_.blockSize, UINT32_MAX));
+  const auto context = static_cast<uint32_t>(std::min<int64_t>(maxContext(), UINT32_MAX));
+  w.maxTotalTokens = maxTotalTokens.value_or(std::min(context, w.maxSupportedTotalTokens));
+  w.maxInputTokens = maxInputTokens.value_or(
+      std::min(w.maxTotalTokens > 1 ? w.maxTotalTokens - 1 : 1u, maxPrefillTokens));
+  return w;
+}
+
+}  // namespace textgen::runtime

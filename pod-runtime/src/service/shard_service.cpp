@@ -1,0 +1,224 @@
+#include "shard_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <mutex>
+
+#include "textgen/shard/v1/shard.grpc.pb.h"
+
+namespace textgen::runtime {
+namespace {
+
+namespace pb = textgen::shard::v1;
+
+grpc::Status toGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
+StatusOr<RequestSpec> fromProto(const pb::Request& r) {
+  const std::string who = "request " + std::to_string(r.id()) + ": ";
+  const auto& p = r.parameters();
+  if (p.watermark()) return unimplementedError(who + "watermarking is not implemented");
+  if (!p.grammar().empty() || p.grammar_type() != pb::GRAMMAR_TYPE_NONE) {
+    return unimplementedError(who + "guided generation (grammar) is not implemented");
+  }
+  if (r.has_adapter_id() && !r.adapter_id().empty()) {
+    return unimplementedError(who + "LoRA adapters are not implemented (adapter_id '" +
+                              r.adapter_id() + "')");
+  }
+  RequestSpec s;
+  s.id = r.id();
+  s.inputIds.assign(r.input_ids().begin(), r.input_ids().end());
+  // Zero means "unset" for the float parameters, as in TGI's proto defaults.
+  s.sampling.temperature = p.temperature() == 0.0f ? 1.0f : p.temperature();
+  s.sampling.topK = p.top_k();
+  s.sampling.topP = p.top_p() == 0.0f ? 1.0f : p.top_p();
+  s.sampling.typicalP = p.typical_p() == 0.0f ? 1.0f : p.typical_p();
+  s.sampling.doSample = p.do_sample();
+  s.sampling.seed = p.seed();
+  s.sampling.repetitionPenalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+  s.sampling.frequencyPenalty = p.frequency_penalty();
+  for (const auto& [id, bias] : p.logit_bias()) s.sampling.logitBias[id] = bias;
+  s.sampling.topNTokens = r.top_n_tokens();
+  s.stopping.maxNewTokens = r.stopping_parameters().max_new_tokens();
+  s.stopping.stopSequences.assign(r.stopping_parameters().stop_sequences().begin(),
+                                  r.stopping_parameters().stop_sequences().end());
+  s.stopping.ignoreEosToken = r.stopping_parameters().ignore_eos_token();
+  s.prefillLogprobs = r.prefill_logprobs();
+  s.blocks.assign(r.blocks().begin(), r.blocks().end());
+  s.slots.assign(r.slots().begin(), r.slots().end());
+  s.cacheLen = r.cache_len();
+  if (r.has_chunk_len()) s.chunkLen = r.chunk_len();
+  return s;
+}
+
+StatusOr<std::vector<RequestSpec>> fromProto(const pb::Batch& b) {
+  if (static_cast<int>(b.size()) != b.requests_size()) {
+    return invalidArgumentError("batch " + std::to_string(b.id()) + ": size " +
+                                std::to_string(b.size()) + " but " +
+                                std::to_string(b.requests_size()) + " requests");
+  }
+  std::vector<RequestSpec> out;
+  for (const pb::Request& r : b.requests()) {
+    TG_ASSIGN_OR_RETURN(RequestSpec s, fromProto(r));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void toProto(const TokenList& t, pb::Tokens* out) {
+  for (size_t i = 0; i < t.ids.size(); ++i) {
+    out->add_ids(t.ids[i]);
+    out->add_logprobs(t.logprobs[i]);
+    out->add_texts(t.texts[i]);
+    out->add_is_special(t.isSpecial[i]);
+  }
+}
+
+pb::FinishReason toProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return pb::FINISH_REASON_LENGTH;
+    case FinishReason::kEosToken: return pb::FINISH_REASON_EOS_TOKEN;
+    case FinishReason::kStopSequence: return pb::FINISH_REASON_STOP_SEQUENCE;
+  }
+  return pb::FINISH_REASON_UNSPECIFIED;
+}
+
+void toProto(const BatchInfo& b, pb::CachedBatch* out) {
+  out->set_id(b.id);
+  for (uint64_t id : b.requestIds) out->add_request_ids(id);
+  out->set_size(static_cast<uint32_t>(b.requestIds.size()));
+  out->set_max_tokens(b.maxTokens);
+  out->set_current_tokens(b.currentTokens);
+}
+
+template <typename Response>
+void toProto(const StepResult& s, Response* out) {
+  for (const GenerationResult& g : s.generations) {
+    pb::Generation* p = out->add_generations();
+    p->set_request_id(g.requestId);
+    if (g.prefillTokens) toProto(*g.prefillTokens, p->mutable_prefill_tokens());
+    toProto(g.tokens, p->mutable_tokens());
+    for (const TokenList& t : g.topTokens) toProto(t, p->add_top_tokens());
+    if (g.finished) {
+      auto* f = p->mutable_generated_text();
+      f->set_text(g.finished->text);
+      f->set_generated_tokens(g.finished->generatedTokens);
+      f->set_finish_reason(toProto(g.finished->reason));
+      if (g.finished->seed) f->set_seed(*g.finished->seed);
+    }
+  }
+  if (s.batch) toProto(*s.batch, out->mutable_batch());
+  out->set_forward_ns(s.forwardNs);
+  out->set_decode_ns(s.decodeNs);
+  out->set_total_ns(s.totalNs);
+  if (s.concatNs) out->set_concat_ns(*s.concatNs);
+}
+
+class ShardService final : public pb::ShardService::Service {
+ public:
+  ShardService(Engine& engine, const Model& model, ShardServiceOptions options)
+      : engine_(engine), model_(model), options_(std::move(options)) {}
+
+  grpc::Status Info(grpc::ServerContext*, const pb::InfoRequest*, pb::InfoResponse* out) override {
+    const ModelConfig& c = model_.config();
+    out->set_requires_padding(false);
+    out->set_dtype(options_.dtype);
+    out->set_device_type(options_.deviceType);
+    if (c.slidingWindow) out->set_window_size(static_cast<uint32_t>(*c.slidingWindow));
+    out->set_speculate(0);
+    out->set_support_chunking(true);
+    out->set_use_prefix_caching(true);
+    out->set_attention_impl("paged");
+    out->set_block_size(static_cast<uint32_t>(engine_.options().blockSize));
+    out->set_max_position_embeddings(static_cast<uint32_t>(engine_.maxContext()));
+    out->set_vocab_size(static_cast<uint32_t>(c.vocabSize));
+    out->set_world_size(static_cast<uint32_t>(options_.worldSize));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Health(grpc::ServerContext*, const pb::HealthRequest*,
+                      pb::HealthResponse*) override {
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ServiceDiscovery(grpc::ServerContext*, const pb::ServiceDiscoveryRequest*,
+                                pb::ServiceDiscoveryResponse* out) override {
+    for (const std::string& url : options_.rankUrls) out->add_urls(url);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ClearCache(grpc::ServerContext*, const pb::ClearCacheRequest* in,
+                          pb::ClearCacheResponse*) override {
+    std::lock_guard lock(mutex_);
+    engine_.clear(in->has_id() ? std::optional<uint64_t>(in->id()) : std::nullopt);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FilterBatch(grpc::ServerContext*, const pb::FilterBatchRequest* in,
+                           pb::FilterBatchResponse* out) override {
+    std::lock_guard lock(mutex_);
+    auto b = engine_.filter(in->batch_id(), {in->request_ids().begin(), in->request_ids().end()});
+    if (!b.ok()) return toGrpc(b.status());
+    toProto(*b, out->mutable_batch());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Warmup(grpc::ServerContext*, const pb::WarmupRequest* in,
+                      pb::WarmupResponse* out) override {
+    std::lock_guard lock(mutex_);
+    auto requests = fromProto(in->batch());
+    if (!requests.ok()) return toGrpc(requests.status());
+    auto w = engine_.warmup(
+        in->batch().id(), std::move(*requests),
+        in->has_max_input_tokens() ? std::optional<uint32_t>(in->max_input_tokens()) : std::nullopt,
+        in->max_prefill_tokens(),
+        in->has_max_total_tokens() ? std::optional<uint32_t>(in->max_total_tokens())
+                                   : std::nullopt);
+    if (!w.ok()) return toGrpc(w.status());
+    out->set_max_supported_total_tokens(w->maxSupportedTotalTokens);
+    out->set_max_input_tokens(w->maxInputTokens);
+    out->set_max_total_tokens(w->maxTotalTokens);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Prefill(grpc::ServerContext*, const pb::PrefillRequest* in,
+                       pb::PrefillResponse* out) override {
+    std::lock_guard lock(mutex_);
+    auto requests = fromProto(in->batch());
+    if (!requests.ok()) return toGrpc(requests.status());
+    auto s = engine_.prefill(
+        in->batch().id(), std::move(*requests),
+        in->has_cached_batch() ? std::optional<uint64_t>(in->cached_batch().id()) : std::nullopt);
+    if (!s.ok()) return toGrpc(s.status());
+    toProto(*s, out);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Decode(grpc::ServerContext*, const pb::DecodeRequest* in,
+                      pb::DecodeResponse* out) override {
+    std::lock_guard lock(mutex_);
+    std::vector<uint64_t> ids;
+    for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
+    auto s = engine_.decode(ids);
+    if (!s.ok()) return toGrpc(s.status());
+    toProto(*s, out);
+    return grpc::Status::OK;
+  }
+
+ private:
+  Engine& engine_;
+  const Model& model_;
+  ShardServiceOptions options_;
+  std::mutex mutex_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> makeShardService(Engine& engine, const Model& model,
+                                                ShardServiceOptions options) {
+  return std::make_unique<ShardService>(engine, model, std::move(options));
+}
+
+}  // namespace textgen::runtime

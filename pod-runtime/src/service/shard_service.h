@@ -1,0 +1,27 @@
+// The gRPC ShardService over an Engine: the only code in pod-runtime that sees protobuf types.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "textgen/runtime/engine.h"
+
+namespace grpc {
+class Service;
+}
+
+namespace textgen::runtime {
+
+struct ShardServiceOptions {
+  std::vector<std::string> rankUrls;  // ServiceDiscovery: every rank's address, rank 0 first
+  std::string dtype = "float32";
+  std::string deviceType = "cpu";
+  int worldSize = 1;
+};
+
+// The returned service calls into `engine` under a mutex (one RPC at a time, as a shard must).
+std::unique_ptr<grpc::Service> makeShardService(Engine& engine, const Model& model,
+                                                ShardServiceOptions options);
+
+}  // namespace textgen::runtime

@@ -1,0 +1,323 @@
+// The real textgen-shard binary, driven through gRPC: Warmup, Prefill, Decode xN, FilterBatch and
+// ClearCache with requests that join and finish at different steps; every request's tokens equal
+// transformers' greedy output for its prompt alone. Bad input gets a gRPC error and the shard keeps
+// serving.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "textgen/shard/v1/shard.grpc.pb.h"
+
+namespace {
+
+namespace pb = textgen::shard::v1;
+using nlohmann::json;
+
+const std::string kShard = TEXTGEN_SHARD_BINARY;
+const std::string kModel = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
+constexpr uint32_t kBlockSize = 16;
+
+// The shard process: started with a pipe on stdout, stopped with SIGTERM.
+class ShardProcess {
+ public:
+  explicit ShardProcess(const std::string& uds) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      execl(kShard.c_str(), kShard.c_str(), "--model-id", kModel.c_str(), "--uds-path", uds.c_str(),
+            "--kv-cache-memory", "4194304", "--threads", "1", "--log-level", "warn", nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~ShardProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_) fclose(out_);
+  }
+  // Blocks until the shard prints its readiness line (or exits).
+  std::string waitReady() {
+    char line[512];
+    while (out_ && fgets(line, sizeof line, out_)) {
+      std::string s(line);
+      if (s.rfind("textgen-shard ready ", 0) == 0) return s.substr(20, s.size() - 21);
+    }
+    return {};
+  }
+  int terminate() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+class ShardGrpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        std::filesystem::temp_directory_path() / ("textgen-shard-test-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    shard_ = std::make_unique<ShardProcess>((dir_ / "sock").string());
+    const std::string addr = shard_->waitReady();
+    ASSERT_FALSE(addr.empty()) << "textgen-shard did not start";
+    stub_ =
+        pb::ShardService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+    std::ifstream in(kModel + "/reference.json");
+    reference_ = json::parse(in);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A request for prompt `p` of the reference, greedy, EOS ignored (the reference runs 32 tokens).
+  pb::Request request(uint64_t id, int p, uint32_t maxNew) {
+    pb::Request r;
+    r.set_id(id);
+    for (uint32_t t : reference_["prompts"][p]["input_ids"]) r.add_input_ids(t);
+    r.mutable_stopping_parameters()->set_max_new_tokens(maxNew);
+    r.mutable_stopping_parameters()->set_ignore_eos_token(true);
+    const uint32_t blocks = (r.input_ids_size() + maxNew + kBlockSize - 1) / kBlockSize;
+    for (uint32_t b = 0; b < blocks; ++b) r.add_blocks(nextBlock_++);
+    return r;
+  }
+
+  std::vector<uint32_t> greedy(int p, size_t n) {
+    auto g = reference_["prompts"][p]["greedy"].get<std::vector<uint32_t>>();
+    g.resize(n);
+    return g;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<ShardProcess> shard_;
+  std::unique_ptr<pb::ShardService::Stub> stub_;
+  json reference_;
+  uint32_t nextBlock_ = 0;
+};
+
+TEST_F(ShardGrpcTest, ServesABatchWhoseRequestsJoinAndFinishAtDifferentSteps) {
+  {
+    grpc::ClientContext ctx;
+    pb::InfoResponse info;
+    ASSERT_TRUE(stub_->Info(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.block_size(), kBlockSize);
+    EXPECT_EQ(info.vocab_size(), 1565u);
+    EXPECT_EQ(info.device_type(), "cpu");
+    EXPECT_TRUE(info.support_chunking());
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::ServiceDiscoveryResponse d;
+    ASSERT_TRUE(stub_->ServiceDiscovery(&ctx, {}, &d).ok());
+    ASSERT_EQ(d.urls_size(), 1);
+    EXPECT_EQ(d.urls(0), "unix://" + (dir_ / "sock").string() + "-0");
+  }
+  {
+    // Before Warmup there is no KV cache.
+    grpc::ClientContext ctx;
+    pb::PrefillRequest req;
+    req.mutable_batch()->set_id(99);
+    *req.mutable_batch()->add_requests() = request(99, 0, 4);
+    req.mutable_batch()->set_size(1);
+    pb::PrefillResponse resp;
+    EXPECT_EQ(stub_->Prefill(&ctx, req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::WarmupRequest req;
+    req.mutable_batch()->set_id(0);
+    *req.mutable_batch()->add_requests() = request(1000, 1, 8);
+    req.mutable_batch()->set_size(1);
+    req.set_max_prefill_tokens(64);
+    pb::WarmupResponse resp;
+    grpc::Status s = stub_->Warmup(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    // 4 MiB / (2 * 3 layers * 16 slots * 2 heads * 16 dims * 4 bytes) = 341 blocks of 16.
+    EXPECT_EQ(resp.max_supported_total_tokens(), 341u * 16u);
+    nextBlock_ = 0;
+  }
+
+  std::map<uint64_t, std::vector<uint32_t>> tokens;
+  std::map<uint64_t, std::string> streamed, finalText;
+  std::set<uint64_t> live;
+  std::optional<pb::CachedBatch> batch;
+  auto absorb = [&](const auto& resp) {
+    for (const pb::Generation& g : resp.generations()) {
+      for (uint32_t id : g.tokens().ids()) tokens[g.request_id()].push_back(id);
+      for (const std::string& t : g.tokens().texts()) streamed[g.request_id()] += t;
+      if (g.has_generated_text()) {
+        live.erase(g.request_id());
+        finalText[g.request_id()] = g.generated_text().text();
+        EXPECT_EQ(g.generated_text().generated_tokens(), tokens[g.request_id()].size());
+        EXPECT_EQ(g.generated_text().finish_reason(), pb::FINISH_REASON_LENGTH);
+      }
+      if (g.request_id() == 4) {
+        if (g.has_prefill_tokens()) {
+          EXPECT_EQ(g.prefill_tokens().ids_size(),
+                    static_cast<int>(reference_["prompts"][3]["input_ids"].size()));
+          EXPECT_TRUE(std::isnan(g.prefill_tokens().logprobs(0)));
+          EXPECT_LT(g.prefill_tokens().logprobs(1), 0.0f);
+        }
+        ASSERT_EQ(g.top_tokens_size(), 1);
+        EXPECT_EQ(g.top_tokens(0).ids_size(), 3);
+        EXPECT_EQ(g.top_tokens(0).ids(0), g.tokens().ids(0));  // greedy picks the best
+      }
+    }
+    batch.reset();
+    if (resp.has_batch()) batch = resp.batch();
+  };
+  auto filterFinished = [&] {
+    if (!batch || static_cast<size_t>(batch->request_ids_size()) == live.size()) return;
+    grpc::ClientContext ctx;
+    pb::FilterBatchRequest req;
+    req.set_batch_id(batch->id());
+    for (uint64_t id : live) req.add_request_ids(id);
+    pb::FilterBatchResponse resp;
+    ASSERT_TRUE(stub_->FilterBatch(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.batch().size(), live.size());
+    batch = resp.batch();
+  };
+  auto prefill = [&](uint64_t batchId, std::vector<pb::Request> requests) {
+    grpc::ClientContext ctx;
+    pb::PrefillRequest req;
+    req.mutable_batch()->set_id(batchId);
+    for (auto& r : requests) {
+      live.insert(r.id());
+      *req.mutable_batch()->add_requests() = r;
+    }
+    req.mutable_batch()->set_size(static_cast<uint32_t>(requests.size()));
+    if (batch) *req.mutable_cached_batch() = *batch;
+    pb::PrefillResponse resp;
+    grpc::Status s = stub_->Prefill(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    absorb(resp);
+  };
+  auto decode = [&](int steps) {
+    for (int i = 0; i < steps && batch; ++i) {
+      grpc::ClientContext ctx;
+      pb::DecodeRequest req;
+      *req.add_batches() = *batch;
+      pb::DecodeResponse resp;
+      grpc::Status s = stub_->Decode(&ctx, req, &resp);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      absorb(resp);
+      filterFinished();
+    }
+  };
+
+  prefill(1, {request(1, 0, 32), request(2, 1, 10)});
+  decode(3);
+  pb::Request chunked = request(3, 2, 20);
+  chunked.set_chunk_len(3);  // an 8-token prompt in chunks of 3, beside the others' decodes
+  prefill(2, {chunked});
+  decode(8);
+  pb::Request withLogprobs = request(4, 3, 14);
+  withLogprobs.set_prefill_logprobs(true);
+  withLogprobs.set_top_n_tokens(3);
+  prefill(3, {withLogprobs});
+  decode(64);
+  EXPECT_TRUE(live.empty());
+  EXPECT_FALSE(batch.has_value());
+
+  EXPECT_EQ(tokens[1], greedy(0, 32));
+  EXPECT_EQ(tokens[2], greedy(1, 10));
+  EXPECT_EQ(tokens[3], greedy(2, 20));
+  EXPECT_EQ(tokens[4], greedy(3, 14));
+  for (uint64_t id = 1; id <= 4; ++id) EXPECT_FALSE(finalText[id].empty()) << id;
+}
+
+TEST_F(ShardGrpcTest, BadInputIsAnErrorAndTheShardKeepsServing) {
+  {
+    grpc::ClientContext ctx;
+    pb::WarmupRequest req;
+    req.mutable_batch()->set_size(0);
+    req.set_max_prefill_tokens(16);
+    pb::WarmupResponse resp;
+    ASSERT_TRUE(stub_->Warmup(&ctx, req, &resp).ok());
+  }
+  auto prefillStatus = [&](pb::Request r, uint64_t batchId = 7) {
+    grpc::ClientContext ctx;
+    pb::PrefillRequest req;
+    req.mutable_batch()->set_id(batchId);
+    *req.mutable_batch()->add_requests() = std::move(r);
+    req.mutable_batch()->set_size(1);
+    pb::PrefillResponse resp;
+    return stub_->Prefill(&ctx, req, &resp);
+  };
+  pb::Request outOfRange = request(1, 0, 4);
+  outOfRange.set_blocks(0, 1000000);
+  grpc::Status s = prefillStatus(outOfRange);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("out of range"), std::string::npos) << s.error_message();
+
+  pb::Request tooLong = request(2, 0, 4);
+  tooLong.clear_input_ids();
+  for (int i = 0; i < 300; ++i) tooLong.add_input_ids(5);
+  for (int b = 0; b < 20; ++b) tooLong.add_blocks(100 + b);
+  s = prefillStatus(tooLong);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("longer than the model allows"), std::string::npos)
+      << s.error_message();
+
+  pb::Request badToken = request(3, 0, 4);
+  badToken.set_input_ids(0, 999999);
+  EXPECT_EQ(prefillStatus(badToken).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  pb::Request watermark = request(4, 0, 4);
+  watermark.mutable_parameters()->set_watermark(true);
+  EXPECT_EQ(prefillStatus(watermark).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+
+  pb::Request badTemp = request(5, 0, 4);
+  badTemp.mutable_parameters()->set_temperature(-1.0f);
+  EXPECT_EQ(prefillStatus(badTemp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  {
+    grpc::ClientContext ctx;
+    pb::PrefillRequest req;  // empty batch
+    pb::PrefillResponse resp;
+    EXPECT_EQ(stub_->Prefill(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::DecodeRequest req;
+    req.add_batches()->set_id(12345);
+    pb::DecodeResponse resp;
+    grpc::Status d = stub_->Decode(&ctx, req, &resp);
+    EXPECT_EQ(d.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(d.error_message().find("not found"), std::string::npos);
+  }
+  // Still serving: a good request works, then ClearCache drops it.
+  ASSERT_TRUE(prefillStatus(request(6, 1, 4), 8).ok());
+  {
+    grpc::ClientContext ctx;
+    pb::ClearCacheResponse resp;
+    ASSERT_TRUE(stub_->ClearCache(&ctx, {}, &resp).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::DecodeRequest req;
+    req.add_batches()->set_id(8);
+    pb::DecodeResponse resp;
+    EXPECT_EQ(stub_->Decode(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(shard_->terminate(), 0);
+}
+
+}  // namespace
