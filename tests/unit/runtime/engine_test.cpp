@@ -1,0 +1,141 @@
+// The engine directly: Decode of several cached batches as one, prefix reuse through cache_len,
+// filter errors, and stop sequences cutting generation short.
+#include "textgen/runtime/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace textgen::runtime {
+namespace {
+
+const std::string kDir = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = makeCpuBackend(1);
+    auto m = loadModel(kDir, *backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto t = tokenizer::Tokenizer::fromDirectory(kDir);
+    ASSERT_TRUE(t.ok());
+    tok_ = std::move(*t);
+    engine_ = std::make_unique<Engine>(*model_, *tok_, *backend_,
+                                       EngineOptions{.blockSize = 4, .kvCacheBytes = 1 << 22});
+    ASSERT_TRUE(engine_->warmup(0, {}, std::nullopt, 64, std::nullopt).ok());
+    std::ifstream in(kDir + "/reference.json");
+    ref_ = nlohmann::json::parse(in);
+  }
+
+  RequestSpec spec(uint64_t id, int prompt, uint32_t maxNew, uint32_t firstBlock = 0) {
+    RequestSpec r;
+    r.id = id;
+    r.inputIds = ref_["prompts"][prompt]["input_ids"].get<std::vector<uint32_t>>();
+    r.stopping.maxNewTokens = maxNew;
+    r.stopping.ignoreEosToken = true;
+    for (uint32_t b = 0; b < (r.inputIds.size() + maxNew + 3) / 4; ++b)
+      r.blocks.push_back(firstBlock + b);
+    return r;
+  }
+  std::vector<uint32_t> greedy(int prompt, size_t n) {
+    auto g = ref_["prompts"][prompt]["greedy"].get<std::vector<uint32_t>>();
+    g.resize(n);
+    return g;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  std::unique_ptr<Engine> engine_;
+  nlohmann::json ref_;
+};
+
+TEST_F(EngineTest, DecodesSeveralCachedBatchesAsOne) {
+  std::map<uint64_t, std::vector<uint32_t>> out;
+  auto absorb = [&](const StepResult& s) {
+    for (const auto& g : s.generations) out[g.requestId].push_back(g.tokens.ids[0]);
+  };
+  auto a = engine_->prefill(1, {spec(1, 0, 12)}, std::nullopt);
+  auto b = engine_->prefill(2, {spec(2, 1, 12, 100)}, std::nullopt);
+  ASSERT_TRUE(a.ok() && b.ok());
+  absorb(*a);
+  absorb(*b);
+  auto merged = engine_->decode({1, 2});
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_TRUE(merged->concatNs.has_value());
+  ASSERT_TRUE(merged->batch.has_value());
+  EXPECT_EQ(merged->batch->id, 1u);  // the merged batch keeps the first id
+  EXPECT_EQ(merged->batch->requestIds, (std::vector<uint64_t>{1, 2}));
+  absorb(*merged);
+  EXPECT_EQ(engine_->decode({2}).status().code(), StatusCode::kInvalidArgument);  // merged away
+  while (true) {
+    auto s = engine_->decode({1});
+    ASSERT_TRUE(s.ok());
+    absorb(*s);
+    if (!s->batch) break;
+  }
+  EXPECT_EQ(out[1], greedy(0, 12));
+  EXPECT_EQ(out[2], greedy(1, 12));
+}
+
+TEST_F(EngineTest, CacheLenReusesAPrefixAlreadyInTheBlocks) {
+  // Request 1 fills its blocks with the prompt; request 2 reuses those blocks and declares all but
+  // the last prompt token cached: only one token is computed, and the output is the same.
+  auto first = engine_->prefill(1, {spec(1, 2, 6, 0)}, std::nullopt);
+  ASSERT_TRUE(first.ok());
+  engine_->clear(std::nullopt);
+  RequestSpec again = spec(2, 2, 6, 0);
+  again.cacheLen = static_cast<uint32_t>(again.inputIds.size() - 1);
+  auto second = engine_->prefill(2, {again}, std::nullopt);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->generations.size(), 1u);
+  EXPECT_EQ(second->generations[0].tokens.ids[0], first->generations[0].tokens.ids[0]);
+  std::vector<uint32_t> got{second->generations[0].tokens.ids[0]};
+  while (second->batch) {
+    second = engine_->decode({2});
+    ASSERT_TRUE(second.ok());
+    got.push_back(second->generations[0].tokens.ids[0]);
+  }
+  EXPECT_EQ(got, greedy(2, 6));
+}
+
+TEST_F(EngineTest, StopSequenceAndFilterErrors) {
+  RequestSpec r = spec(1, 0, 32, 0);
+  // Stop at the text of the 3rd greedy token, as the stream produces it.
+  auto first = engine_->prefill(1, {r}, std::nullopt);
+  ASSERT_TRUE(first.ok());
+  std::string text = first->generations[0].tokens.texts[0];
+  for (int i = 0; i < 2; ++i) {
+    auto s = engine_->decode({1});
+    ASSERT_TRUE(s.ok());
+    text += s->generations[0].tokens.texts[0];
+  }
+  engine_->clear(std::nullopt);
+  ASSERT_FALSE(text.empty());
+  r.stopping.stopSequences = {text.substr(text.size() - 1)};
+  auto again = engine_->prefill(2, {r}, std::nullopt);
+  ASSERT_TRUE(again.ok());
+  std::optional<FinishedText> finished = again->generations[0].finished;
+  int steps = 0;
+  while (!finished && steps++ < 40) {
+    auto s = engine_->decode({2});
+    ASSERT_TRUE(s.ok());
+    finished = s->generations[0].finished;
+  }
+  ASSERT_TRUE(finished.has_value());
+  EXPECT_EQ(finished->reason, FinishReason::kStopSequence);
+  EXPECT_LE(finished->generatedTokens, 3u);
+
+  ASSERT_TRUE(engine_->prefill(3, {spec(3, 1, 4, 200)}, std::nullopt).ok());
+  EXPECT_EQ(engine_->filter(3, {99}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->filter(42, {3}).status().code(), StatusCode::kInvalidArgument);
+  auto kept = engine_->filter(3, {});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->requestIds.empty());
+}
+
+}  // namespace
+}  // namespace textgen::runtime
