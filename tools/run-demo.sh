@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# `make run`: serve the bundled demo model with textgen-launcher. Until the launcher, shard and router
-# exist it lists what is missing and exits non-zero — it never pretends to serve.
+# `make run`: serve the bundled demo model with textgen-launcher. Until the launcher and router exist
+# it names what is missing and exits non-zero — it never pretends to serve.
 set -euo pipefail
 build=${1:-build}
+declare -A what=(
+  [textgen-shard]="shard runtime (issue 4)"
+  [textgen-router]="HTTP router and batching (issue 5)"
+  [textgen-launcher]="launcher and the bundled demo model (issue 6)"
+)
 missing=()
-for bin in textgen-launcher textgen-shard textgen-router; do
+for bin in textgen-shard textgen-router textgen-launcher; do
   [ -x "$build/$bin" ] || missing+=("$bin")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "make run: cannot serve yet; not built: ${missing[*]}" >&2
-  echo "  textgen-shard    — shard runtime (issue 4)" >&2
-  echo "  textgen-router   — HTTP router and batching (issue 5)" >&2
-  echo "  textgen-launcher — launcher and the bundled demo model (issue 6)" >&2
+  echo "make run: cannot serve yet; not built:" >&2
+  for bin in "${missing[@]}"; do echo "  $bin — ${what[$bin]}" >&2; done
   exit 1
 fi
 exec "$build/textgen-launcher" "$@"
