@@ -72,23 +72,37 @@ std::vector<std::vector<float>> step(Model& model, KvCache& cache, std::vector<S
   return out;
 }
 
-class ModelFixtureTest : public ::testing::TestWithParam<const char*> {};
+class ModelFixtureTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    const std::string dir = kModels + "/" + GetParam();
+    backend_ = makeCpuBackend(1);
+    auto model = loadModel(dir, *backend_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    ref_ = readReference(dir);
+    vocab_ = model_->config().vocabSize;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  json ref_;
+  int64_t vocab_ = 0;
+};
 
 TEST_P(ModelFixtureTest, EachPromptAloneMatchesTransformers) {
-  const std::string dir = kModels + "/" + GetParam();
-  auto backend = makeCpuBackend(1);
-  auto model = loadModel(dir, *backend);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const json ref = readReference(dir);
-  const int64_t vocab = (*model)->config().vocabSize;
+  Backend* backend = backend_.get();
+  Model* model = model_.get();
+  const json& ref = ref_;
+  const int64_t vocab = vocab_;
   for (const json& p : ref["prompts"]) {
     SCOPED_TRACE(p["text"].get<std::string>());
-    auto cache = KvCache::create(*backend, (*model)->config(), 64, kBlockSize);
+    auto cache = KvCache::create(*backend, model->config(), 64, kBlockSize);
     ASSERT_TRUE(cache.ok());
     Sequence s;
     s.tokens = p["input_ids"].get<std::vector<uint32_t>>();
     for (uint32_t b = 0; b < 16; ++b) s.blocks.push_back(63 - 3 * b);  // scattered, descending
-    auto logits = step(**model, **cache, {&s});
+    auto logits = step(*model, **cache, {&s});
     ASSERT_EQ(logits.size(), 1u);
     const auto want = p["last_logits"].get<std::vector<float>>();
     ASSERT_EQ(want.size(), static_cast<size_t>(vocab));
@@ -111,7 +125,7 @@ TEST_P(ModelFixtureTest, EachPromptAloneMatchesTransformers) {
     std::vector<uint32_t> got{argmax(logits[0].data(), vocab)};
     while (got.size() < greedy.size()) {
       s.tokens.push_back(got.back());
-      auto next = step(**model, **cache, {&s});
+      auto next = step(*model, **cache, {&s});
       ASSERT_EQ(next.size(), 1u);
       got.push_back(argmax(next[0].data(), vocab));
     }
@@ -122,13 +136,11 @@ TEST_P(ModelFixtureTest, EachPromptAloneMatchesTransformers) {
 }
 
 TEST_P(ModelFixtureTest, BatchedRequestsJoinAndLeaveMatchAlone) {
-  const std::string dir = kModels + "/" + GetParam();
-  auto backend = makeCpuBackend(1);
-  auto model = loadModel(dir, *backend);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const json ref = readReference(dir);
-  const int64_t vocab = (*model)->config().vocabSize;
-  auto cache = KvCache::create(*backend, (*model)->config(), 64, kBlockSize);
+  Backend* backend = backend_.get();
+  Model* model = model_.get();
+  const json& ref = ref_;
+  const int64_t vocab = vocab_;
+  auto cache = KvCache::create(*backend, model->config(), 64, kBlockSize);
   ASSERT_TRUE(cache.ok());
   // Blocks handed out in a shuffled order so sequences interleave in the cache.
   std::vector<uint32_t> freeBlocks(64);
@@ -153,7 +165,7 @@ TEST_P(ModelFixtureTest, BatchedRequestsJoinAndLeaveMatchAlone) {
         active.push_back(&seqs[i]);
     }
     if (active.empty()) break;
-    auto logits = step(**model, **cache, active);
+    auto logits = step(*model, **cache, active);
     ASSERT_EQ(logits.size(), active.size());
     for (size_t a = 0; a < active.size(); ++a) {
       const uint32_t next = argmax(logits[a].data(), vocab);
