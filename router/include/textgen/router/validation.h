@@ -1,0 +1,96 @@
+// Request validation with TGI's shapes, defaults, rules and messages: a GenerateRequest as JSON in,
+// a ValidRequest (tokenized, truncated, defaults applied) or a ValidationError (HTTP 422) out.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "textgen/base/status_or.h"
+#include "textgen/tokenizer/tokenizer.h"
+
+namespace textgen::router {
+
+// The "parameters" object of TGI's GenerateRequest, absent fields left unset.
+struct GenerateParameters {
+  std::optional<uint32_t> bestOf;
+  std::optional<float> temperature;
+  std::optional<float> repetitionPenalty;
+  std::optional<float> frequencyPenalty;
+  std::optional<int32_t> topK;
+  std::optional<float> topP;
+  std::optional<float> typicalP;
+  bool doSample = false;
+  std::optional<uint32_t> maxNewTokens = 100;  // TGI's default for /generate
+  std::optional<bool> returnFullText;
+  std::vector<std::string> stop;
+  std::optional<uint32_t> truncate;
+  bool watermark = false;
+  bool details = false;
+  bool decoderInputDetails = false;
+  std::optional<uint64_t> seed;
+  std::optional<uint32_t> topNTokens;
+  bool hasGrammar = false;
+  std::optional<std::string> adapterId;
+};
+
+struct GenerateRequest {
+  std::string inputs;
+  GenerateParameters parameters;
+  bool stream = false;  // POST / only
+  bool addSpecialTokens = true;
+};
+
+// Parses TGI's request JSON; a malformed body or a field of the wrong type is a validation error
+// naming the field.
+StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body);
+
+struct ValidationLimits {
+  uint32_t maxBestOf = 2;
+  uint32_t maxStopSequences = 4;
+  uint32_t maxTopNTokens = 5;
+  uint32_t maxInputTokens = 1024;
+  uint32_t maxTotalTokens = 2048;
+};
+
+// What the scheduler needs: a request ready for the shards.
+struct ValidRequest {
+  std::string inputs;  // after truncation (the decoded kept tokens when truncated)
+  std::vector<uint32_t> inputIds;
+  uint32_t inputLength = 0;
+  uint32_t bestOf = 1;
+  float temperature = 1.0f;
+  float repetitionPenalty = 1.0f;
+  float frequencyPenalty = 0.0f;
+  uint32_t topK = 0;
+  float topP = 1.0f;
+  float typicalP = 1.0f;
+  bool doSample = false;
+  uint64_t seed = 0;
+  uint32_t maxNewTokens = 0;
+  std::vector<std::string> stop;
+  uint32_t topNTokens = 0;
+  bool details = false;
+  bool decoderInputDetails = false;
+  bool returnFullText = false;
+  bool addSpecialTokens = true;
+};
+
+enum class Endpoint { kGenerate, kGenerateStream, kCompletions };
+
+class Validator {
+ public:
+  Validator(const tokenizer::Tokenizer& tokenizer, ValidationLimits limits);
+  // INVALID_ARGUMENT with TGI's message (HTTP 422, error_type "validation"); UNIMPLEMENTED for a
+  // parameter whose feature textgen does not have yet (also 422).
+  StatusOr<ValidRequest> validate(const GenerateRequest& request, Endpoint endpoint) const;
+  const ValidationLimits& limits() const { return limits_; }
+
+ private:
+  const tokenizer::Tokenizer& tokenizer_;
+  ValidationLimits limits_;
+};
+
+}  // namespace textgen::router

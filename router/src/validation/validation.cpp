@@ -1,0 +1,208 @@
+#include "textgen/router/validation.h"
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+namespace textgen::router {
+namespace {
+
+using nlohmann::json;
+
+Status fieldType(const std::string& field, const char* expected) {
+  return invalidArgumentError("Failed to deserialize the JSON body into the target type: " + field +
+                              ": invalid type, expected " + expected);
+}
+
+template <typename T>
+Status readNumber(const json& p, const char* key, std::optional<T>& out) {
+  auto it = p.find(key);
+  if (it == p.end() || it->is_null()) return okStatus();
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!it->is_number()) return fieldType(std::string("parameters.") + key, "a number");
+    out = it->get<T>();
+  } else if constexpr (std::is_signed_v<T>) {
+    if (!it->is_number_integer()) return fieldType(std::string("parameters.") + key, "an integer");
+    const int64_t v = it->get<int64_t>();
+    if (v < INT32_MIN || v > INT32_MAX)
+      return fieldType(std::string("parameters.") + key, "a 32-bit integer");
+    out = static_cast<T>(v);
+  } else {
+    if (!it->is_number_unsigned())
+      return fieldType(std::string("parameters.") + key, "a non-negative integer");
+    const uint64_t v = it->get<uint64_t>();
+    if (v > std::numeric_limits<T>::max())
+      return fieldType(std::string("parameters.") + key, "a smaller integer");
+    out = static_cast<T>(v);
+  }
+  return okStatus();
+}
+
+Status readBool(const json& p, const char* key, bool& out) {
+  auto it = p.find(key);
+  if (it == p.end() || it->is_null()) return okStatus();
+  if (!it->is_boolean()) return fieldType(std::string("parameters.") + key, "a boolean");
+  out = it->get<bool>();
+  return okStatus();
+}
+
+}  // namespace
+
+StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalidArgumentError("Failed to parse the request body as JSON");
+  if (!j.is_object())
+    return invalidArgumentError(
+        "Failed to deserialize the JSON body into the target type: expected an object");
+  GenerateRequest r;
+  auto inputs = j.find("inputs");
+  if (inputs == j.end())
+    return invalidArgumentError(
+        "Failed to deserialize the JSON body into the target type: missing field `inputs`");
+  if (!inputs->is_string()) return fieldType("inputs", "a string");
+  r.inputs = inputs->get<std::string>();
+  if (auto s = j.find("stream"); s != j.end() && !s->is_null()) {
+    if (!s->is_boolean()) return fieldType("stream", "a boolean");
+    r.stream = s->get<bool>();
+  }
+  if (auto s = j.find("add_special_tokens"); s != j.end() && !s->is_null()) {
+    if (!s->is_boolean()) return fieldType("add_special_tokens", "a boolean");
+    r.addSpecialTokens = s->get<bool>();
+  }
+  auto params = j.find("parameters");
+  if (params == j.end() || params->is_null()) return r;
+  if (!params->is_object()) return fieldType("parameters", "an object");
+  const json& p = *params;
+  GenerateParameters& g = r.parameters;
+  TG_RETURN_IF_ERROR(readNumber(p, "best_of", g.bestOf));
+  TG_RETURN_IF_ERROR(readNumber(p, "temperature", g.temperature));
+  TG_RETURN_IF_ERROR(readNumber(p, "repetition_penalty", g.repetitionPenalty));
+  TG_RETURN_IF_ERROR(readNumber(p, "frequency_penalty", g.frequencyPenalty));
+  TG_RETURN_IF_ERROR(readNumber(p, "top_k", g.topK));
+  TG_RETURN_IF_ERROR(readNumber(p, "top_p", g.topP));
+  TG_RETURN_IF_ERROR(readNumber(p, "typical_p", g.typicalP));
+  TG_RETURN_IF_ERROR(readBool(p, "do_sample", g.doSample));
+  if (auto it = p.find("max_new_tokens"); it != p.end()) {
+    g.maxNewTokens.reset();  // explicit null: fill up to max_total_tokens
+    TG_RETURN_IF_ERROR(readNumber(p, "max_new_tokens", g.maxNewTokens));
+  }
+  if (auto it = p.find("return_full_text"); it != p.end() && !it->is_null()) {
+    if (!it->is_boolean()) return fieldType("parameters.return_full_text", "a boolean");
+    g.returnFullText = it->get<bool>();
+  }
+  if (auto it = p.find("stop"); it != p.end() && !it->is_null()) {
+    if (!it->is_array()) return fieldType("parameters.stop", "a list of strings");
+    for (const json& s : *it) {
+      if (!s.is_string()) return fieldType("parameters.stop", "a list of strings");
+      g.stop.push_back(s.get<std::string>());
+    }
+  }
+  TG_RETURN_IF_ERROR(readNumber(p, "truncate", g.truncate));
+  TG_RETURN_IF_ERROR(readBool(p, "watermark", g.watermark));
+  TG_RETURN_IF_ERROR(readBool(p, "details", g.details));
+  TG_RETURN_IF_ERROR(readBool(p, "decoder_input_details", g.decoderInputDetails));
+  TG_RETURN_IF_ERROR(readNumber(p, "seed", g.seed));
+  TG_RETURN_IF_ERROR(readNumber(p, "top_n_tokens", g.topNTokens));
+  if (auto it = p.find("grammar"); it != p.end() && !it->is_null()) g.hasGrammar = true;
+  if (auto it = p.find("adapter_id"); it != p.end() && !it->is_null()) {
+    if (!it->is_string()) return fieldType("parameters.adapter_id", "a string");
+    g.adapterId = it->get<std::string>();
+  }
+  return r;
+}
+
+Validator::Validator(const tokenizer::Tokenizer& tokenizer, ValidationLimits limits)
+    : tokenizer_(tokenizer), limits_(limits) {}
+
+StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
+                                           Endpoint endpoint) const {
+  const GenerateParameters& p = request.parameters;
+  auto error = [](std::string message) { return invalidArgumentError(std::move(message)); };
+  ValidRequest v;
+  v.bestOf = p.bestOf.value_or(1);
+  if (v.bestOf == 0 || v.bestOf > limits_.maxBestOf) {
+    return error("`best_of` must be > 0 and <= " + std::to_string(limits_.maxBestOf) +
+                 ". Given: " + std::to_string(v.bestOf));
+  }
+  const bool sampling = p.doSample || p.temperature || p.topK || p.topP || p.typicalP;
+  if (v.bestOf > 1 && !sampling) return error("you must use sampling when `best_of` is > 1");
+  if (v.bestOf > 1 && endpoint == Endpoint::kGenerateStream) {
+    return error("`best_of` != 1 is not supported when streaming tokens");
+  }
+  v.temperature = p.temperature.value_or(1.0f);
+  if (!(v.temperature > 0.0f)) return error("`temperature` must be strictly positive");
+  v.repetitionPenalty = p.repetitionPenalty.value_or(1.0f);
+  if (!(v.repetitionPenalty > 0.0f)) return error("`repetition_penalty` must be strictly positive");
+  v.frequencyPenalty = p.frequencyPenalty.value_or(0.0f);
+  if (!(v.frequencyPenalty >= -2.0f && v.frequencyPenalty <= 2.0f)) {
+    return error("`frequency_penalty` must be >= -2.0 and <= 2.0");
+  }
+  if (p.topP && !(*p.topP > 0.0f && *p.topP < 1.0f))
+    return error("`top_p` must be > 0.0 and < 1.0");
+  v.topP = p.topP.value_or(1.0f);
+  if (p.typicalP && !(*p.typicalP > 0.0f && *p.typicalP < 1.0f))
+    return error("`typical_p` must be > 0.0 and < 1.0");
+  v.typicalP = p.typicalP.value_or(1.0f);
+  if (p.topK && *p.topK <= 0) return error("`top_k` must be strictly positive");
+  v.topK = p.topK ? static_cast<uint32_t>(*p.topK) : 0;
+  if (p.maxNewTokens && *p.maxNewTokens == 0)
+    return error("`max_new_tokens` must be strictly positive");
+  if (p.stop.size() > limits_.maxStopSequences) {
+    return error("`stop` supports up to " + std::to_string(limits_.maxStopSequences) +
+                 " stop sequences. Given: " + std::to_string(p.stop.size()));
+  }
+  if (p.seed && v.bestOf > 1) return error("`seed` must not be set when `best_of` > 1");
+  v.seed =
+      p.seed ? *p.seed : std::random_device()() * uint64_t{4294967296} + std::random_device()();
+  v.topNTokens = p.topNTokens.value_or(0);
+  if (v.topNTokens > limits_.maxTopNTokens) {
+    return error("`top_n_tokens` must be >= 0 and <= " + std::to_string(limits_.maxTopNTokens) +
+                 ". Given: " + std::to_string(v.topNTokens));
+  }
+  if (p.decoderInputDetails && endpoint == Endpoint::kGenerateStream) {
+    return error("`decoder_input_details` == true is not supported when streaming tokens");
+  }
+  // Features textgen does not have yet: refused, never ignored.
+  if (p.watermark) return unimplementedError("`watermark` is not supported by this server yet");
+  if (p.hasGrammar) return unimplementedError("grammar is not supported");
+  if (p.adapterId && !p.adapterId->empty())
+    return unimplementedError("`adapter_id` (LoRA adapters) is not supported by this server yet");
+  if (request.inputs.empty()) return error("`inputs` cannot be empty");
+  if (p.truncate && (*p.truncate == 0 || *p.truncate > limits_.maxInputTokens)) {
+    return error("`truncate` must be strictly positive and less than " +
+                 std::to_string(limits_.maxInputTokens) +
+                 ". Given: " + std::to_string(*p.truncate));
+  }
+  auto encoding = tokenizer_.encode(request.inputs, request.addSpecialTokens);
+  if (!encoding.ok()) return error("tokenizer error " + encoding.status().message());
+  v.inputs = request.inputs;
+  if (p.truncate && encoding->size() > *p.truncate) {
+    encoding->truncateLeft(*p.truncate);
+    v.inputs = tokenizer_.decode(encoding->ids, false);
+  }
+  v.inputIds = encoding->ids;
+  v.inputLength = static_cast<uint32_t>(encoding->size());
+  v.maxNewTokens =
+      p.maxNewTokens
+          ? *p.maxNewTokens
+          : (limits_.maxTotalTokens > v.inputLength ? limits_.maxTotalTokens - v.inputLength : 0);
+  const uint64_t total = uint64_t{v.inputLength} + v.maxNewTokens;
+  if (total > limits_.maxTotalTokens) {
+    return error(
+        "`inputs` tokens + `max_new_tokens` must be <= " + std::to_string(limits_.maxTotalTokens) +
+        ". Given: " + std::to_string(v.inputLength) + " `inputs` tokens and " +
+        std::to_string(v.maxNewTokens) + " `max_new_tokens`");
+  }
+  if (v.inputLength > limits_.maxInputTokens) {
+    return error("`inputs` must have less than " + std::to_string(limits_.maxInputTokens) +
+                 " tokens. Given: " + std::to_string(v.inputLength));
+  }
+  v.doSample = p.doSample;
+  v.stop = p.stop;
+  v.details = p.details;
+  v.decoderInputDetails = p.decoderInputDetails;
+  v.returnFullText = p.returnFullText.value_or(false);
+  v.addSpecialTokens = request.addSpecialTokens;
+  return v;
+}
+
+}  // namespace textgen::router
