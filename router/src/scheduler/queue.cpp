@@ -1,0 +1,54 @@
+#include "textgen/router/queue.h"
+
+namespace textgen::router {
+
+std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
+                                         std::optional<size_t> maxSize, uint32_t prefillTokenBudget,
+                                         BlockAllocator& allocator) {
+  std::vector<BatchEntry> batch;
+  if (entries_.empty()) return batch;
+  if (minSize && entries_.size() < *minSize) return batch;
+  if (maxSize && *maxSize == 0) return batch;
+  const uint32_t budget = (prefillTokenBudget + blockSize_ - 1) / blockSize_ * blockSize_;
+  uint32_t prefillTokens = 0;
+  while (!entries_.empty()) {
+    QueueEntry entry = std::move(entries_.front());
+    entries_.pop_front();
+    if (entry.control && entry.control->cancelled) {
+      if (metrics_) metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
+      continue;
+    }
+    const uint32_t tokens = entry.request.inputLength + entry.request.maxNewTokens;
+    std::optional<BlockAllocation> blocks = allocator.allocate(tokens);
+    if (!blocks) {  // not enough free blocks: wait for requests to finish
+      entries_.push_front(std::move(entry));
+      break;
+    }
+    const uint32_t postfix = entry.request.inputLength;
+    if (prefillTokens + postfix > budget) {
+      const uint32_t chunk = budget > prefillTokens ? budget - prefillTokens : 0;
+      if (supportChunking_ && chunk > 0) {
+        batch.push_back({std::move(entry), std::move(*blocks), chunk});
+      } else {
+        allocator.free(blocks->blocks);
+        entries_.push_front(std::move(entry));
+      }
+      break;
+    }
+    prefillTokens += postfix;
+    batch.push_back({std::move(entry), std::move(*blocks), std::nullopt});
+    if (maxSize && batch.size() == *maxSize) break;
+  }
+  if (minSize && batch.size() < *minSize) {
+    for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+      allocator.free(it->blocks.blocks);
+      entries_.push_front(std::move(it->entry));
+    }
+    batch.clear();
+  }
+  if (!batch.empty() && metrics_)
+    metrics_->histogramObserve("tgi_batch_next_size", static_cast<double>(batch.size()));
+  return batch;
+}
+
+}  // namespace textgen::router
