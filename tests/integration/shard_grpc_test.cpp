@@ -15,62 +15,18 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "shard_process.h"
 #include "textgen/shard/v1/shard.grpc.pb.h"
 
 namespace {
 
 namespace pb = textgen::shard::v1;
 using nlohmann::json;
+using textgen::testing::ShardProcess;
 
 const std::string kShard = TEXTGEN_SHARD_BINARY;
 const std::string kModel = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
 constexpr uint32_t kBlockSize = 16;
-
-// The shard process: started with a pipe on stdout, stopped with SIGTERM.
-class ShardProcess {
- public:
-  explicit ShardProcess(const std::string& uds) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      execl(kShard.c_str(), kShard.c_str(), "--model-id", kModel.c_str(), "--uds-path", uds.c_str(),
-            "--kv-cache-memory", "4194304", "--threads", "1", "--log-level", "warn", nullptr);
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~ShardProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_) fclose(out_);
-  }
-  // Blocks until the shard prints its readiness line (or exits).
-  std::string waitReady() {
-    char line[512];
-    while (out_ && fgets(line, sizeof line, out_)) {
-      std::string s(line);
-      if (s.rfind("textgen-shard ready ", 0) == 0) return s.substr(20, s.size() - 21);
-    }
-    return {};
-  }
-  int terminate() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
 
 class ShardGrpcTest : public ::testing::Test {
  protected:
@@ -78,7 +34,7 @@ class ShardGrpcTest : public ::testing::Test {
     dir_ =
         std::filesystem::temp_directory_path() / ("textgen-shard-test-" + std::to_string(getpid()));
     std::filesystem::create_directories(dir_);
-    shard_ = std::make_unique<ShardProcess>((dir_ / "sock").string());
+    shard_ = std::make_unique<ShardProcess>(kShard, kModel, (dir_ / "sock").string());
     const std::string addr = shard_->waitReady();
     ASSERT_FALSE(addr.empty()) << "textgen-shard did not start";
     stub_ =

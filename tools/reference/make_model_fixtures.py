@@ -97,8 +97,13 @@ def build(name, outdir, tokenizer_dir, cls, config, seed, shard=None):
     if shard:
         kwargs["max_shard_size"] = shard
     model.save_pretrained(d, **kwargs)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tokenizer_dir, f), d)
+    shutil.copy(os.path.join(tokenizer_dir, "tokenizer.json"), d)
+    # A generation model's usual Llama config: <s> added, </s> not (the tokenizer fixture sets
+    # add_eos_token to exercise TGI's override; prompts must not end in </s>).
+    config = json.load(open(os.path.join(tokenizer_dir, "tokenizer_config.json")))
+    config["add_eos_token"] = False
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
     rows = reference(model, tokenizer_dir, PROMPTS)
     meta = {"transformers": transformers.__version__, "torch": torch.__version__, "prompts": rows}
     with open(os.path.join(d, "reference.json"), "w") as f:

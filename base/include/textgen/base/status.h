@@ -115,9 +115,10 @@ inline Status unauthenticatedError(std::string m) {
 
 }  // namespace textgen
 
-// Returns from the enclosing function if `expr` (a Status) is not OK.
-#define TG_RETURN_IF_ERROR(expr)             \
-  do {                                       \
-    ::textgen::Status tg_status_ = (expr);   \
-    if (!tg_status_.ok()) return tg_status_; \
+// Returns from the enclosing function if the expression (a Status) is not OK; variadic so that
+// expressions with commas (template arguments) need no extra parentheses.
+#define TG_RETURN_IF_ERROR(...)                   \
+  do {                                            \
+    ::textgen::Status tg_status_ = (__VA_ARGS__); \
+    if (!tg_status_.ok()) return tg_status_;      \
   } while (0)

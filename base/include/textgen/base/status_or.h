@@ -69,9 +69,10 @@ class [[nodiscard]] StatusOr {
 #define TG_STATUS_CONCAT_(a, b) TG_STATUS_CONCAT_INNER_(a, b)
 
 // TG_ASSIGN_OR_RETURN(auto x, f()); assigns the value of a StatusOr or returns its status.
-#define TG_ASSIGN_OR_RETURN(lhs, expr) \
-  TG_ASSIGN_OR_RETURN_IMPL_(TG_STATUS_CONCAT_(tg_status_or_, __LINE__), lhs, expr)
-#define TG_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                              \
-  if (!tmp.ok()) return tmp.status();             \
+// (The expression may contain commas.)
+#define TG_ASSIGN_OR_RETURN(lhs, ...) \
+  TG_ASSIGN_OR_RETURN_IMPL_(TG_STATUS_CONCAT_(tg_status_or_, __LINE__), lhs, __VA_ARGS__)
+#define TG_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, ...) \
+  auto tmp = (__VA_ARGS__);                      \
+  if (!tmp.ok()) return tmp.status();            \
   lhs = std::move(tmp).value()

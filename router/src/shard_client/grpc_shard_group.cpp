@@ -1,0 +1,245 @@
+#include <grpcpp/grpcpp.h>
+
+#include <future>
+
+#include "textgen/router/shard_client.h"
+#include "textgen/shard/v1/shard.grpc.pb.h"
+
+namespace textgen::router {
+namespace {
+
+namespace pb = textgen::shard::v1;
+
+Status fromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return okStatus();
+  return Status(static_cast<StatusCode>(s.error_code()), what + ": " + s.error_message());
+}
+
+TokenList fromProto(const pb::Tokens& t) {
+  TokenList out;
+  out.ids.assign(t.ids().begin(), t.ids().end());
+  out.logprobs.assign(t.logprobs().begin(), t.logprobs().end());
+  out.texts.assign(t.texts().begin(), t.texts().end());
+  out.isSpecial.assign(t.is_special().begin(), t.is_special().end());
+  return out;
+}
+
+CachedBatch fromProto(const pb::CachedBatch& b) {
+  return {
+      b.id(), {b.request_ids().begin(), b.request_ids().end()}, b.max_tokens(), b.current_tokens()};
+}
+
+void toProto(const CachedBatch& b, pb::CachedBatch* out) {
+  out->set_id(b.id);
+  for (uint64_t id : b.requestIds) out->add_request_ids(id);
+  out->set_size(static_cast<uint32_t>(b.requestIds.size()));
+  out->set_max_tokens(b.maxTokens);
+  out->set_current_tokens(b.currentTokens);
+}
+
+void toProto(uint64_t batchId, const std::vector<BatchEntry>& batch, pb::Batch* out) {
+  out->set_id(batchId);
+  uint32_t maxTokens = 0, maxBlocks = 0;
+  for (const BatchEntry& e : batch) {
+    const ValidRequest& v = e.entry.request;
+    pb::Request* r = out->add_requests();
+    r->set_id(e.entry.id);
+    for (uint32_t id : v.inputIds) r->add_input_ids(id);
+    r->set_inputs(v.inputs);
+    auto* p = r->mutable_parameters();
+    p->set_temperature(v.temperature);
+    p->set_top_k(v.topK);
+    p->set_top_p(v.topP);
+    p->set_typical_p(v.typicalP);
+    p->set_do_sample(v.doSample);
+    p->set_seed(v.seed);
+    p->set_repetition_penalty(v.repetitionPenalty);
+    p->set_frequency_penalty(v.frequencyPenalty);
+    auto* s = r->mutable_stopping_parameters();
+    s->set_max_new_tokens(v.maxNewTokens);
+    for (const std::string& stop : v.stop) s->add_stop_sequences(stop);
+    r->set_prefill_logprobs(v.decoderInputDetails);
+    r->set_top_n_tokens(v.topNTokens);
+    for (uint32_t b : e.blocks.blocks) r->add_blocks(b);
+    for (uint32_t sl : e.blocks.slots) r->add_slots(sl);
+    r->set_add_special_tokens(v.addSpecialTokens);
+    if (e.chunkLen) r->set_chunk_len(*e.chunkLen);
+    maxTokens += v.inputLength + v.maxNewTokens;
+    maxBlocks = std::max<uint32_t>(maxBlocks, static_cast<uint32_t>(e.blocks.blocks.size()));
+  }
+  out->set_size(static_cast<uint32_t>(batch.size()));
+  out->set_max_tokens(maxTokens);
+  out->set_max_blocks(maxBlocks);
+}
+
+template <typename Response>
+StepOutput stepFromProto(const Response& r) {
+  StepOutput out;
+  for (const pb::Generation& g : r.generations()) {
+    Generation gen;
+    gen.requestId = g.request_id();
+    if (g.has_prefill_tokens() && g.prefill_tokens().ids_size() > 0)
+      gen.prefillTokens = fromProto(g.prefill_tokens());
+    gen.tokens = fromProto(g.tokens());
+    for (const pb::Tokens& t : g.top_tokens()) gen.topTokens.push_back(fromProto(t));
+    if (g.has_generated_text()) {
+      const auto& t = g.generated_text();
+      GeneratedText text{t.text(), t.generated_tokens(), FinishReason::kLength, std::nullopt};
+      if (t.finish_reason() == pb::FINISH_REASON_EOS_TOKEN) text.reason = FinishReason::kEosToken;
+      if (t.finish_reason() == pb::FINISH_REASON_STOP_SEQUENCE)
+        text.reason = FinishReason::kStopSequence;
+      if (t.has_seed()) text.seed = t.seed();
+      gen.generatedText = std::move(text);
+    }
+    out.generations.push_back(std::move(gen));
+  }
+  if (r.has_batch()) out.batch = fromProto(r.batch());
+  out.forward = std::chrono::nanoseconds(r.forward_ns());
+  out.decode = std::chrono::nanoseconds(r.decode_ns());
+  out.total = std::chrono::nanoseconds(r.total_ns());
+  if (r.has_concat_ns()) out.concat = std::chrono::nanoseconds(r.concat_ns());
+  return out;
+}
+
+class GrpcShardGroup final : public ShardGroup {
+ public:
+  GrpcShardGroup(std::vector<std::string> urls,
+                 std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs)
+      : urls_(std::move(urls)), stubs_(std::move(stubs)) {}
+
+  const std::vector<std::string>& urls() const override { return urls_; }
+
+  StatusOr<ShardInfo> info() override {
+    pb::InfoResponse r;
+    TG_RETURN_IF_ERROR(
+        fanOut<pb::InfoRequest, pb::InfoResponse>(&pb::ShardService::Stub::Info, {}, &r, "Info"));
+    ShardInfo i;
+    i.requiresPadding = r.requires_padding();
+    i.dtype = r.dtype();
+    i.deviceType = r.device_type();
+    if (r.has_window_size()) i.windowSize = r.window_size();
+    i.speculate = r.speculate();
+    i.supportChunking = r.support_chunking();
+    i.usePrefixCaching = r.use_prefix_caching();
+    i.attentionImpl = r.attention_impl();
+    i.blockSize = r.block_size();
+    i.maxPositionEmbeddings = r.max_position_embeddings();
+    i.vocabSize = r.vocab_size();
+    i.worldSize = r.world_size();
+    return i;
+  }
+
+  Status health() override {
+    pb::HealthResponse r;
+    return fanOut<pb::HealthRequest, pb::HealthResponse>(&pb::ShardService::Stub::Health, {}, &r,
+                                                         "Health");
+  }
+
+  Status clearCache(std::optional<uint64_t> batchId) override {
+    pb::ClearCacheRequest req;
+    if (batchId) req.set_id(*batchId);
+    pb::ClearCacheResponse r;
+    return fanOut(&pb::ShardService::Stub::ClearCache, req, &r, "ClearCache");
+  }
+
+  StatusOr<WarmupOutput> warmup(uint64_t batchId, const std::vector<BatchEntry>& batch,
+                                std::optional<uint32_t> maxInputTokens, uint32_t maxPrefillTokens,
+                                std::optional<uint32_t> maxTotalTokens) override {
+    pb::WarmupRequest req;
+    toProto(batchId, batch, req.mutable_batch());
+    if (maxInputTokens) req.set_max_input_tokens(*maxInputTokens);
+    req.set_max_prefill_tokens(maxPrefillTokens);
+    if (maxTotalTokens) req.set_max_total_tokens(*maxTotalTokens);
+    pb::WarmupResponse r;
+    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::Warmup, req, &r, "Warmup"));
+    WarmupOutput w;
+    if (r.has_max_supported_total_tokens())
+      w.maxSupportedTotalTokens = r.max_supported_total_tokens();
+    w.maxInputTokens = r.max_input_tokens();
+    w.maxTotalTokens = r.max_total_tokens();
+    return w;
+  }
+
+  StatusOr<StepOutput> prefill(uint64_t batchId, const std::vector<BatchEntry>& batch,
+                               const std::optional<CachedBatch>& cached) override {
+    pb::PrefillRequest req;
+    toProto(batchId, batch, req.mutable_batch());
+    if (cached) toProto(*cached, req.mutable_cached_batch());
+    pb::PrefillResponse r;
+    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::Prefill, req, &r, "Prefill"));
+    return stepFromProto(r);
+  }
+
+  StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches) override {
+    pb::DecodeRequest req;
+    for (const CachedBatch& b : batches) toProto(b, req.add_batches());
+    pb::DecodeResponse r;
+    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::Decode, req, &r, "Decode"));
+    return stepFromProto(r);
+  }
+
+  StatusOr<CachedBatch> filter(uint64_t batchId, const std::vector<uint64_t>& keep) override {
+    pb::FilterBatchRequest req;
+    req.set_batch_id(batchId);
+    for (uint64_t id : keep) req.add_request_ids(id);
+    pb::FilterBatchResponse r;
+    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::FilterBatch, req, &r, "FilterBatch"));
+    return fromProto(r.batch());
+  }
+
+ private:
+  // Calls every rank in parallel; rank 0's response is kept; the first error wins.
+  template <typename Req, typename Resp>
+  Status fanOut(grpc::Status (pb::ShardService::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                               Resp*),
+                const Req& req, Resp* rank0, const char* what) {
+    std::vector<std::future<grpc::Status>> calls;
+    std::vector<Resp> others(stubs_.size());
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      Resp* out = i == 0 ? rank0 : &others[i];
+      calls.push_back(std::async(std::launch::async, [&, i, out] {
+        grpc::ClientContext ctx;
+        return (stubs_[i].get()->*method)(&ctx, req, out);
+      }));
+    }
+    Status first;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      Status s = fromGrpc(calls[i].get(), std::string(what) + " on " + urls_[i]);
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+
+  std::vector<std::string> urls_;
+  std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs_;
+};
+
+std::shared_ptr<grpc::Channel> channel(const std::string& url) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 * 1024 * 1024);
+  args.SetMaxSendMessageSize(256 * 1024 * 1024);
+  return grpc::CreateCustomChannel(url, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ShardGroup>> connectShardGroup(const std::string& master,
+                                                        std::chrono::milliseconds deadline) {
+  auto stub = pb::ShardService::NewStub(channel(master));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  ctx.set_wait_for_ready(true);  // the master may still be starting
+  pb::ServiceDiscoveryResponse d;
+  grpc::Status s = stub->ServiceDiscovery(&ctx, {}, &d);
+  if (!s.ok())
+    return unavailableError("shard master " + master +
+                            ": ServiceDiscovery failed: " + s.error_message());
+  if (d.urls_size() == 0) return unavailableError("shard master " + master + " listed no ranks");
+  std::vector<std::string> urls(d.urls().begin(), d.urls().end());
+  std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs;
+  for (const std::string& url : urls) stubs.push_back(pb::ShardService::NewStub(channel(url)));
+  return std::unique_ptr<ShardGroup>(
+      std::make_unique<GrpcShardGroup>(std::move(urls), std::move(stubs)));
+}
+
+}  // namespace textgen::router

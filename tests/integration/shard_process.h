@@ -1,0 +1,61 @@
+// A textgen-shard child process for integration tests: started with its stdout on a pipe (the
+// readiness line is the synchronisation, never a sleep), stopped with SIGTERM or killed on scope
+// exit.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+namespace textgen::testing {
+
+// The shard process: started with a pipe on stdout, stopped with SIGTERM.
+class ShardProcess {
+ public:
+  ShardProcess(const std::string& binary, const std::string& model, const std::string& uds) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      execl(binary.c_str(), binary.c_str(), "--model-id", model.c_str(), "--uds-path", uds.c_str(),
+            "--kv-cache-memory", "4194304", "--threads", "1", "--log-level", "warn", nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~ShardProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_) fclose(out_);
+  }
+  // Blocks until the shard prints its readiness line (or exits).
+  std::string waitReady() {
+    char line[512];
+    while (out_ && fgets(line, sizeof line, out_)) {
+      std::string s(line);
+      if (s.rfind("textgen-shard ready ", 0) == 0) return s.substr(20, s.size() - 21);
+    }
+    return {};
+  }
+  int terminate() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+}  // namespace textgen::testing
