@@ -4,7 +4,8 @@ namespace textgen::router {
 
 std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
                                          std::optional<size_t> maxSize, uint32_t prefillTokenBudget,
-                                         BlockAllocator& allocator) {
+                                         BlockAllocator& allocator,
+                                         std::vector<uint64_t>* dropped) {
   std::vector<BatchEntry> batch;
   if (entries_.empty()) return batch;
   if (minSize && entries_.size() < *minSize) return batch;
@@ -16,6 +17,7 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
     entries_.pop_front();
     if (entry.control && entry.control->cancelled) {
       if (metrics_) metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
+      if (dropped) dropped->push_back(entry.id);
       continue;
     }
     const uint32_t tokens = entry.request.inputLength + entry.request.maxNewTokens;

@@ -47,9 +47,11 @@ class Queue {
   size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
 
-  // The next batch, or nothing (empty queue, too small for minSize, no blocks free).
+  // The next batch, or nothing (empty queue, too small for minSize, no blocks free). Requests whose
+  // client went away are removed and, when `dropped` is given, listed there.
   std::vector<BatchEntry> nextBatch(std::optional<size_t> minSize, std::optional<size_t> maxSize,
-                                    uint32_t prefillTokenBudget, BlockAllocator& allocator);
+                                    uint32_t prefillTokenBudget, BlockAllocator& allocator,
+                                    std::vector<uint64_t>* dropped = nullptr);
 
  private:
   uint32_t blockSize_;

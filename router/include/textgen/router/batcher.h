@@ -1,0 +1,93 @@
+// Continuous batching for one replica group (TGI v3's batching task): a thread that takes batches
+// from the queue, runs Prefill and Decode on the shards, merges new requests into the running batch
+// under the budgets, streams every step's tokens to each request's sink as soon as the step
+// returns, filters finished and disconnected requests (freeing their blocks), and fails the batch's
+// requests when a shard fails.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "textgen/router/block_allocator.h"
+#include "textgen/router/metrics.h"
+#include "textgen/router/queue.h"
+#include "textgen/router/shard_client.h"
+
+namespace textgen::router {
+
+// Receives one request's results, on the batcher's thread. Implementations must not block.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  // One step's tokens for this request; `finished` when generation ended.
+  virtual void onGeneration(const Generation& generation,
+                            std::chrono::steady_clock::time_point queuedAt) = 0;
+  // The request failed (shard error): no more calls follow.
+  virtual void onError(const Status& error) = 0;
+};
+
+struct BatcherOptions {
+  uint32_t maxBatchPrefillTokens = 4096;
+  uint32_t maxBatchTotalTokens = 16384;
+  std::optional<size_t> maxBatchSize;
+  float waitingServedRatio = 0.3f;
+  uint32_t maxWaitingTokens = 20;
+  bool supportChunking = false;
+  uint32_t blockSize = 16;
+  uint32_t numBlocks = 1024;
+};
+
+class Batcher {
+ public:
+  Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* metrics);
+  ~Batcher();  // stops the thread; in-flight requests get an error
+
+  // Queues a validated request; the sink hears about it from the batcher's thread.
+  void submit(uint64_t id, ValidRequest request, std::shared_ptr<RequestControl> control,
+              std::shared_ptr<ResponseSink> sink);
+
+  size_t queueSize() const;
+  // Requests queued or running: the load used to pick a replica.
+  size_t load() const { return load_.load(); }
+  bool healthy() const { return healthy_.load(); }
+  uint32_t freeBlocks() const;
+
+ private:
+  struct Active {
+    BlockAllocation blocks;
+    std::shared_ptr<RequestControl> control;
+    std::shared_ptr<ResponseSink> sink;
+    std::chrono::steady_clock::time_point queuedAt;
+  };
+
+  void run();
+  std::vector<BatchEntry> takeBatch(std::optional<size_t> minSize, std::optional<size_t> maxSize,
+                                    uint32_t prefillBudget);
+  // Delivers a step's output; returns the batch to keep running (after filtering), if any.
+  std::optional<CachedBatch> absorb(StatusOr<StepOutput> out, const char* method);
+  void failAll(const Status& error);
+  void finish(uint64_t id);
+
+  ShardGroup& shards_;
+  BatcherOptions options_;
+  MetricsRegistry* metrics_;
+  mutable std::mutex mutex_;  // queue_, allocator_ and sinks_ between submit() and the thread
+  std::condition_variable wake_;
+  Queue queue_;
+  BlockAllocator allocator_;
+  std::map<uint64_t, std::shared_ptr<ResponseSink>> sinks_;  // queued, not yet batched
+  std::map<uint64_t, Active> active_;                        // batched: the thread's alone
+  std::atomic<size_t> load_{0};
+  std::atomic<bool> healthy_{true};
+  std::atomic<bool> stop_{false};
+  uint64_t nextBatchId_ = 1;
+  std::thread thread_;
+};
+
+}  // namespace textgen::router

@@ -1,0 +1,236 @@
+#include "textgen/router/batcher.h"
+
+#include <cmath>
+
+namespace textgen::router {
+
+Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* metrics)
+    : shards_(shards),
+      options_(options),
+      metrics_(metrics),
+      queue_(options.blockSize, options.supportChunking, metrics),
+      allocator_(options.numBlocks, options.blockSize) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Batcher::~Batcher() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  failAll(unavailableError("the router is shutting down"));
+  std::lock_guard lock(mutex_);
+  for (auto& [id, sink] : sinks_) sink->onError(unavailableError("the router is shutting down"));
+}
+
+void Batcher::submit(uint64_t id, ValidRequest request, std::shared_ptr<RequestControl> control,
+                     std::shared_ptr<ResponseSink> sink) {
+  {
+    std::lock_guard lock(mutex_);
+    sinks_[id] = std::move(sink);
+    queue_.append({id, std::move(request), std::move(control), std::chrono::steady_clock::now()});
+    ++load_;
+    if (metrics_) metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
+  }
+  wake_.notify_one();
+}
+
+size_t Batcher::queueSize() const {
+  std::lock_guard lock(mutex_);
+  return queue_.size();
+}
+
+uint32_t Batcher::freeBlocks() const {
+  std::lock_guard lock(mutex_);
+  return allocator_.freeBlocks();
+}
+
+std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
+                                           std::optional<size_t> maxSize, uint32_t prefillBudget) {
+  std::lock_guard lock(mutex_);
+  std::vector<uint64_t> dropped;
+  std::vector<BatchEntry> batch =
+      queue_.nextBatch(minSize, maxSize, prefillBudget, allocator_, &dropped);
+  for (uint64_t id : dropped) {  // their clients left while they waited
+    sinks_.erase(id);
+    --load_;
+  }
+  for (const BatchEntry& e : batch) {
+    active_[e.entry.id] = {e.blocks, e.entry.control, sinks_[e.entry.id], e.entry.queuedAt};
+    sinks_.erase(e.entry.id);
+  }
+  if (metrics_) metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
+  return batch;
+}
+
+void Batcher::finish(uint64_t id) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return;
+  {
+    std::lock_guard lock(mutex_);
+    allocator_.free(it->second.blocks.blocks);
+  }
+  active_.erase(it);
+  --load_;
+}
+
+void Batcher::failAll(const Status& error) {
+  // Free first, then tell the clients: whoever hears the error sees the blocks already back.
+  std::vector<std::shared_ptr<ResponseSink>> sinks;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, a] : active_) {
+      allocator_.free(a.blocks.blocks);
+      sinks.push_back(a.sink);
+      --load_;
+    }
+  }
+  active_.clear();
+  for (auto& sink : sinks) sink->onError(error);
+}
+
+std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char* method) {
+  const Labels m{{"method", method}};
+  if (metrics_) metrics_->counterAdd("tgi_batch_inference_count", 1, m);
+  if (!out.ok()) {
+    if (metrics_) metrics_->counterAdd("tgi_batch_inference_failure", 1, m);
+    healthy_ = false;
+    failAll(Status(StatusCode::kInternal,
+                   "Request failed during generation: " + out.status().message()));
+    (void)shards_.clearCache(std::nullopt);
+    return std::nullopt;
+  }
+  healthy_ = true;
+  if (metrics_) {
+    metrics_->counterAdd("tgi_batch_inference_success", 1, m);
+    metrics_->histogramObserve("tgi_batch_forward_duration",
+                               std::chrono::duration<double>(out->forward).count(), m);
+    metrics_->histogramObserve("tgi_batch_decode_duration",
+                               std::chrono::duration<double>(out->decode).count(), m);
+    metrics_->histogramObserve("tgi_batch_inference_duration",
+                               std::chrono::duration<double>(out->total).count(), m);
+  }
+  for (const Generation& g : out->generations) {
+    auto it = active_.find(g.requestId);
+    if (it == active_.end()) continue;
+    if (it->second.control && it->second.control->cancelled) continue;  // handled below
+    if (g.generatedText) {  // free before the last delivery, as in failAll
+      const std::shared_ptr<ResponseSink> sink = it->second.sink;
+      const auto queuedAt = it->second.queuedAt;
+      finish(g.requestId);
+      sink->onGeneration(g, queuedAt);
+    } else {
+      it->second.sink->onGeneration(g, it->second.queuedAt);
+    }
+  }
+  std::optional<CachedBatch> batch = out->batch;
+  if (!batch) return std::nullopt;
+  // Keep what is still running and still wanted; a disconnected client is dropped within this step.
+  std::vector<uint64_t> keep;
+  for (uint64_t id : batch->requestIds) {
+    auto it = active_.find(id);
+    if (it == active_.end()) continue;
+    if (it->second.control && it->second.control->cancelled) {
+      if (metrics_) metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
+      finish(id);
+      continue;
+    }
+    keep.push_back(id);
+  }
+  if (keep.size() == batch->requestIds.size()) return batch;
+  const auto start = std::chrono::steady_clock::now();
+  if (keep.empty()) {
+    (void)shards_.clearCache(batch->id);
+    return std::nullopt;
+  }
+  auto filtered = shards_.filter(batch->id, keep);
+  if (metrics_) {
+    metrics_->histogramObserve(
+        "tgi_batch_filter_duration",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        {{"method", method}});
+  }
+  if (!filtered.ok()) {
+    healthy_ = false;
+    failAll(Status(StatusCode::kInternal,
+                   "Request failed during generation: " + filtered.status().message()));
+    return std::nullopt;
+  }
+  return *filtered;
+}
+
+void Batcher::run() {
+  while (true) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+    }
+    std::vector<BatchEntry> first =
+        takeBatch(std::nullopt, options_.maxBatchSize, options_.maxBatchPrefillTokens);
+    if (first.empty()) continue;  // not enough blocks yet, or every queued client left
+    std::optional<CachedBatch> cached =
+        absorb(shards_.prefill(nextBatchId_++, first, std::nullopt), "prefill");
+    uint32_t waitingTokens = 1;
+    while (cached && !stop_) {
+      if (metrics_) {
+        metrics_->gaugeSet("tgi_batch_current_size",
+                           static_cast<double>(cached->requestIds.size()));
+        metrics_->gaugeSet("tgi_batch_current_max_tokens", cached->maxTokens);
+      }
+      std::optional<size_t> minSize, maxSize;
+      uint32_t prefillBudget = options_.maxBatchPrefillTokens;
+      if (options_.supportChunking) {
+        prefillBudget = options_.maxBatchPrefillTokens > cached->currentTokens
+                            ? options_.maxBatchPrefillTokens - cached->currentTokens
+                            : 0;
+      } else {
+        if (waitingTokens < options_.maxWaitingTokens) {
+          minSize = static_cast<size_t>(std::floor(static_cast<float>(cached->requestIds.size()) *
+                                                   options_.waitingServedRatio));
+        }
+        if (options_.maxBatchSize) {
+          maxSize = *options_.maxBatchSize > cached->requestIds.size()
+                        ? *options_.maxBatchSize - cached->requestIds.size()
+                        : 0;
+        }
+      }
+      std::vector<BatchEntry> more = takeBatch(minSize, maxSize, prefillBudget);
+      if (!more.empty()) {
+        if (metrics_) {
+          const char* reason = minSize                    ? "backpressure"
+                               : options_.supportChunking ? "chunking"
+                                                          : "wait_exceeded";
+          metrics_->counterAdd("tgi_batch_concat", 1, {{"reason", reason}});
+        }
+        const uint64_t id = nextBatchId_++;
+        if (options_.supportChunking) {
+          // The running batch joins the new one in a single forward.
+          cached = absorb(shards_.prefill(id, more, cached), "prefill");
+          waitingTokens = 1;
+          if (!cached) break;
+        } else {
+          std::optional<CachedBatch> added =
+              absorb(shards_.prefill(id, more, std::nullopt), "prefill");
+          waitingTokens = 1;
+          if (added) {
+            auto merged = absorb(shards_.decode({*cached, *added}), "decode");
+            cached = merged;
+            ++waitingTokens;
+            continue;
+          }
+        }
+      }
+      cached = absorb(shards_.decode({*cached}), "decode");
+      ++waitingTokens;
+    }
+    if (metrics_) {
+      metrics_->gaugeSet("tgi_batch_current_size", 0);
+      metrics_->gaugeSet("tgi_batch_current_max_tokens", 0);
+    }
+  }
+}
+
+}  // namespace textgen::router

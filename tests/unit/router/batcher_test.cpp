@@ -1,0 +1,284 @@
+// The batching loop against a fake replica: streaming, joining with and without chunking
+// (waiting_served_ratio, max_waiting_tokens), disconnects freeing blocks within a step, shard
+// failures failing in-flight requests and flipping health.
+#include "textgen/router/batcher.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+namespace textgen::router {
+namespace {
+
+// Emits token id*100 + n for request id's n-th token; prompts are prefilled in chunks when asked.
+class FakeShards final : public ShardGroup {
+ public:
+  std::atomic<int> failDecodes{0};
+  std::atomic<int> filters{0}, prefills{0}, decodes{0};
+
+  StatusOr<ShardInfo> info() override { return ShardInfo{}; }
+  Status health() override { return okStatus(); }
+  Status clearCache(std::optional<uint64_t> id) override {
+    std::lock_guard lock(mu_);
+    if (id) {
+      batches_.erase(*id);
+    } else {
+      batches_.clear();
+    }
+    return okStatus();
+  }
+  StatusOr<WarmupOutput> warmup(uint64_t, const std::vector<BatchEntry>&, std::optional<uint32_t>,
+                                uint32_t, std::optional<uint32_t>) override {
+    return WarmupOutput{};
+  }
+  StatusOr<StepOutput> prefill(uint64_t id, const std::vector<BatchEntry>& batch,
+                               const std::optional<CachedBatch>& cached) override {
+    ++prefills;
+    std::lock_guard lock(mu_);
+    std::vector<Req> reqs;
+    if (cached) {
+      reqs = std::move(batches_.at(cached->id));
+      batches_.erase(cached->id);
+    }
+    for (const BatchEntry& e : batch) {
+      reqs.push_back({e.entry.id, e.entry.request.inputLength, e.entry.request.maxNewTokens, 0,
+                      e.chunkLen, 0});
+    }
+    return step(id, std::move(reqs));
+  }
+  StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches) override {
+    ++decodes;
+    if (failDecodes > 0) {
+      --failDecodes;
+      return unavailableError("shard 0 died");
+    }
+    std::lock_guard lock(mu_);
+    std::vector<Req> reqs;
+    for (const CachedBatch& b : batches) {
+      auto& part = batches_.at(b.id);
+      reqs.insert(reqs.end(), part.begin(), part.end());
+      batches_.erase(b.id);
+    }
+    return step(batches[0].id, std::move(reqs));
+  }
+  StatusOr<CachedBatch> filter(uint64_t id, const std::vector<uint64_t>& keep) override {
+    ++filters;
+    std::lock_guard lock(mu_);
+    auto& reqs = batches_.at(id);
+    std::erase_if(reqs, [&](const Req& r) {
+      return std::find(keep.begin(), keep.end(), r.id) == keep.end();
+    });
+    return info(id, reqs);
+  }
+  const std::vector<std::string>& urls() const override { return urls_; }
+
+ private:
+  struct Req {
+    uint64_t id;
+    uint32_t input, maxNew, computed;
+    std::optional<uint32_t> chunk;
+    uint32_t generated;
+    uint32_t nextRows() const {
+      if (computed >= input) return 1;
+      return chunk ? std::min(*chunk, input - computed) : input - computed;
+    }
+  };
+  static CachedBatch info(uint64_t id, const std::vector<Req>& reqs) {
+    CachedBatch b{id, {}, 0, 0};
+    for (const Req& r : reqs) {
+      b.requestIds.push_back(r.id);
+      b.maxTokens += r.input + r.maxNew;
+      b.currentTokens += r.nextRows();
+    }
+    return b;
+  }
+  StepOutput step(uint64_t id, std::vector<Req> reqs) {
+    StepOutput out;
+    std::vector<Req> alive;
+    for (Req& r : reqs) {
+      if (r.computed < r.input) {
+        r.computed += r.nextRows();
+        if (r.computed < r.input) {
+          alive.push_back(r);
+          continue;
+        }
+      }
+      ++r.generated;
+      Generation g;
+      g.requestId = r.id;
+      g.tokens.ids = {static_cast<uint32_t>(r.id * 100 + r.generated)};
+      g.tokens.texts = {"t"};
+      if (r.generated == r.maxNew) {
+        g.generatedText = GeneratedText{"done", r.generated, FinishReason::kLength, std::nullopt};
+      } else {
+        alive.push_back(r);
+      }
+      out.generations.push_back(std::move(g));
+    }
+    if (!alive.empty()) {
+      out.batch = info(id, alive);
+      batches_[id] = std::move(alive);
+    }
+    return out;
+  }
+  std::mutex mu_;
+  std::map<uint64_t, std::vector<Req>> batches_;
+  std::vector<std::string> urls_{"fake"};
+};
+
+// Collects one request's stream; tests wait on it (no sleeps).
+class Collector final : public ResponseSink {
+ public:
+  void onGeneration(const Generation& g, std::chrono::steady_clock::time_point) override {
+    std::lock_guard lock(mu_);
+    for (uint32_t id : g.tokens.ids) tokens.push_back(id);
+    if (g.generatedText) done = true;
+    cv_.notify_all();
+    if (onToken) onToken(tokens.size());
+  }
+  void onError(const Status& e) override {
+    std::lock_guard lock(mu_);
+    error = e;
+    done = true;
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::seconds limit = std::chrono::seconds(10)) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return done; });
+  }
+  std::vector<uint32_t> tokens;
+  bool done = false;
+  std::optional<Status> error;
+  std::function<void(size_t)> onToken;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+ValidRequest request(uint32_t input, uint32_t maxNew) {
+  ValidRequest v;
+  v.inputLength = input;
+  v.inputIds.assign(input, 7);
+  v.maxNewTokens = maxNew;
+  return v;
+}
+
+BatcherOptions options(uint32_t numBlocks, bool chunking = false, uint32_t prefillBudget = 4096,
+                       float ratio = 0.3f, uint32_t maxWaiting = 20) {
+  BatcherOptions o;
+  o.blockSize = 4;
+  o.numBlocks = numBlocks;
+  o.supportChunking = chunking;
+  o.maxBatchPrefillTokens = prefillBudget;
+  o.waitingServedRatio = ratio;
+  o.maxWaitingTokens = maxWaiting;
+  return o;
+}
+
+std::vector<uint32_t> expected(uint64_t id, uint32_t n) {
+  std::vector<uint32_t> out;
+  for (uint32_t i = 1; i <= n; ++i) out.push_back(static_cast<uint32_t>(id * 100 + i));
+  return out;
+}
+
+TEST(BatcherTest, StreamsEveryTokenAndFreesBlocks) {
+  FakeShards shards;
+  MetricsRegistry metrics;
+  Batcher b(shards, options(64), &metrics);
+  auto sink = std::make_shared<Collector>();
+  b.submit(1, request(5, 6), std::make_shared<RequestControl>(), sink);
+  ASSERT_TRUE(sink->wait());
+  EXPECT_EQ(sink->tokens, expected(1, 6));
+  EXPECT_FALSE(sink->error.has_value());
+  EXPECT_EQ(b.freeBlocks(), 63u);
+  EXPECT_EQ(b.load(), 0u);
+  EXPECT_NE(metrics.render().find("tgi_batch_inference_success{method=\"decode\"} 5"),
+            std::string::npos)
+      << metrics.render();
+}
+
+TEST(BatcherTest, RequestsJoinTheRunningBatchWithChunking) {
+  FakeShards shards;
+  MetricsRegistry metrics;
+  Batcher b(shards, options(256, true, 8), &metrics);
+  std::vector<std::shared_ptr<Collector>> sinks;
+  for (uint64_t id = 1; id <= 6; ++id) {
+    sinks.push_back(std::make_shared<Collector>());
+    b.submit(id, request(static_cast<uint32_t>(3 + 2 * id), static_cast<uint32_t>(4 + id)),
+             std::make_shared<RequestControl>(), sinks.back());
+  }
+  for (uint64_t id = 1; id <= 6; ++id) {
+    ASSERT_TRUE(sinks[id - 1]->wait()) << id;
+    EXPECT_EQ(sinks[id - 1]->tokens, expected(id, static_cast<uint32_t>(4 + id))) << id;
+  }
+  EXPECT_EQ(b.freeBlocks(), 255u);
+  EXPECT_NE(metrics.render().find("tgi_batch_concat{reason=\"chunking\"}"), std::string::npos);
+}
+
+TEST(BatcherTest, DisconnectIsDroppedWithinAStepAndFreesItsBlocks) {
+  FakeShards shards;
+  Batcher b(shards, options(64), nullptr);
+  auto control = std::make_shared<RequestControl>();
+  auto leaving = std::make_shared<Collector>();
+  auto staying = std::make_shared<Collector>();
+  // The client of request 1 disconnects after its 3rd token.
+  leaving->onToken = [&](size_t n) {
+    if (n == 3) control->cancelled = true;
+  };
+  b.submit(1, request(4, 50), control, leaving);
+  b.submit(2, request(4, 20), std::make_shared<RequestControl>(), staying);
+  ASSERT_TRUE(staying->wait());
+  EXPECT_EQ(staying->tokens, expected(2, 20));
+  EXPECT_EQ(leaving->tokens, expected(1, 3));  // nothing after the disconnect
+  EXPECT_GE(shards.filters.load(), 1);
+  EXPECT_EQ(b.freeBlocks(), 63u);  // both requests' blocks are back
+}
+
+TEST(BatcherTest, ShardFailureFailsInFlightRequestsAndHealthRecovers) {
+  FakeShards shards;
+  Batcher b(shards, options(64), nullptr);
+  shards.failDecodes = 1;
+  auto a = std::make_shared<Collector>();
+  b.submit(1, request(4, 10), std::make_shared<RequestControl>(), a);
+  ASSERT_TRUE(a->wait());
+  ASSERT_TRUE(a->error.has_value());
+  EXPECT_NE(a->error->message().find("Request failed during generation: shard 0 died"),
+            std::string::npos);
+  EXPECT_FALSE(b.healthy());
+  EXPECT_EQ(b.freeBlocks(), 63u);
+  auto c = std::make_shared<Collector>();
+  b.submit(2, request(4, 3), std::make_shared<RequestControl>(), c);
+  ASSERT_TRUE(c->wait());
+  EXPECT_EQ(c->tokens, expected(2, 3));
+  EXPECT_TRUE(b.healthy());
+}
+
+TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {
+  FakeShards shards;
+  MetricsRegistry metrics;
+  // A running batch of 4 with ratio 0.5 wants at least 2 waiting requests before pausing it.
+  Batcher b(shards, options(256, false, 4096, 0.5f, 5), &metrics);
+  std::vector<std::shared_ptr<Collector>> running;
+  std::shared_ptr<Collector> late = std::make_shared<Collector>();
+  for (uint64_t id = 1; id <= 4; ++id) {
+    running.push_back(std::make_shared<Collector>());
+    b.submit(id, request(4, 30), std::make_shared<RequestControl>(), running.back());
+  }
+  // Request 10 arrives once the first batch has produced 2 tokens.
+  running[0]->onToken = [&](size_t n) {
+    if (n == 2) b.submit(10, request(4, 3), std::make_shared<RequestControl>(), late);
+  };
+  ASSERT_TRUE(late->wait());
+  for (auto& r : running) ASSERT_TRUE(r->wait());
+  EXPECT_EQ(late->tokens, expected(10, 3));
+  // It joined only when the wait limit was exceeded, not by backpressure.
+  const std::string text = metrics.render();
+  EXPECT_NE(text.find("tgi_batch_concat{reason=\"wait_exceeded\"} 1"), std::string::npos) << text;
+  EXPECT_EQ(text.find("reason=\"backpressure\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace textgen::router
