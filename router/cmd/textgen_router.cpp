@@ -1,0 +1,270 @@
+// textgen-router: TGI's HTTP API in front of one or more replicas of shards.
+//
+//   textgen-router --tokenizer-name DIR [--model-id NAME] [--master-shard-uds-path PATH |
+//   --shard-master ADDR...]
+//                  [--hostname H] [--port N] [TGI's limits...]
+// Each --shard-master (or the master socket) is one replica's rank 0; requests go to the least
+// loaded replica. Prints "textgen-router ready http://HOST:PORT" once serving.
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "textgen/base/log.h"
+#include "textgen/base/version.h"
+#include "textgen/router/router_app.h"
+
+namespace {
+
+using namespace textgen;
+using namespace textgen::router;
+
+struct Flags {
+  std::string tokenizer, modelId, hostname = "0.0.0.0";
+  int port = 3000;
+  std::vector<std::string> masters;
+  uint32_t maxConcurrentRequests = 128, maxBestOf = 2, maxStopSequences = 4, maxTopNTokens = 5;
+  std::optional<uint32_t> maxInputTokens, maxTotalTokens, maxBatchTotalTokens, maxBatchSize;
+  uint32_t maxBatchPrefillTokens = 4096, maxWaitingTokens = 20, maxClientBatchSize = 4,
+           validationWorkers = 2;
+  float waitingServedRatio = 0.3f;
+  size_t payloadLimit = 2000000;
+  std::vector<std::string> cors;
+  std::string apiKey, logLevel = "info";
+  bool jsonOutput = false;
+};
+
+std::atomic<bool> gStop{false};
+
+StatusOr<uint64_t> number(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || v[0] == '-')
+    return invalidArgumentError(flag + ": '" + v + "' is not a non-negative integer");
+  return n;
+}
+
+StatusOr<Flags> parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json-output") {
+      f.jsonOutput = true;
+      continue;
+    }
+    if (a == "--version") {
+      std::printf("textgen-router %s\n", kVersion);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) return invalidArgumentError(a + " needs a value (or is unknown)");
+    const std::string v = argv[++i];
+    auto u32 = [&](uint32_t& out) -> Status {
+      TG_ASSIGN_OR_RETURN(uint64_t n, number(a, v));
+      if (n > UINT32_MAX) return invalidArgumentError(a + " is too large");
+      out = static_cast<uint32_t>(n);
+      return okStatus();
+    };
+    auto opt = [&](std::optional<uint32_t>& out) -> Status {
+      uint32_t n = 0;
+      TG_RETURN_IF_ERROR(u32(n));
+      out = n;
+      return okStatus();
+    };
+    if (a == "--tokenizer-name") {
+      f.tokenizer = v;
+    } else if (a == "--model-id") {
+      f.modelId = v;
+    } else if (a == "--hostname") {
+      f.hostname = v;
+    } else if (a == "--port") {
+      uint32_t p = 0;
+      TG_RETURN_IF_ERROR(u32(p));
+      if (p > 65535) return invalidArgumentError("--port must be <= 65535");
+      f.port = static_cast<int>(p);
+    } else if (a == "--master-shard-uds-path") {
+      f.masters.push_back("unix://" + v);
+    } else if (a == "--shard-master") {
+      f.masters.push_back(v);
+    } else if (a == "--max-concurrent-requests") {
+      TG_RETURN_IF_ERROR(u32(f.maxConcurrentRequests));
+    } else if (a == "--max-best-of") {
+      TG_RETURN_IF_ERROR(u32(f.maxBestOf));
+    } else if (a == "--max-stop-sequences") {
+      TG_RETURN_IF_ERROR(u32(f.maxStopSequences));
+    } else if (a == "--max-top-n-tokens") {
+      TG_RETURN_IF_ERROR(u32(f.maxTopNTokens));
+    } else if (a == "--max-input-tokens" || a == "--max-input-length") {
+      TG_RETURN_IF_ERROR(opt(f.maxInputTokens));
+    } else if (a == "--max-total-tokens") {
+      TG_RETURN_IF_ERROR(opt(f.maxTotalTokens));
+    } else if (a == "--max-batch-prefill-tokens") {
+      TG_RETURN_IF_ERROR(u32(f.maxBatchPrefillTokens));
+    } else if (a == "--max-batch-total-tokens") {
+      TG_RETURN_IF_ERROR(opt(f.maxBatchTotalTokens));
+    } else if (a == "--max-batch-size") {
+      TG_RETURN_IF_ERROR(opt(f.maxBatchSize));
+    } else if (a == "--max-waiting-tokens") {
+      TG_RETURN_IF_ERROR(u32(f.maxWaitingTokens));
+    } else if (a == "--waiting-served-ratio") {
+      f.waitingServedRatio = std::strtof(v.c_str(), nullptr);
+      if (!(f.waitingServedRatio >= 0))
+        return invalidArgumentError("--waiting-served-ratio must be >= 0");
+    } else if (a == "--max-client-batch-size") {
+      TG_RETURN_IF_ERROR(u32(f.maxClientBatchSize));
+    } else if (a == "--validation-workers") {
+      TG_RETURN_IF_ERROR(u32(f.validationWorkers));
+      if (f.validationWorkers == 0) return invalidArgumentError("`validation_workers` must be > 0");
+    } else if (a == "--payload-limit") {
+      TG_ASSIGN_OR_RETURN(f.payloadLimit, number(a, v));
+    } else if (a == "--cors-allow-origin") {
+      f.cors.push_back(v);
+    } else if (a == "--api-key") {
+      f.apiKey = v;
+    } else if (a == "--log-level") {
+      f.logLevel = v;
+    } else {
+      return invalidArgumentError("unknown flag '" + a + "'");
+    }
+  }
+  if (f.tokenizer.empty()) return invalidArgumentError("--tokenizer-name DIR is required");
+  if (f.masters.empty()) f.masters.push_back("unix:///tmp/text-generation-server-0");
+  if (f.modelId.empty()) f.modelId = f.tokenizer;
+  return f;
+}
+
+// A warmup batch of max_batch_prefill_tokens prompt tokens, with blocks from 1 on.
+std::vector<BatchEntry> warmupBatch(uint32_t maxInput, uint32_t maxPrefill, uint32_t blockSize) {
+  std::vector<BatchEntry> batch;
+  uint32_t tokens = 0, nextBlock = 1;
+  uint64_t id = 0;
+  while (tokens < maxPrefill) {
+    const uint32_t len = std::min(maxInput, maxPrefill - tokens);
+    BatchEntry e;
+    e.entry.id = id++;
+    e.entry.request.inputIds.assign(len, 1);
+    e.entry.request.inputLength = len;
+    e.entry.request.maxNewTokens = 1;
+    const uint32_t blocks = (len + 1 + blockSize - 1) / blockSize;
+    for (uint32_t b = 0; b < blocks; ++b) e.blocks.blocks.push_back(nextBlock++);
+    for (uint32_t p = 0; p < len + 1; ++p)
+      e.blocks.slots.push_back(e.blocks.blocks[p / blockSize] * blockSize + p % blockSize);
+    batch.push_back(std::move(e));
+    tokens += len;
+  }
+  return batch;
+}
+
+int run(int argc, char** argv) {
+  auto flags = parse(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "textgen-router: %s\n", flags.status().message().c_str());
+    return 2;
+  }
+  Flags& f = *flags;
+  auto level = log::parseLevel(f.logLevel);
+  if (!level.ok()) {
+    std::fprintf(stderr, "textgen-router: %s\n", level.status().message().c_str());
+    return 2;
+  }
+  log::init({.component = "router",
+             .level = *level,
+             .format = f.jsonOutput ? log::Format::kJson : log::Format::kText,
+             .sink = nullptr});
+  auto fail = [](const Status& s) {
+    spdlog::critical("{}", s.toString());
+    return 1;
+  };
+  auto tok = tokenizer::Tokenizer::fromDirectory(f.tokenizer);
+  if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer"));
+
+  MetricsRegistry metrics;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  uint32_t maxInput = 0, maxTotal = 0;
+  for (const std::string& master : f.masters) {
+    auto group = connectShardGroup(master, std::chrono::seconds(60));
+    if (!group.ok()) return fail(group.status());
+    if (Status s = (*group)->clearCache(std::nullopt); !s.ok()) return fail(s);
+    auto info = (*group)->info();
+    if (!info.ok()) return fail(info.status());
+    // TGI's defaults: the model's context for max_total_tokens, one less for max_input_tokens.
+    maxTotal = f.maxTotalTokens.value_or(std::min<uint32_t>(info->maxPositionEmbeddings, 4096));
+    maxInput = f.maxInputTokens.value_or(maxTotal - 1);
+    if (maxInput >= maxTotal)
+      return fail(invalidArgumentError("`max_input_tokens` must be < `max_total_tokens`"));
+    if (!info->supportChunking && f.maxBatchPrefillTokens < maxInput) {
+      return fail(invalidArgumentError(
+          "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: " +
+          std::to_string(f.maxBatchPrefillTokens) + " and " + std::to_string(maxInput)));
+    }
+    auto warm = (*group)->warmup(0, warmupBatch(maxInput, f.maxBatchPrefillTokens, info->blockSize),
+                                 maxInput, f.maxBatchPrefillTokens, maxTotal);
+    if (!warm.ok()) return fail(warm.status().withContext("warmup on " + master));
+    const uint32_t supported =
+        warm->maxSupportedTotalTokens.value_or(f.maxBatchTotalTokens.value_or(16000));
+    const uint32_t batchTotal =
+        f.maxBatchTotalTokens ? std::min(*f.maxBatchTotalTokens, supported) : supported;
+    if (batchTotal < maxTotal) {
+      return fail(
+          invalidArgumentError("`max_batch_total_tokens` (" + std::to_string(batchTotal) +
+                               ", what the KV cache holds) must be >= `max_total_tokens` (" +
+                               std::to_string(maxTotal) + ")"));
+    }
+    if (f.maxBatchPrefillTokens > batchTotal) {
+      return fail(
+          invalidArgumentError("`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`"));
+    }
+    BatcherOptions bo;
+    bo.maxBatchPrefillTokens = f.maxBatchPrefillTokens;
+    bo.maxBatchTotalTokens = batchTotal;
+    if (f.maxBatchSize) bo.maxBatchSize = *f.maxBatchSize;
+    bo.waitingServedRatio = f.waitingServedRatio;
+    bo.maxWaitingTokens = f.maxWaitingTokens;
+    bo.supportChunking = info->supportChunking;
+    bo.blockSize = info->blockSize;
+    bo.numBlocks = batchTotal / info->blockSize;
+    metrics.gaugeSet("tgi_batch_max_total_tokens", batchTotal);
+    auto replica = std::make_unique<Replica>();
+    replica->shards = std::move(*group);
+    replica->batcher = std::make_unique<Batcher>(*replica->shards, bo, &metrics);
+    spdlog::info("replica {}: {} rank(s), max_batch_total_tokens {}, block size {}, chunking {}",
+                 master, replica->shards->urls().size(), batchTotal, info->blockSize,
+                 info->supportChunking);
+    replicas.push_back(std::move(replica));
+  }
+  RouterOptions ro;
+  ro.modelId = f.modelId;
+  ro.maxConcurrentRequests = f.maxConcurrentRequests;
+  ro.maxClientBatchSize = f.maxClientBatchSize;
+  ro.limits = {.maxBestOf = f.maxBestOf,
+               .maxStopSequences = f.maxStopSequences,
+               .maxTopNTokens = f.maxTopNTokens,
+               .maxInputTokens = maxInput,
+               .maxTotalTokens = maxTotal};
+  ro.apiKey = f.apiKey;
+  ro.corsAllowOrigins = f.cors;
+  std::vector<Replica*> raw;
+  for (auto& r : replicas) raw.push_back(r.get());
+  RouterApp app(ro, **tok, raw, metrics);
+  auto server =
+      startHttpServer({.host = f.hostname, .port = f.port, .payloadLimit = f.payloadLimit},
+                      [&app](const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
+                        app.handle(r, std::move(resp));
+                      });
+  if (!server.ok()) return fail(server.status());
+  spdlog::info("serving {} on {}:{} (max_input_tokens {}, max_total_tokens {})", f.modelId,
+               f.hostname, (*server)->port(), maxInput, maxTotal);
+  std::printf("textgen-router ready http://%s:%d\n", f.hostname.c_str(), (*server)->port());
+  std::fflush(stdout);
+  std::signal(SIGTERM, [](int) { gStop = true; });
+  std::signal(SIGINT, [](int) { gStop = true; });
+  while (!gStop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  spdlog::info("shutting down");
+  (*server)->stop();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run(argc, argv);
+}

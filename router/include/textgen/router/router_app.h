@@ -1,0 +1,64 @@
+// The router application: TGI's HTTP API over validation, admission and the replicas' batchers.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "textgen/router/batcher.h"
+#include "textgen/router/http_server.h"
+#include "textgen/router/metrics.h"
+#include "textgen/router/validation.h"
+#include "textgen/tokenizer/tokenizer.h"
+
+namespace textgen::router {
+
+struct RouterOptions {
+  std::string modelId = "textgen";
+  uint32_t maxConcurrentRequests = 128;
+  uint32_t maxClientBatchSize = 4;
+  ValidationLimits limits;
+  std::string apiKey;  // empty: no authentication
+  std::vector<std::string> corsAllowOrigins;
+};
+
+// One replica: its shards and its batcher.
+struct Replica {
+  std::unique_ptr<ShardGroup> shards;
+  std::unique_ptr<Batcher> batcher;
+};
+
+class RouterApp {
+ public:
+  RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer,
+            std::vector<Replica*> replicas, MetricsRegistry& metrics);
+
+  void handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+
+ private:
+  void generate(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
+                bool compatList);
+  void generateStream(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void tokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void info(std::shared_ptr<HttpResponder> responder);
+  void health(std::shared_ptr<HttpResponder> responder);
+
+  // Admission and replica choice; nullptr and a 429 already sent when over capacity.
+  Replica* admit(std::shared_ptr<HttpResponder>& responder);
+  HttpHeaders baseHeaders(const HttpRequest& request) const;
+
+  RouterOptions options_;
+  const tokenizer::Tokenizer& tokenizer_;
+  std::vector<Replica*> replicas_;
+  MetricsRegistry& metrics_;
+  Validator validator_;
+  std::atomic<uint32_t> inFlight_{0};
+  std::atomic<uint64_t> nextId_{1};
+};
+
+// TGI's error body: {"error": message, "error_type": type}.
+std::string errorJson(const std::string& message, const std::string& type);
+
+}  // namespace textgen::router

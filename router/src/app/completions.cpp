@@ -1,0 +1,240 @@
+// POST /v1/completions in OpenAI's format, over the same validation and batchers as /generate.
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "textgen/base/version.h"
+#include "textgen/router/router_app.h"
+
+namespace textgen::router {
+namespace {
+
+using nlohmann::json;
+
+const char* openAiFinish(FinishReason r) {
+  return r == FinishReason::kLength ? "length" : "stop";
+}
+
+int64_t unixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Collects (or streams) the completions of every prompt of one request.
+class CompletionSink final : public std::enable_shared_from_this<CompletionSink> {
+ public:
+  CompletionSink(std::shared_ptr<HttpResponder> responder, std::shared_ptr<HttpStream> stream,
+                 HttpHeaders headers, std::string model, std::vector<uint32_t> promptTokens,
+                 std::function<void()> release, MetricsRegistry& metrics)
+      : responder_(std::move(responder)),
+        stream_(std::move(stream)),
+        headers_(std::move(headers)),
+        model_(std::move(model)),
+        promptTokens_(std::move(promptTokens)),
+        texts_(promptTokens_.size()),
+        finish_(promptTokens_.size()),
+        generated_(promptTokens_.size(), 0),
+        release_(std::move(release)),
+        metrics_(metrics),
+        created_(unixNow()) {}
+
+  void onGeneration(size_t index, const Generation& g,
+                    const std::shared_ptr<RequestControl>& control) {
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    std::string piece;
+    for (const std::string& t : g.tokens.texts) piece += t;
+    texts_[index] += piece;
+    if (g.generatedText) {
+      finish_[index] = openAiFinish(g.generatedText->reason);
+      generated_[index] = g.generatedText->generatedTokens;
+      ++finished_;
+    }
+    if (stream_) {
+      json choice{{"index", index},
+                  {"text", piece},
+                  {"logprobs", nullptr},
+                  {"finish_reason", g.generatedText ? json(finish_[index]) : json(nullptr)}};
+      if (!stream_->write("data: " + dump(chunk(json::array({choice}), "text_completion")) +
+                          "\n\n")) {
+        control->cancelled = true;
+      }
+    }
+    if (finished_ == texts_.size()) complete();
+  }
+
+  void onError(const Status& e) {
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    metrics_.counterAdd("tgi_request_failure", 1, {{"err", "generation"}});
+    if (stream_) {
+      stream_->write("data: " + errorJson(e.message(), "generation") + "\n\n");
+      stream_->close();
+    } else {
+      responder_->reply(424, errorJson(e.message(), "generation"), headers_);
+    }
+    release_();
+  }
+
+ private:
+  json chunk(json choices, const char* object) const {
+    return {{"id", ""},
+            {"object", object},
+            {"created", created_},
+            {"model", model_},
+            {"system_fingerprint", std::string(kVersion) + "-textgen"},
+            {"choices", std::move(choices)}};
+  }
+
+  void complete() {
+    done_ = true;
+    metrics_.counterAdd("tgi_request_success", 1);
+    if (stream_) {
+      stream_->write("data: [DONE]\n\n");
+      stream_->close();
+    } else {
+      json choices = json::array();
+      uint32_t prompt = 0, completion = 0;
+      for (size_t i = 0; i < texts_.size(); ++i) {
+        choices.push_back({{"index", i},
+                           {"text", texts_[i]},
+                           {"logprobs", nullptr},
+                           {"finish_reason", finish_[i]}});
+        prompt += promptTokens_[i];
+        completion += generated_[i];
+      }
+      json out = chunk(choices, "text_completion");
+      out["usage"] = {{"prompt_tokens", prompt},
+                      {"completion_tokens", completion},
+                      {"total_tokens", prompt + completion}};
+      responder_->reply(200, dump(out), headers_);
+    }
+    release_();
+  }
+
+  std::mutex mutex_;
+  std::shared_ptr<HttpResponder> responder_;
+  std::shared_ptr<HttpStream> stream_;
+  HttpHeaders headers_;
+  std::string model_;
+  std::vector<uint32_t> promptTokens_;
+  std::vector<std::string> texts_;
+  std::vector<std::string> finish_;
+  std::vector<uint32_t> generated_;
+  size_t finished_ = 0;
+  bool done_ = false;
+  std::function<void()> release_;
+  MetricsRegistry& metrics_;
+  int64_t created_;
+};
+
+class PromptSink final : public ResponseSink {
+ public:
+  PromptSink(std::shared_ptr<CompletionSink> parent, size_t index,
+             std::shared_ptr<RequestControl> control)
+      : parent_(std::move(parent)), index_(index), control_(std::move(control)) {}
+  void onGeneration(const Generation& g, std::chrono::steady_clock::time_point) override {
+    parent_->onGeneration(index_, g, control_);
+  }
+  void onError(const Status& e) override { parent_->onError(e); }
+
+ private:
+  std::shared_ptr<CompletionSink> parent_;
+  size_t index_;
+  std::shared_ptr<RequestControl> control_;
+};
+
+// OpenAI's request as TGI's GenerateRequest JSON for one prompt.
+StatusOr<json> toGenerate(const json& req, const std::string& prompt) {
+  json p = json::object();
+  auto copy = [&](const char* from, const char* to) {
+    if (req.contains(from) && !req[from].is_null()) p[to] = req[from];
+  };
+  copy("top_p", "top_p");
+  copy("seed", "seed");
+  copy("frequency_penalty", "frequency_penalty");
+  copy("repetition_penalty", "repetition_penalty");
+  p["max_new_tokens"] = req.contains("max_tokens") ? req["max_tokens"] : json(nullptr);
+  // OpenAI samples by default; temperature 0 means greedy.
+  const double temperature = req.contains("temperature") && req["temperature"].is_number()
+                                 ? req["temperature"].get<double>()
+                                 : 1.0;
+  if (temperature > 0) {
+    p["do_sample"] = true;
+    if (req.contains("temperature")) p["temperature"] = temperature;
+  }
+  if (req.contains("stop") && !req["stop"].is_null()) {
+    p["stop"] = req["stop"].is_string() ? json::array({req["stop"]}) : req["stop"];
+  }
+  return json{{"inputs", prompt}, {"parameters", p}};
+}
+
+}  // namespace
+
+void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  metrics_.counterAdd("tgi_request_count");
+  HttpHeaders headers = baseHeaders(request);
+  auto fail = [&](const std::string& message) {
+    metrics_.counterAdd("tgi_request_failure", 1, {{"err", "validation"}});
+    responder->reply(422, errorJson(message, "validation"), headers);
+  };
+  json req = json::parse(request.body, nullptr, false);
+  if (req.is_discarded() || !req.is_object())
+    return fail("Failed to parse the request body as JSON");
+  std::vector<std::string> prompts;
+  if (req.contains("prompt") && req["prompt"].is_string()) {
+    prompts.push_back(req["prompt"].get<std::string>());
+  } else if (req.contains("prompt") && req["prompt"].is_array()) {
+    for (const json& p : req["prompt"]) {
+      if (!p.is_string())
+        return fail(
+            "Failed to deserialize the JSON body into the target type: prompt: expected strings");
+      prompts.push_back(p.get<std::string>());
+    }
+  } else {
+    return fail("Failed to deserialize the JSON body into the target type: missing field `prompt`");
+  }
+  if (prompts.size() > options_.maxClientBatchSize) {
+    return fail("Number of prompts exceeds the maximum allowed batch size of " +
+                std::to_string(options_.maxClientBatchSize));
+  }
+  if (req.contains("suffix") && !req["suffix"].is_null()) return fail("`suffix` is not supported");
+  const bool stream = req.value("stream", false);
+  std::vector<ValidRequest> valid;
+  for (const std::string& prompt : prompts) {
+    auto g = toGenerate(req, prompt);
+    auto parsed = parseGenerateRequest(g->dump());
+    StatusOr<ValidRequest> v = parsed.ok()
+                                   ? validator_.validate(*parsed, stream ? Endpoint::kGenerateStream
+                                                                         : Endpoint::kCompletions)
+                                   : StatusOr<ValidRequest>(parsed.status());
+    if (!v.ok()) return fail(v.status().message());
+    valid.push_back(std::move(*v));
+  }
+  Replica* replica = admit(responder);
+  if (!replica) return;
+  std::shared_ptr<HttpStream> httpStream;
+  if (stream) {
+    headers["Content-Type"] = "text/event-stream";
+    headers["Cache-Control"] = "no-cache";
+    httpStream = responder->startStream(200, headers);
+  }
+  std::vector<uint32_t> promptTokens;
+  for (const ValidRequest& v : valid) promptTokens.push_back(v.inputLength);
+  auto sink = std::make_shared<CompletionSink>(
+      responder, httpStream, headers, req.value("model", options_.modelId), promptTokens,
+      [this] { inFlight_.fetch_sub(1); }, metrics_);
+  for (size_t i = 0; i < valid.size(); ++i) {
+    auto control = std::make_shared<RequestControl>();
+    replica->batcher->submit(nextId_++, std::move(valid[i]), control,
+                             std::make_shared<PromptSink>(sink, i, control));
+  }
+}
+
+}  // namespace textgen::router

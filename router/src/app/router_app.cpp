@@ -1,0 +1,179 @@
+#include "textgen/router/router_app.h"
+
+#include <nlohmann/json.hpp>
+
+#include "textgen/base/version.h"
+
+namespace textgen::router {
+
+using nlohmann::json;
+
+std::string errorJson(const std::string& message, const std::string& type) {
+  return json{{"error", message}, {"error_type", type}}.dump();
+}
+
+RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer,
+                     std::vector<Replica*> replicas, MetricsRegistry& metrics)
+    : options_(std::move(options)),
+      tokenizer_(tokenizer),
+      replicas_(std::move(replicas)),
+      metrics_(metrics),
+      validator_(tokenizer, options_.limits) {
+  const auto duration = tgiDurationBuckets();
+  for (const char* name :
+       {"tgi_request_duration", "tgi_request_validation_duration", "tgi_request_queue_duration",
+        "tgi_request_inference_duration", "tgi_request_mean_time_per_token_duration",
+        "tgi_batch_forward_duration", "tgi_batch_decode_duration", "tgi_batch_inference_duration",
+        "tgi_batch_filter_duration"}) {
+    metrics_.describe(name, name, duration);
+  }
+  metrics_.describe("tgi_request_input_length", "tgi_request_input_length",
+                    tgiLinearBuckets(options_.limits.maxInputTokens));
+  metrics_.describe("tgi_request_generated_tokens", "tgi_request_generated_tokens",
+                    tgiLinearBuckets(options_.limits.maxTotalTokens));
+  metrics_.describe("tgi_request_max_new_tokens", "tgi_request_max_new_tokens",
+                    tgiLinearBuckets(options_.limits.maxTotalTokens));
+  std::vector<double> sizes;
+  for (int i = 1; i <= 1024; ++i) sizes.push_back(i);
+  metrics_.describe("tgi_batch_next_size", "tgi_batch_next_size", sizes);
+  metrics_.gaugeSet("tgi_queue_size", 0);
+  metrics_.gaugeSet("tgi_batch_current_size", 0);
+  metrics_.gaugeSet("tgi_batch_current_max_tokens", 0);
+}
+
+HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
+  HttpHeaders h;
+  const std::string origin = request.header("origin");
+  for (const std::string& allowed : options_.corsAllowOrigins) {
+    if (allowed == "*" || allowed == origin) {
+      h["Access-Control-Allow-Origin"] = allowed == "*" ? "*" : origin;
+      break;
+    }
+  }
+  return h;
+}
+
+Replica* RouterApp::admit(std::shared_ptr<HttpResponder>& responder) {
+  if (inFlight_.fetch_add(1) >= options_.maxConcurrentRequests) {
+    inFlight_.fetch_sub(1);
+    metrics_.counterAdd("tgi_request_failure", 1, {{"err", "overloaded"}});
+    responder->reply(429, errorJson("Model is overloaded", "overloaded"), {});
+    return nullptr;
+  }
+  Replica* best = nullptr;
+  for (Replica* r : replicas_) {
+    if (!best || (r->batcher->healthy() && !best->batcher->healthy()) ||
+        (r->batcher->healthy() == best->batcher->healthy() &&
+         r->batcher->load() < best->batcher->load())) {
+      best = r;
+    }
+  }
+  return best;
+}
+
+void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  const std::string& p = request.path;
+  const bool generation =
+      p == "/generate" || p == "/generate_stream" || p == "/" || p == "/v1/completions";
+  if (request.method == "OPTIONS") {
+    HttpHeaders h = baseHeaders(request);
+    h["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS";
+    h["Access-Control-Allow-Headers"] = "content-type, authorization";
+    responder->reply(200, "", h);
+    return;
+  }
+  if (generation && request.method == "POST" && !options_.apiKey.empty() &&
+      request.header("authorization") != "Bearer " + options_.apiKey) {
+    responder->reply(401, errorJson("Unauthorized", "unauthorized"), baseHeaders(request));
+    return;
+  }
+  if (request.method == "POST" && (p == "/generate" || p == "/")) {
+    if (p == "/") {
+      auto parsed = parseGenerateRequest(request.body);
+      if (parsed.ok() && parsed->stream) {
+        generateStream(request, responder);
+        return;
+      }
+    }
+    generate(request, responder, p == "/");
+  } else if (request.method == "POST" && p == "/generate_stream") {
+    generateStream(request, responder);
+  } else if (request.method == "POST" && p == "/v1/completions") {
+    completions(request, responder);
+  } else if (request.method == "POST" && p == "/tokenize") {
+    tokenize(request, responder);
+  } else if (request.method == "GET" && p == "/info") {
+    info(responder);
+  } else if (request.method == "GET" && p == "/health") {
+    health(responder);
+  } else if (request.method == "GET" && p == "/metrics") {
+    responder->reply(200, metrics_.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
+  } else if (request.method == "GET" && p == "/v1/models") {
+    responder->reply(200,
+                     json{{"object", "list"},
+                          {"data", json::array({{{"id", options_.modelId},
+                                                 {"object", "model"},
+                                                 {"created", 0},
+                                                 {"owned_by", options_.modelId}}})}}
+                         .dump(),
+                     baseHeaders(request));
+  } else {
+    responder->reply(404, errorJson("Not Found", "not_found"), baseHeaders(request));
+  }
+}
+
+void RouterApp::tokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  auto parsed = parseGenerateRequest(request.body);
+  if (!parsed.ok()) {
+    responder->reply(422, errorJson(parsed.status().message(), "validation"), baseHeaders(request));
+    return;
+  }
+  auto e = tokenizer_.encode(parsed->inputs, parsed->addSpecialTokens);
+  if (!e.ok()) {
+    responder->reply(422, errorJson("tokenizer error " + e.status().message(), "validation"),
+                     baseHeaders(request));
+    return;
+  }
+  json out = json::array();
+  for (size_t i = 0; i < e->size(); ++i) {
+    const auto [start, stop] = e->offsets[i];
+    out.push_back({{"id", e->ids[i]},
+                   {"text", parsed->inputs.substr(start, stop - start)},
+                   {"start", start},
+                   {"stop", stop}});
+  }
+  responder->reply(200, out.dump(-1, ' ', false, json::error_handler_t::replace),
+                   baseHeaders(request));
+}
+
+void RouterApp::info(std::shared_ptr<HttpResponder> responder) {
+  const json j{{"model_id", options_.modelId},
+               {"model_sha", nullptr},
+               {"model_pipeline_tag", "text-generation"},
+               {"max_concurrent_requests", options_.maxConcurrentRequests},
+               {"max_best_of", options_.limits.maxBestOf},
+               {"max_stop_sequences", options_.limits.maxStopSequences},
+               {"max_input_tokens", options_.limits.maxInputTokens},
+               {"max_total_tokens", options_.limits.maxTotalTokens},
+               {"validation_workers", 1},
+               {"max_client_batch_size", options_.maxClientBatchSize},
+               {"router", "textgen-router"},
+               {"version", kVersion},
+               {"sha", nullptr},
+               {"docker_label", nullptr}};
+  responder->reply(200, j.dump(), {});
+}
+
+void RouterApp::health(std::shared_ptr<HttpResponder> responder) {
+  // Healthy when a replica's last batch did not fail and its shards answer Health (TGI's health
+  // uses the batches' outcome, and asks the shards when it has none).
+  for (Replica* r : replicas_) {
+    if (r->batcher->healthy() && r->shards->health().ok()) {
+      responder->reply(200, "", {});
+      return;
+    }
+  }
+  responder->reply(503, errorJson("unhealthy", "healthcheck"), {});
+}
+
+}  // namespace textgen::router
