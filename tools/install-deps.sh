@@ -15,6 +15,8 @@ packages=(
   libopenblas-dev libpcre2-dev libutf8proc-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3
+  # metrics exposition checks (promtool) and a real scrape in the router tests
+  prometheus
 )
 
 missing=()

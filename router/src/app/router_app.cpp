@@ -19,23 +19,48 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       replicas_(std::move(replicas)),
       metrics_(metrics),
       validator_(tokenizer, options_.limits) {
+  // TGI's metric names, help texts and bucket layouts (dashboards and autoscaling rules match
+  // them).
   const auto duration = tgiDurationBuckets();
-  for (const char* name :
-       {"tgi_request_duration", "tgi_request_validation_duration", "tgi_request_queue_duration",
-        "tgi_request_inference_duration", "tgi_request_mean_time_per_token_duration",
-        "tgi_batch_forward_duration", "tgi_batch_decode_duration", "tgi_batch_inference_duration",
-        "tgi_batch_filter_duration"}) {
-    metrics_.describe(name, name, duration);
-  }
-  metrics_.describe("tgi_request_input_length", "tgi_request_input_length",
+  const std::pair<const char*, const char*> durations[] = {
+      {"tgi_request_duration", "Total time spent on a request, in seconds"},
+      {"tgi_request_validation_duration", "Time spent validating a request, in seconds"},
+      {"tgi_request_queue_duration", "Time a request waited in the queue, in seconds"},
+      {"tgi_request_inference_duration", "Time spent generating a request's tokens, in seconds"},
+      {"tgi_request_mean_time_per_token_duration",
+       "Mean time per generated token of a request, in seconds"},
+      {"tgi_batch_forward_duration", "Time of a batch's forward pass on the shards, in seconds"},
+      {"tgi_batch_decode_duration",
+       "Time of a batch's sampling and detokenization on the shards, in seconds"},
+      {"tgi_batch_inference_duration", "Time of a batch's Prefill or Decode call, in seconds"},
+      {"tgi_batch_filter_duration", "Time of a FilterBatch call, in seconds"},
+  };
+  for (const auto& [name, help] : durations) metrics_.describe(name, help, duration);
+  metrics_.describe("tgi_request_input_length", "Prompt length of a request, in tokens",
                     tgiLinearBuckets(options_.limits.maxInputTokens));
-  metrics_.describe("tgi_request_generated_tokens", "tgi_request_generated_tokens",
+  metrics_.describe("tgi_request_generated_tokens", "Tokens generated for a request",
                     tgiLinearBuckets(options_.limits.maxTotalTokens));
-  metrics_.describe("tgi_request_max_new_tokens", "tgi_request_max_new_tokens",
+  metrics_.describe("tgi_request_max_new_tokens", "max_new_tokens of a request",
                     tgiLinearBuckets(options_.limits.maxTotalTokens));
   std::vector<double> sizes;
   for (int i = 1; i <= 1024; ++i) sizes.push_back(i);
-  metrics_.describe("tgi_batch_next_size", "tgi_batch_next_size", sizes);
+  metrics_.describe("tgi_batch_next_size", "Requests added to the running batch by one next_batch",
+                    sizes);
+  const std::pair<const char*, const char*> others[] = {
+      {"tgi_request_count", "Requests received"},
+      {"tgi_request_success", "Requests that completed"},
+      {"tgi_request_failure",
+       "Requests that failed, by reason (validation, overloaded, generation, dropped)"},
+      {"tgi_queue_size", "Requests waiting in the queue"},
+      {"tgi_batch_current_size", "Requests in the running batch"},
+      {"tgi_batch_current_max_tokens", "Tokens the running batch may grow to"},
+      {"tgi_batch_max_total_tokens", "Tokens the KV cache holds across a replica's batch"},
+      {"tgi_batch_concat", "Times new requests joined the running batch, by reason"},
+      {"tgi_batch_inference_count", "Prefill and Decode calls to the shards"},
+      {"tgi_batch_inference_success", "Prefill and Decode calls that succeeded"},
+      {"tgi_batch_inference_failure", "Prefill and Decode calls that failed"},
+  };
+  for (const auto& [name, help] : others) metrics_.describe(name, help);
   metrics_.gaugeSet("tgi_queue_size", 0);
   metrics_.gaugeSet("tgi_batch_current_size", 0);
   metrics_.gaugeSet("tgi_batch_current_max_tokens", 0);
