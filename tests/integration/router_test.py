@@ -109,6 +109,17 @@ def test_routes(s):
     toks = json.loads(body)
     check(status == 200 and [t["text"] for t in toks] == ["", "Hello", " world"], f"/tokenize {body}")
     check(request(s.port, "GET", "/nope")[0] == 404, "404")
+    # The OpenAPI document lists exactly what is served: every path and method answers (not 404).
+    status, _, body = request(s.port, "GET", "/api-doc/openapi.json")
+    doc = json.loads(body)
+    check(status == 200 and doc["openapi"].startswith("3."), "openapi.json")
+    for path, methods in doc["paths"].items():
+        for method in methods:
+            payload = {"inputs": "Hi", "parameters": {"max_new_tokens": 1}} if method == "post" else None
+            if path == "/v1/completions":
+                payload = {"model": "m", "prompt": "Hi", "max_tokens": 1}
+            code = request(s.port, method.upper(), path, payload)[0]
+            check(code not in (404, 405), f"OpenAPI lists {method.upper()} {path}, which answers {code}")
 
 
 def test_generate_equals_reference(s):

@@ -133,6 +133,8 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     health(responder);
   } else if (request.method == "GET" && p == "/metrics") {
     responder->reply(200, metrics_.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
+  } else if (request.method == "GET" && p == "/api-doc/openapi.json") {
+    responder->reply(200, openApiDocument(), baseHeaders(request));
   } else if (request.method == "GET" && p == "/v1/models") {
     responder->reply(200,
                      json{{"object", "list"},

@@ -58,6 +58,9 @@ class RouterApp {
   std::atomic<uint64_t> nextId_{1};
 };
 
+// GET /api-doc/openapi.json.
+std::string openApiDocument();
+
 // TGI's error body: {"error": message, "error_type": type}.
 std::string errorJson(const std::string& message, const std::string& type);
 
