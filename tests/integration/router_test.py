@@ -223,6 +223,46 @@ def test_overload(workdir):
         s.close()
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_prometheus_scrape(s, workdir):
+    """A real Prometheus server scrapes /metrics and can query TGI's metrics."""
+    binary = shutil.which("prometheus")
+    check(binary is not None, "prometheus is installed (tools/install-deps.sh)")
+    if not binary:
+        return
+    port = free_port()
+    config = os.path.join(workdir, "prometheus.yml")
+    with open(config, "w") as f:
+        f.write(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: textgen\n"
+                f"    static_configs:\n      - targets: ['127.0.0.1:{s.port}']\n")
+    p = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir}/tsdb",
+                          f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        found = None
+        deadline = time.time() + 60
+        while time.time() < deadline and not found:
+            try:
+                status, _, body = request(port, "GET", "/api/v1/query?query=tgi_request_count", timeout=5)
+                result = json.loads(body)["data"]["result"] if status == 200 else []
+                found = result[0]["value"][1] if result else None
+            except (OSError, ValueError, KeyError):
+                pass
+            if not found:
+                time.sleep(0.2)
+        check(found is not None and float(found) > 0, f"Prometheus scraped tgi_request_count = {found}")
+        status, _, body = request(port, "GET", "/api/v1/targets")
+        health = [t["health"] for t in json.loads(body)["data"]["activeTargets"]] if status == 200 else []
+        check(health == ["up"], f"scrape target health {health}")
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+
+
 def test_shard_death(s):
     results_box = {}
 
@@ -266,8 +306,10 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_disconnect_frees_request, test_promtool, test_shard_death):
+                     test_disconnect_frees_request, test_promtool):
             test(s)
+        test_prometheus_scrape(s, workdir)
+        test_shard_death(s)
     finally:
         s.close()
     test_overload(workdir)
