@@ -19,12 +19,26 @@ packages=(
   prometheus
 )
 
+# Node.js for the third-party client tests (openai, @huggingface/inference); Debian's when none is here.
+command -v node >/dev/null 2>&1 || packages+=(nodejs npm)
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+install_clients() {
+  # The pinned client packages of tests/clients (npm registry); skipped when already installed.
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/clients"
+  if [ ! -d "$dir/node_modules/openai" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+    echo "install-deps: npm ci in tests/clients"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) && touch "$dir/node_modules"
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
+  install_clients
   exit 0
 fi
 
@@ -37,3 +51,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+install_clients

@@ -263,6 +263,19 @@ def test_prometheus_scrape(s, workdir):
         p.wait(timeout=10)
 
 
+def test_node_clients(s):
+    """The npm packages openai and @huggingface/inference, unmodified, against this router."""
+    clients = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients")
+    node = shutil.which("node")
+    installed = os.path.isdir(os.path.join(clients, "node_modules", "openai"))
+    check(node is not None and installed, "node and tests/clients/node_modules (tools/install-deps.sh)")
+    if not (node and installed):
+        return
+    p = subprocess.run([node, "--test", os.path.join(clients, "clients.test.mjs")], capture_output=True, text=True,
+                       env={**os.environ, "TEXTGEN_URL": f"http://127.0.0.1:{s.port}"}, timeout=120)
+    check(p.returncode == 0, f"node client tests: {p.stdout[-3000:]} {p.stderr[-2000:]}")
+
+
 def test_shard_death(s):
     results_box = {}
 
@@ -309,6 +322,7 @@ def main():
                      test_disconnect_frees_request, test_promtool):
             test(s)
         test_prometheus_scrape(s, workdir)
+        test_node_clients(s)
         test_shard_death(s)
     finally:
         s.close()
