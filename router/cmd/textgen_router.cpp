@@ -222,6 +222,17 @@ int run(int argc, char** argv) {
     bo.supportChunking = info->supportChunking;
     bo.blockSize = info->blockSize;
     bo.numBlocks = batchTotal / info->blockSize;
+    // A shard that comes back after a failure starts with no KV cache: redo ClearCache + Warmup.
+    ShardGroup* shards = group->get();
+    const uint32_t prefill = f.maxBatchPrefillTokens, blockSize = info->blockSize;
+    bo.recover = [shards, maxInput, maxTotal, prefill, blockSize]() -> Status {
+      TG_RETURN_IF_ERROR(shards->clearCache(std::nullopt));
+      auto w =
+          shards->warmup(0, warmupBatch(maxInput, prefill, blockSize), maxInput, prefill, maxTotal);
+      if (!w.ok()) return w.status();
+      spdlog::info("replica {} recovered", shards->urls().front());
+      return okStatus();
+    };
     metrics.gaugeSet("tgi_batch_max_total_tokens", batchTotal);
     auto replica = std::make_unique<Replica>();
     replica->shards = std::move(*group);

@@ -294,6 +294,16 @@ def test_shard_death(s):
     status, _, body = request(s.port, "POST", "/generate", {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 4}})
     check(status == 424 and json.loads(body)["error_type"] == "generation", f"424 after the shard died: {status} {body}")
     check(request(s.port, "GET", "/health")[0] == 503, "/health is 503 with the shard gone")
+    # The shard comes back on the same socket: the router re-warms it and serves again.
+    s.shard, _ = start([SHARD, "--model-id", MODEL, "--uds-path", s.shard_addr[len("unix://"):-len("-0")],
+                        "--kv-cache-memory", "8000000", "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")
+    deadline, status, body = time.time() + 30, None, ""
+    while time.time() < deadline and status != 200:
+        status, _, body = generate(s.port, PROMPTS[2], 6)
+        if status != 200:
+            time.sleep(0.1)
+    check(status == 200 and [t["id"] for t in body["details"]["tokens"]] == GREEDY[2][:6], f"served again after recovery: {status}")
+    check(request(s.port, "GET", "/health")[0] == 200, "/health is 200 again")
 
 
 def test_promtool(s):

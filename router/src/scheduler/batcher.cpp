@@ -171,6 +171,12 @@ void Batcher::run() {
     std::vector<BatchEntry> first =
         takeBatch(std::nullopt, options_.maxBatchSize, options_.maxBatchPrefillTokens);
     if (first.empty()) continue;  // not enough blocks yet, or every queued client left
+    if (!healthy_ && options_.recover) {
+      if (Status s = options_.recover(); !s.ok()) {
+        failAll(Status(StatusCode::kInternal, "Request failed during generation: " + s.message()));
+        continue;
+      }
+    }
     std::optional<CachedBatch> cached =
         absorb(shards_.prefill(nextBatchId_++, first, std::nullopt), "prefill");
     uint32_t waitingTokens = 1;

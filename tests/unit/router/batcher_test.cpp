@@ -282,3 +282,41 @@ TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {
 
 }  // namespace
 }  // namespace textgen::router
+
+namespace textgen::router {
+namespace {
+
+TEST(BatcherRecoveryTest, RecoverRunsBeforeTheNextBatchAfterAFailure) {
+  FakeShards shards;
+  std::atomic<int> recoveries{0};
+  std::atomic<bool> recoverFails{true};
+  BatcherOptions o = options(64);
+  o.recover = [&]() -> Status {
+    ++recoveries;
+    return recoverFails ? unavailableError("still down") : okStatus();
+  };
+  Batcher b(shards, o, nullptr);
+  shards.failDecodes = 1;
+  auto first = std::make_shared<Collector>();
+  b.submit(1, request(4, 5), std::make_shared<RequestControl>(), first);
+  ASSERT_TRUE(first->wait());
+  ASSERT_TRUE(first->error.has_value());
+  EXPECT_EQ(recoveries.load(), 0);  // healthy until the failure
+  auto second = std::make_shared<Collector>();
+  b.submit(2, request(4, 5), std::make_shared<RequestControl>(), second);
+  ASSERT_TRUE(second->wait());
+  ASSERT_TRUE(second->error.has_value());  // recovery failed: the request fails, it does not hang
+  EXPECT_NE(second->error->message().find("still down"), std::string::npos);
+  EXPECT_EQ(recoveries.load(), 1);
+  recoverFails = false;
+  auto third = std::make_shared<Collector>();
+  b.submit(3, request(4, 5), std::make_shared<RequestControl>(), third);
+  ASSERT_TRUE(third->wait());
+  EXPECT_EQ(third->tokens, expected(3, 5));
+  EXPECT_EQ(recoveries.load(), 2);
+  EXPECT_TRUE(b.healthy());
+  EXPECT_EQ(b.freeBlocks(), 63u);
+}
+
+}  // namespace
+}  // namespace textgen::router

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,9 @@ struct BatcherOptions {
   bool supportChunking = false;
   uint32_t blockSize = 16;
   uint32_t numBlocks = 1024;
+  // After a shard failure, run before the next batch (ClearCache + Warmup on a restarted shard). A
+  // failure fails that batch's requests and keeps the replica unhealthy.
+  std::function<Status()> recover;
 };
 
 class Batcher {
