@@ -324,6 +324,53 @@ def test_promtool(s):
     check(p.returncode in (0, 3) and not unexpected, f"promtool check metrics: rc {p.returncode}, {unexpected}")
 
 
+def test_replicas(workdir):
+    """Two replicas behind one router: work spreads by load, a dead replica is routed around."""
+    shards = []
+    for i in range(2):
+        p, addr = start([SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, f"rep{i}"), "--kv-cache-memory",
+                         "8000000", "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")
+        shards.append((p, addr))
+    router, url = start([ROUTER, "--tokenizer-name", MODEL, "--shard-master", shards[0][1], "--shard-master", shards[1][1],
+                         "--hostname", "127.0.0.1", "--port", "0", "--max-batch-prefill-tokens", "256", "--log-level", "warn",
+                         "--api-key", "sekret", "--cors-allow-origin", "https://app.example"], "textgen-router ready ")
+    port = int(url.rsplit(":", 1)[1])
+    auth = {"Authorization": "Bearer sekret"}
+    try:
+        status, _, _ = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 2}})
+        check(status == 401, f"missing API key is 401 ({status})")
+        status, headers, _ = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 2}},
+                                     headers={**auth, "Origin": "https://app.example"})
+        check(status == 200 and headers.get("Access-Control-Allow-Origin") == "https://app.example", f"auth + CORS {status}")
+        out = [None] * 8
+
+        def run(i):
+            out[i] = request(port, "POST", "/generate", {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 12, "details": True}},
+                             headers=auth)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(8):
+            ids = [t["id"] for t in json.loads(out[i][2])["details"]["tokens"]] if out[i][0] == 200 else None
+            check(ids == GREEDY[i % 4][:12], f"replicated request {i}: {out[i][0]}")
+        status, _, body = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {
+            "max_new_tokens": 4, "best_of": 2, "do_sample": True, "details": True}}, headers=auth)
+        details = json.loads(body).get("details", {}) if status == 200 else {}
+        check(status == 200 and len(details.get("best_of_sequences", [])) == 1, f"best_of: {status} {body[:200]}")
+        shards[0][0].kill()
+        shards[0][0].wait()
+        codes = [request(port, "POST", "/generate", {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 3}},
+                         headers=auth)[0] for _ in range(6)]
+        check(codes[0] in (200, 424) and codes[1:] == [200] * 5, f"routed around the dead replica: {codes}")
+        check(request(port, "GET", "/health")[0] == 200, "one healthy replica keeps /health at 200")
+    finally:
+        stop(router)
+        for p, _ in shards:
+            stop(p)
+
+
 def main():
     workdir = tempfile.mkdtemp(prefix="textgen-router-test-")
     s = Server(workdir)
@@ -337,6 +384,7 @@ def main():
     finally:
         s.close()
     test_overload(workdir)
+    test_replicas(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
