@@ -171,6 +171,21 @@ def test_stream(s):
     check(status == 200 and len(c["choices"]) == 2 and c["usage"]["completion_tokens"] == 6, f"completions {body}")
 
 
+def test_many_streams(s):
+    """Hundreds of concurrent streams (each HTTP connection must not hold a listener thread)."""
+    out = [None] * 200
+
+    def run(i):
+        out[i] = sse(s.port, "/generate_stream", {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 5}})
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    good = sum(1 for r in out if r and r[0] == 200 and len(r[2]) == 5 and json.loads(r[2][-1])["details"])
+    check(good == 200, f"200 concurrent streams: {good} complete")
+
+
 def test_errors(s):
     status, _, body = request(s.port, "POST", "/generate", {"inputs": "x", "parameters": {"top_p": 1.5}})
     check(status == 422 and json.loads(body) == {"error": "`top_p` must be > 0.0 and < 1.0", "error_type": "validation"},
@@ -376,7 +391,7 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_disconnect_frees_request, test_promtool):
+                     test_many_streams, test_disconnect_frees_request, test_promtool):
             test(s)
         test_prometheus_scrape(s, workdir)
         test_node_clients(s)

@@ -147,20 +147,27 @@ StatusOr<std::unique_ptr<HttpServer>> startHttpServer(const HttpServerOptions& o
                          {});
         return;
       }
-      try {
-        std::vector<unsigned char> body = request.extract_vector().get();
+      // Read the body as a continuation: blocking a listener thread on it starves cpprest's pool
+      // under many concurrent connections (every thread would wait for a read only the pool can
+      // do).
+      request.extract_vector().then([handler, limit, responder, r = std::move(r)](
+                                        pplx::task<std::vector<unsigned char>> t) mutable {
+        std::vector<unsigned char> body;
+        try {
+          body = t.get();
+        } catch (const std::exception&) {
+          responder->reply(
+              400, R"({"error":"Could not read the request body","error_type":"validation"})", {});
+          return;
+        }
         if (body.size() > limit) {
           responder->reply(413, R"({"error":"Payload too large","error_type":"payload_too_large"})",
                            {});
           return;
         }
         r.body.assign(body.begin(), body.end());
-      } catch (const std::exception&) {
-        responder->reply(
-            400, R"({"error":"Could not read the request body","error_type":"validation"})", {});
-        return;
-      }
-      handler(r, responder);
+        handler(r, responder);
+      });
     });
     try {
       listener->open().wait();
