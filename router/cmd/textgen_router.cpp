@@ -8,7 +8,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
@@ -23,6 +25,8 @@ struct Flags {
   std::string tokenizer, modelId, hostname = "0.0.0.0";
   int port = 3000;
   std::vector<std::string> masters;
+  std::string discovery;  // static:a,b | file:/path | dns:name:port
+  uint32_t discoveryIntervalMs = 5000;
   uint32_t maxConcurrentRequests = 128, maxBestOf = 2, maxStopSequences = 4, maxTopNTokens = 5;
   std::optional<uint32_t> maxInputTokens, maxTotalTokens, maxBatchTotalTokens, maxBatchSize;
   uint32_t maxBatchPrefillTokens = 4096, maxWaitingTokens = 20, maxClientBatchSize = 4,
@@ -85,6 +89,12 @@ StatusOr<Flags> parse(int argc, char** argv) {
       f.masters.push_back("unix://" + v);
     } else if (a == "--shard-master") {
       f.masters.push_back(v);
+    } else if (a == "--shard-discovery") {
+      f.discovery = v;
+    } else if (a == "--discovery-interval-ms") {
+      TG_RETURN_IF_ERROR(u32(f.discoveryIntervalMs));
+      if (f.discoveryIntervalMs == 0)
+        return invalidArgumentError("--discovery-interval-ms must be positive");
     } else if (a == "--max-concurrent-requests") {
       TG_RETURN_IF_ERROR(u32(f.maxConcurrentRequests));
     } else if (a == "--max-best-of") {
@@ -127,7 +137,12 @@ StatusOr<Flags> parse(int argc, char** argv) {
     }
   }
   if (f.tokenizer.empty()) return invalidArgumentError("--tokenizer-name DIR is required");
-  if (f.masters.empty()) f.masters.push_back("unix:///tmp/text-generation-server-0");
+  if (!f.discovery.empty() && !f.masters.empty()) {
+    return invalidArgumentError(
+        "give --shard-discovery or --shard-master/--master-shard-uds-path, not both");
+  }
+  if (f.masters.empty() && f.discovery.empty())
+    f.masters.push_back("unix:///tmp/text-generation-server-0");
   if (f.modelId.empty()) f.modelId = f.tokenizer;
   return f;
 }
@@ -178,40 +193,51 @@ int run(int argc, char** argv) {
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer"));
 
   MetricsRegistry metrics;
-  std::vector<std::unique_ptr<Replica>> replicas;
-  uint32_t maxInput = 0, maxTotal = 0;
-  for (const std::string& master : f.masters) {
-    auto group = connectShardGroup(master, std::chrono::seconds(60));
-    if (!group.ok()) return fail(group.status());
-    if (Status s = (*group)->clearCache(std::nullopt); !s.ok()) return fail(s);
-    auto info = (*group)->info();
-    if (!info.ok()) return fail(info.status());
-    // TGI's defaults: the model's context for max_total_tokens, one less for max_input_tokens.
-    maxTotal = f.maxTotalTokens.value_or(std::min<uint32_t>(info->maxPositionEmbeddings, 4096));
-    maxInput = f.maxInputTokens.value_or(maxTotal - 1);
-    if (maxInput >= maxTotal)
-      return fail(invalidArgumentError("`max_input_tokens` must be < `max_total_tokens`"));
-    if (!info->supportChunking && f.maxBatchPrefillTokens < maxInput) {
-      return fail(invalidArgumentError(
-          "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: " +
-          std::to_string(f.maxBatchPrefillTokens) + " and " + std::to_string(maxInput)));
+  // Limits are fixed by the first replica that connects; later ones must fit them.
+  std::mutex limitsMutex;
+  std::optional<std::pair<uint32_t, uint32_t>> limits;  // (max_input_tokens, max_total_tokens)
+  ReplicaSet::Factory factory =
+      [&](const std::string& master) -> StatusOr<std::shared_ptr<Replica>> {
+    TG_ASSIGN_OR_RETURN(auto group, connectShardGroup(master, std::chrono::seconds(60)));
+    TG_RETURN_IF_ERROR(group->clearCache(std::nullopt));
+    TG_ASSIGN_OR_RETURN(ShardInfo info, group->info());
+    uint32_t maxInput, maxTotal;
+    {
+      std::lock_guard lock(limitsMutex);
+      if (!limits) {
+        // TGI's defaults: the model's context for max_total_tokens, one less for max_input_tokens.
+        const uint32_t total =
+            f.maxTotalTokens.value_or(std::min<uint32_t>(info.maxPositionEmbeddings, 4096));
+        limits = std::make_pair(f.maxInputTokens.value_or(total - 1), total);
+      }
+      std::tie(maxInput, maxTotal) = *limits;
     }
-    auto warm = (*group)->warmup(0, warmupBatch(maxInput, f.maxBatchPrefillTokens, info->blockSize),
-                                 maxInput, f.maxBatchPrefillTokens, maxTotal);
-    if (!warm.ok()) return fail(warm.status().withContext("warmup on " + master));
+    if (maxInput >= maxTotal)
+      return invalidArgumentError("`max_input_tokens` must be < `max_total_tokens`");
+    if (info.maxPositionEmbeddings < maxTotal) {
+      return invalidArgumentError(
+          "replica " + master + " allows " + std::to_string(info.maxPositionEmbeddings) +
+          " tokens, fewer than max_total_tokens " + std::to_string(maxTotal));
+    }
+    if (!info.supportChunking && f.maxBatchPrefillTokens < maxInput) {
+      return invalidArgumentError(
+          "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: " +
+          std::to_string(f.maxBatchPrefillTokens) + " and " + std::to_string(maxInput));
+    }
+    auto warm = group->warmup(0, warmupBatch(maxInput, f.maxBatchPrefillTokens, info.blockSize),
+                              maxInput, f.maxBatchPrefillTokens, maxTotal);
+    if (!warm.ok()) return warm.status().withContext("warmup on " + master);
     const uint32_t supported =
         warm->maxSupportedTotalTokens.value_or(f.maxBatchTotalTokens.value_or(16000));
     const uint32_t batchTotal =
         f.maxBatchTotalTokens ? std::min(*f.maxBatchTotalTokens, supported) : supported;
     if (batchTotal < maxTotal) {
-      return fail(
-          invalidArgumentError("`max_batch_total_tokens` (" + std::to_string(batchTotal) +
-                               ", what the KV cache holds) must be >= `max_total_tokens` (" +
-                               std::to_string(maxTotal) + ")"));
+      return invalidArgumentError("`max_batch_total_tokens` (" + std::to_string(batchTotal) +
+                                  ", what the KV cache holds) must be >= `max_total_tokens` (" +
+                                  std::to_string(maxTotal) + ")");
     }
     if (f.maxBatchPrefillTokens > batchTotal) {
-      return fail(
-          invalidArgumentError("`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`"));
+      return invalidArgumentError("`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`");
     }
     BatcherOptions bo;
     bo.maxBatchPrefillTokens = f.maxBatchPrefillTokens;
@@ -219,12 +245,12 @@ int run(int argc, char** argv) {
     if (f.maxBatchSize) bo.maxBatchSize = *f.maxBatchSize;
     bo.waitingServedRatio = f.waitingServedRatio;
     bo.maxWaitingTokens = f.maxWaitingTokens;
-    bo.supportChunking = info->supportChunking;
-    bo.blockSize = info->blockSize;
-    bo.numBlocks = batchTotal / info->blockSize;
+    bo.supportChunking = info.supportChunking;
+    bo.blockSize = info.blockSize;
+    bo.numBlocks = batchTotal / info.blockSize;
     // A shard that comes back after a failure starts with no KV cache: redo ClearCache + Warmup.
-    ShardGroup* shards = group->get();
-    const uint32_t prefill = f.maxBatchPrefillTokens, blockSize = info->blockSize;
+    ShardGroup* shards = group.get();
+    const uint32_t prefill = f.maxBatchPrefillTokens, blockSize = info.blockSize;
     bo.recover = [shards, maxInput, maxTotal, prefill, blockSize]() -> Status {
       TG_RETURN_IF_ERROR(shards->clearCache(std::nullopt));
       auto w =
@@ -234,14 +260,36 @@ int run(int argc, char** argv) {
       return okStatus();
     };
     metrics.gaugeSet("tgi_batch_max_total_tokens", batchTotal);
-    auto replica = std::make_unique<Replica>();
-    replica->shards = std::move(*group);
+    auto replica = std::make_shared<Replica>();
+    replica->master = master;
+    replica->shards = std::move(group);
     replica->batcher = std::make_unique<Batcher>(*replica->shards, bo, &metrics);
     spdlog::info("replica {}: {} rank(s), max_batch_total_tokens {}, block size {}, chunking {}",
-                 master, replica->shards->urls().size(), batchTotal, info->blockSize,
-                 info->supportChunking);
-    replicas.push_back(std::move(replica));
+                 master, replica->shards->urls().size(), batchTotal, info.blockSize,
+                 info.supportChunking);
+    return replica;
+  };
+  ReplicaSet replicas(factory, [&metrics](size_t n) {
+    metrics.gaugeSet("textgen_replicas", static_cast<double>(n));
+  });
+  std::unique_ptr<Discovery> discovery;
+  if (!f.discovery.empty()) {
+    // Wait for a first replica: the limits come from it.
+    while (!gStop) {
+      auto d =
+          Discovery::start(f.discovery, std::chrono::milliseconds(f.discoveryIntervalMs), replicas);
+      if (!d.ok()) return fail(d.status());
+      discovery = std::move(*d);
+      if (!replicas.serving().empty()) break;
+      discovery.reset();
+      spdlog::warn("discovery {}: no replica could be started yet; retrying", f.discovery);
+      std::this_thread::sleep_for(std::chrono::milliseconds(f.discoveryIntervalMs));
+    }
+  } else if (Status s = replicas.update(f.masters); !s.ok()) {
+    return fail(s);
   }
+  if (!limits) return fail(unavailableError("no replica"));
+  const auto [maxInput, maxTotal] = *limits;
   RouterOptions ro;
   ro.modelId = f.modelId;
   ro.maxConcurrentRequests = f.maxConcurrentRequests;
@@ -253,9 +301,7 @@ int run(int argc, char** argv) {
                .maxTotalTokens = maxTotal};
   ro.apiKey = f.apiKey;
   ro.corsAllowOrigins = f.cors;
-  std::vector<Replica*> raw;
-  for (auto& r : replicas) raw.push_back(r.get());
-  RouterApp app(ro, **tok, raw, metrics);
+  RouterApp app(ro, **tok, replicas, metrics);
   auto server =
       startHttpServer({.host = f.hostname, .port = f.port, .payloadLimit = f.payloadLimit},
                       [&app](const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {

@@ -55,7 +55,7 @@ class Server:
         self.router, url = start(
             [ROUTER, "--tokenizer-name", MODEL, "--model-id", "llama-gqa", "--shard-master", self.shard_addr,
              "--hostname", "127.0.0.1", "--port", "0", "--max-batch-prefill-tokens", "256", "--log-level", "warn",
-             *router_flags], "textgen-router ready ")
+             "--max-concurrent-requests", "512", *router_flags], "textgen-router ready ")
         self.port = int(url.rsplit(":", 1)[1])
 
     def close(self):
@@ -386,6 +386,46 @@ def test_replicas(workdir):
             stop(p)
 
 
+def wait_metric(port, line, seconds=30):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if metric(port, line.split()[0]) == line:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_discovery(workdir):
+    """Replicas join and leave while the router runs (a file source re-read every 100 ms)."""
+    shards = {}
+    for name in ("a", "b"):
+        shards[name] = start([SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, f"disc-{name}"),
+                              "--kv-cache-memory", "8000000", "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")
+    source = os.path.join(workdir, "masters.txt")
+    with open(source, "w") as f:
+        f.write(shards["a"][1] + "\n")
+    router, url = start([ROUTER, "--tokenizer-name", MODEL, "--shard-discovery", f"file:{source}", "--discovery-interval-ms",
+                         "100", "--hostname", "127.0.0.1", "--port", "0", "--max-batch-prefill-tokens", "256",
+                         "--log-level", "warn"], "textgen-router ready ")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        check(metric(port, "textgen_replicas") == "textgen_replicas 1", "one replica at start")
+        check(generate(port, PROMPTS[0], 4)[0] == 200, "served by replica a")
+        with open(source, "w") as f:
+            f.write(shards["a"][1] + "\n" + shards["b"][1] + "\n")
+        check(wait_metric(port, "textgen_replicas 2"), "replica b joined")
+        with open(source, "w") as f:
+            f.write(shards["b"][1] + "\n")
+        check(wait_metric(port, "textgen_replicas 1"), "replica a left")
+        stop(shards["a"][0])  # a is gone from the set: nothing may be routed to it any more
+        codes = [generate(port, PROMPTS[1], 3)[0] for _ in range(4)]
+        check(codes == [200] * 4, f"served by replica b after a left: {codes}")
+    finally:
+        stop(router)
+        for p, _ in shards.values():
+            stop(p)
+
+
 def main():
     workdir = tempfile.mkdtemp(prefix="textgen-router-test-")
     s = Server(workdir)
@@ -400,6 +440,7 @@ def main():
         s.close()
     test_overload(workdir)
     test_replicas(workdir)
+    test_discovery(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0

@@ -217,7 +217,7 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
     if (!v.ok()) return fail(v.status().message());
     valid.push_back(std::move(*v));
   }
-  Replica* replica = admit(responder);
+  std::shared_ptr<Replica> replica = admit(responder);
   if (!replica) return;
   std::shared_ptr<HttpStream> httpStream;
   if (stream) {

@@ -13,10 +13,10 @@ std::string errorJson(const std::string& message, const std::string& type) {
 }
 
 RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer,
-                     std::vector<Replica*> replicas, MetricsRegistry& metrics)
+                     ReplicaSet& replicas, MetricsRegistry& metrics)
     : options_(std::move(options)),
       tokenizer_(tokenizer),
-      replicas_(std::move(replicas)),
+      replicas_(replicas),
       metrics_(metrics),
       validator_(tokenizer, options_.limits) {
   // TGI's metric names, help texts and bucket layouts (dashboards and autoscaling rules match
@@ -59,6 +59,7 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       {"tgi_batch_inference_count", "Prefill and Decode calls to the shards"},
       {"tgi_batch_inference_success", "Prefill and Decode calls that succeeded"},
       {"tgi_batch_inference_failure", "Prefill and Decode calls that failed"},
+      {"textgen_replicas", "Replicas the router is serving (discovery adds and drains them)"},
   };
   for (const auto& [name, help] : others) metrics_.describe(name, help);
   metrics_.gaugeSet("tgi_queue_size", 0);
@@ -78,22 +79,19 @@ HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
   return h;
 }
 
-Replica* RouterApp::admit(std::shared_ptr<HttpResponder>& responder) {
+std::shared_ptr<Replica> RouterApp::admit(std::shared_ptr<HttpResponder>& responder) {
   if (inFlight_.fetch_add(1) >= options_.maxConcurrentRequests) {
     inFlight_.fetch_sub(1);
     metrics_.counterAdd("tgi_request_failure", 1, {{"err", "overloaded"}});
     responder->reply(429, errorJson("Model is overloaded", "overloaded"), {});
     return nullptr;
   }
-  Replica* best = nullptr;
-  for (Replica* r : replicas_) {
-    if (!best || (r->batcher->healthy() && !best->batcher->healthy()) ||
-        (r->batcher->healthy() == best->batcher->healthy() &&
-         r->batcher->load() < best->batcher->load())) {
-      best = r;
-    }
+  std::shared_ptr<Replica> replica = replicas_.pick();
+  if (!replica) {
+    inFlight_.fetch_sub(1);
+    responder->reply(503, errorJson("No replica is serving", "unhealthy"), {});
   }
-  return best;
+  return replica;
 }
 
 void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
@@ -194,7 +192,7 @@ void RouterApp::info(std::shared_ptr<HttpResponder> responder) {
 void RouterApp::health(std::shared_ptr<HttpResponder> responder) {
   // Healthy when a replica's last batch did not fail and its shards answer Health (TGI's health
   // uses the batches' outcome, and asks the shards when it has none).
-  for (Replica* r : replicas_) {
+  for (const auto& r : replicas_.serving()) {
     if (r->batcher->healthy() && r->shards->health().ok()) {
       responder->reply(200, "", {});
       return;

@@ -9,6 +9,7 @@
 #include "textgen/router/batcher.h"
 #include "textgen/router/http_server.h"
 #include "textgen/router/metrics.h"
+#include "textgen/router/replica_set.h"
 #include "textgen/router/validation.h"
 #include "textgen/tokenizer/tokenizer.h"
 
@@ -23,16 +24,10 @@ struct RouterOptions {
   std::vector<std::string> corsAllowOrigins;
 };
 
-// One replica: its shards and its batcher.
-struct Replica {
-  std::unique_ptr<ShardGroup> shards;
-  std::unique_ptr<Batcher> batcher;
-};
-
 class RouterApp {
  public:
-  RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer,
-            std::vector<Replica*> replicas, MetricsRegistry& metrics);
+  RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer, ReplicaSet& replicas,
+            MetricsRegistry& metrics);
 
   void handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
 
@@ -45,13 +40,13 @@ class RouterApp {
   void info(std::shared_ptr<HttpResponder> responder);
   void health(std::shared_ptr<HttpResponder> responder);
 
-  // Admission and replica choice; nullptr and a 429 already sent when over capacity.
-  Replica* admit(std::shared_ptr<HttpResponder>& responder);
+  // Admission and replica choice; nullptr and a 429 (or 503 without replicas) already sent.
+  std::shared_ptr<Replica> admit(std::shared_ptr<HttpResponder>& responder);
   HttpHeaders baseHeaders(const HttpRequest& request) const;
 
   RouterOptions options_;
   const tokenizer::Tokenizer& tokenizer_;
-  std::vector<Replica*> replicas_;
+  ReplicaSet& replicas_;
   MetricsRegistry& metrics_;
   Validator validator_;
   std::atomic<uint32_t> inFlight_{0};
