@@ -259,25 +259,25 @@ TEST(BatcherTest, ShardFailureFailsInFlightRequestsAndHealthRecovers) {
 TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {
   FakeShards shards;
   MetricsRegistry metrics;
-  // A running batch of 4 with ratio 0.5 wants at least 2 waiting requests before pausing it.
+  // A running batch of 4 with ratio 0.5 wants at least 2 waiting requests before pausing it for a
+  // prefill; a lone request joins once max_waiting_tokens steps have passed.
   Batcher b(shards, options(256, false, 4096, 0.5f, 5), &metrics);
   std::vector<std::shared_ptr<Collector>> running;
   std::shared_ptr<Collector> late = std::make_shared<Collector>();
-  for (uint64_t id = 1; id <= 4; ++id) {
-    running.push_back(std::make_shared<Collector>());
-    b.submit(id, request(4, 30), std::make_shared<RequestControl>(), running.back());
-  }
-  // Request 10 arrives once the first batch has produced 2 tokens.
+  for (uint64_t id = 1; id <= 4; ++id) running.push_back(std::make_shared<Collector>());
+  // Installed before any submit: the batcher thread reads it. Request 10 arrives after 2 tokens.
   running[0]->onToken = [&](size_t n) {
     if (n == 2) b.submit(10, request(4, 3), std::make_shared<RequestControl>(), late);
   };
+  for (uint64_t id = 1; id <= 4; ++id)
+    b.submit(id, request(4, 30), std::make_shared<RequestControl>(), running[id - 1]);
   ASSERT_TRUE(late->wait());
   for (auto& r : running) ASSERT_TRUE(r->wait());
   EXPECT_EQ(late->tokens, expected(10, 3));
-  // It joined only when the wait limit was exceeded, not by backpressure.
+  // It joined because the wait limit was exceeded. (How the first four were batched depends on
+  // thread timing; min_size itself is covered by QueueTest.MinAndMaxSize.)
   const std::string text = metrics.render();
-  EXPECT_NE(text.find("tgi_batch_concat{reason=\"wait_exceeded\"} 1"), std::string::npos) << text;
-  EXPECT_EQ(text.find("reason=\"backpressure\""), std::string::npos);
+  EXPECT_NE(text.find("tgi_batch_concat{reason=\"wait_exceeded\"}"), std::string::npos) << text;
 }
 
 }  // namespace
