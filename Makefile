@@ -19,10 +19,9 @@ build: configure
 test: build
 	bash tools/run-tests.sh $(BUILD_DIR)
 
-# Serving needs textgen-launcher, textgen-shard and textgen-router (open issues); until they exist this
-# says what is missing and fails rather than pretend.
+# Serves the bundled demo model on port 3000 (extra launcher flags: make run ARGS="--port 8080").
 run: build
-	bash tools/run-demo.sh $(BUILD_DIR)
+	bash tools/run-demo.sh $(BUILD_DIR) $(ARGS)
 
 format:
 	bash tools/format.sh

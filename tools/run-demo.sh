@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make run`: serve the bundled demo model with textgen-launcher. Until the launcher and router exist
-# it names what is missing and exits non-zero — it never pretends to serve.
+# `make run`: serve the bundled demo model (models/demo) with textgen-launcher on port 3000. If a part
+# is missing from the build it names it and exits non-zero — it never pretends to serve.
 set -euo pipefail
 build=${1:-build}
 declare -A what=(
@@ -17,4 +17,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   for bin in "${missing[@]}"; do echo "  $bin — ${what[$bin]}" >&2; done
   exit 1
 fi
-exec "$build/textgen-launcher" "$@"
+# The demo model on port 3000 (override with `make run ARGS="--port 8080"`); the launcher prints a
+# curl command that works.
+exec "$build/textgen-launcher" --port 3000 "$@"

@@ -1,0 +1,309 @@
+// textgen-launcher: runs textgen on one machine without Kubernetes, with TGI's launcher flags and
+// environment variables (each --foo-bar also reads FOO_BAR). With no --model-id it serves the demo
+// model that ships in the repo (models/demo).
+//
+// It starts the shards (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and waits for each, starts the
+// router, prints a curl command, forwards SIGTERM/SIGINT, and when any part dies it stops the
+// others and exits non-zero with that part's last log lines.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "textgen/base/version.h"
+#include "textgen/launcher/child_process.h"
+
+namespace {
+
+using namespace textgen;
+using textgen::launcher::ChildProcess;
+namespace fs = std::filesystem;
+
+enum class Kind { kValue, kSwitch, kRouter, kRouterSwitch, kUnsupported };
+
+struct FlagSpec {
+  const char* name;
+  Kind kind;
+  const char* why = "";  // kUnsupported: why it is refused
+};
+
+// TGI's launcher flags. kRouter values pass through to textgen-router unchanged.
+const FlagSpec kFlags[] = {
+    {"model-id", Kind::kValue},
+    {"revision", Kind::kUnsupported,
+     "hub revisions need the hub download, which is not implemented yet (give a local directory)"},
+    {"sharded", Kind::kValue},
+    {"num-shard", Kind::kValue},
+    {"quantize", Kind::kUnsupported, "quantization is not implemented yet"},
+    {"dtype", Kind::kValue},
+    {"max-concurrent-requests", Kind::kRouter},
+    {"max-best-of", Kind::kRouter},
+    {"max-stop-sequences", Kind::kRouter},
+    {"max-top-n-tokens", Kind::kRouter},
+    {"max-input-tokens", Kind::kRouter},
+    {"max-input-length", Kind::kRouter},
+    {"max-total-tokens", Kind::kRouter},
+    {"waiting-served-ratio", Kind::kRouter},
+    {"max-batch-prefill-tokens", Kind::kRouter},
+    {"max-batch-total-tokens", Kind::kRouter},
+    {"max-waiting-tokens", Kind::kRouter},
+    {"max-batch-size", Kind::kRouter},
+    {"hostname", Kind::kValue},
+    {"port", Kind::kValue},
+    {"shard-uds-path", Kind::kValue},
+    {"master-addr", Kind::kValue},
+    {"master-port", Kind::kValue},
+    {"huggingface-hub-cache", Kind::kUnsupported,
+     "the hub download cache needs the hub download, which is not implemented yet"},
+    {"weights-cache-override", Kind::kUnsupported,
+     "it applies to hub downloads, which are not implemented yet"},
+    {"disable-custom-kernels", Kind::kUnsupported,
+     "the CPU backend has no custom kernels to disable (the CUDA backend is not built yet)"},
+    {"cuda-memory-fraction", Kind::kUnsupported, "the CUDA backend is not built yet"},
+    {"cuda-graphs", Kind::kUnsupported, "the CUDA backend is not built yet"},
+    {"rope-scaling", Kind::kUnsupported,
+     "overriding the model's RoPE scaling is not implemented yet"},
+    {"rope-factor", Kind::kUnsupported,
+     "overriding the model's RoPE scaling is not implemented yet"},
+    {"json-output", Kind::kRouterSwitch},
+    {"otlp-endpoint", Kind::kUnsupported, "tracing (OpenTelemetry) is not implemented yet"},
+    {"cors-allow-origin", Kind::kRouter},
+    {"watermark-gamma", Kind::kUnsupported, "watermarking is not implemented yet"},
+    {"watermark-delta", Kind::kUnsupported, "watermarking is not implemented yet"},
+    {"api-key", Kind::kRouter},
+    {"payload-limit", Kind::kRouter},
+    {"validation-workers", Kind::kRouter},
+    {"max-client-batch-size", Kind::kRouter},
+    {"graceful-termination-timeout", Kind::kValue},
+    {"trust-remote-code", Kind::kSwitch},
+    {"kv-cache-memory", Kind::kValue},  // textgen: the CPU KV pool budget (fraction or bytes)
+    {"log-level", Kind::kValue},
+};
+
+std::atomic<int> gSignal{0};
+
+const FlagSpec* findFlag(const std::string& name) {
+  for (const FlagSpec& f : kFlags) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+std::string envName(const std::string& flag) {
+  std::string e;
+  for (char c : flag)
+    e += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return e;
+}
+
+int usage(const std::string& problem) {
+  std::fprintf(stderr, "textgen-launcher: %s\nflags:", problem.c_str());
+  for (const FlagSpec& f : kFlags) std::fprintf(stderr, " --%s", f.name);
+  std::fprintf(stderr, "\n");
+  return 2;
+}
+
+fs::path selfDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return fs::current_path();
+  buf[n] = '\0';
+  return fs::path(buf).parent_path();
+}
+
+int run(int argc, char** argv) {
+  std::map<std::string, std::vector<std::string>> values;
+  std::set<std::string> switches;
+  // Environment first (TGI's clap env), then the command line.
+  for (const FlagSpec& f : kFlags) {
+    if (const char* v = std::getenv(envName(f.name).c_str()); v && *v) {
+      if (f.kind == Kind::kSwitch || f.kind == Kind::kRouterSwitch) {
+        if (std::string(v) == "true" || std::string(v) == "1") switches.insert(f.name);
+      } else if (std::string(f.name) != "port" || std::getenv("TEXTGEN_LAUNCHER_PORT_FROM_ENV")) {
+        // PORT is commonly set by other tools; only --port or TEXTGEN_LAUNCHER_PORT_FROM_ENV honour
+        // it.
+        values[f.name] = {v};
+      }
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--version") {
+      std::printf("textgen-launcher %s\n", kVersion);
+      return 0;
+    }
+    if (a.rfind("--", 0) != 0) return usage("unexpected argument '" + a + "'");
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const FlagSpec* f = findFlag(name);
+    if (!f) return usage("unknown flag --" + name);
+    if (f->kind == Kind::kSwitch || f->kind == Kind::kRouterSwitch) {
+      switches.insert(name);
+      continue;
+    }
+    if (eq == std::string::npos) {
+      if (i + 1 >= argc) return usage("--" + name + " needs a value");
+      value = argv[++i];
+    }
+    if (f->kind == Kind::kUnsupported)
+      return usage("--" + name + " is not supported: " + std::string(f->why));
+    if (name == "cors-allow-origin") {
+      values[name].push_back(value);
+    } else {
+      values[name] = {value};
+    }
+  }
+  for (const auto& [name, v] : values) {
+    if (const FlagSpec* f = findFlag(name); f && f->kind == Kind::kUnsupported) {
+      return usage(envName(name) + " is set, but it is not supported: " + std::string(f->why));
+    }
+  }
+  if (switches.contains("trust-remote-code")) {
+    return usage(
+        "--trust-remote-code is refused: textgen never runs code from a model repository; "
+        "it serves the architectures it implements from their weights alone");
+  }
+  auto get = [&](const std::string& n, const std::string& fallback) {
+    return values.contains(n) ? values[n].front() : fallback;
+  };
+  // The model: a local directory (hub ids need the download that lands with the hub issue).
+  const fs::path demo = std::getenv("TEXTGEN_DEMO_MODEL")
+                            ? fs::path(std::getenv("TEXTGEN_DEMO_MODEL"))
+                            : fs::path(TEXTGEN_DEMO_MODEL);
+  const std::string modelId = get("model-id", "");
+  const fs::path modelDir = modelId.empty() ? demo : fs::path(modelId);
+  if (!fs::is_directory(modelDir)) {
+    return usage("--model-id '" + modelId +
+                 "' is not a local directory; downloading hub models is not implemented yet");
+  }
+  if (!fs::exists(modelDir / "config.json"))
+    return usage(modelDir.string() + " has no config.json");
+  const std::string served = modelId.empty() ? "textgen-demo" : modelId;
+  int numShard = std::atoi(get("num-shard", "1").c_str());
+  if (get("sharded", "false") == "true" && !values.contains("num-shard")) numShard = 2;
+  if (numShard != 1)
+    return usage("--num-shard " + std::to_string(numShard) +
+                 ": tensor parallelism is not implemented yet (use 1)");
+  if (const std::string d = get("dtype", ""); !d.empty() && d != "float32") {
+    return usage("--dtype " + d + ": the CPU backend computes in float32");
+  }
+  const std::string uds = get("shard-uds-path", "/tmp/text-generation-server");
+  const std::string masterAddr = get("master-addr", "localhost"),
+                    masterPort = get("master-port", "29500");
+  const auto grace =
+      std::chrono::seconds(std::atoi(get("graceful-termination-timeout", "90").c_str()));
+  const std::string logLevel = get("log-level", "info");
+  const fs::path bin = selfDir();
+
+  std::signal(SIGTERM, [](int s) { gSignal = s; });
+  std::signal(SIGINT, [](int s) { gSignal = s; });
+
+  std::vector<std::unique_ptr<ChildProcess>> parts;
+  auto fail = [&](const std::string& what, const ChildProcess* culprit) {
+    std::fprintf(stderr, "textgen-launcher: %s\n", what.c_str());
+    if (culprit)
+      std::fprintf(stderr, "  last lines of %s:\n%s", culprit->name().c_str(),
+                   culprit->lastLines().c_str());
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) (*it)->stop(std::chrono::seconds(5));
+    return 1;
+  };
+  for (int rank = 0; rank < numShard; ++rank) {
+    std::vector<std::string> args{(bin / "textgen-shard").string(),
+                                  "--model-id",
+                                  modelDir.string(),
+                                  "--uds-path",
+                                  uds,
+                                  "--log-level",
+                                  logLevel};
+    if (values.contains("kv-cache-memory")) {
+      args.push_back("--kv-cache-memory");
+      args.push_back(values["kv-cache-memory"].front());
+    }
+    if (switches.contains("json-output")) args.push_back("--json-output");
+    auto shard = ChildProcess::start("textgen-shard rank " + std::to_string(rank), args,
+                                     {{"RANK", std::to_string(rank)},
+                                      {"WORLD_SIZE", std::to_string(numShard)},
+                                      {"MASTER_ADDR", masterAddr},
+                                      {"MASTER_PORT", masterPort}});
+    if (!shard.ok()) return fail(shard.status().message(), nullptr);
+    parts.push_back(std::move(*shard));
+    auto ready = parts.back()->waitReady("textgen-shard ready ", std::chrono::seconds(600));
+    if (!ready.ok()) return fail(ready.status().message(), parts.back().get());
+  }
+  std::vector<std::string> routerArgs{(bin / "textgen-router").string(),
+                                      "--tokenizer-name",
+                                      modelDir.string(),
+                                      "--model-id",
+                                      served,
+                                      "--master-shard-uds-path",
+                                      uds + "-0",
+                                      "--hostname",
+                                      get("hostname", "0.0.0.0"),
+                                      "--port",
+                                      get("port", "3000"),
+                                      "--log-level",
+                                      logLevel};
+  for (const FlagSpec& f : kFlags) {
+    if (f.kind == Kind::kRouter && values.contains(f.name)) {
+      for (const std::string& v : values[f.name]) {
+        routerArgs.push_back(std::string("--") + f.name);
+        routerArgs.push_back(v);
+      }
+    }
+    if (f.kind == Kind::kRouterSwitch && switches.contains(f.name))
+      routerArgs.push_back(std::string("--") + f.name);
+  }
+  auto router = ChildProcess::start("textgen-router", routerArgs, {});
+  if (!router.ok()) return fail(router.status().message(), nullptr);
+  parts.push_back(std::move(*router));
+  auto url = parts.back()->waitReady("textgen-router ready ", std::chrono::seconds(600));
+  if (!url.ok()) return fail(url.status().message(), parts.back().get());
+  std::string local = *url;
+  if (local.find("0.0.0.0") != std::string::npos)
+    local.replace(local.find("0.0.0.0"), 7, "127.0.0.1");
+  std::printf("textgen-launcher ready %s\n", url->c_str());
+  std::printf(
+      "serving %s; try:\n  curl %s/generate -X POST -H 'Content-Type: application/json' "
+      "-d '{\"inputs\":\"To open a file\",\"parameters\":{\"max_new_tokens\":40}}'\n",
+      served.c_str(), local.c_str());
+  std::fflush(stdout);
+
+  while (true) {
+    if (gSignal) {
+      std::fprintf(stderr, "textgen-launcher: signal %d: stopping (graceful timeout %lld s)\n",
+                   gSignal.load(), static_cast<long long>(grace.count()));
+      // The router first (it stops taking requests), then the shards.
+      int worst = 0;
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        const int s = (*it)->stop(std::chrono::duration_cast<std::chrono::milliseconds>(grace));
+        if (s != 0 && s != 128 + SIGTERM) worst = s;
+      }
+      return worst == 0 ? 0 : 1;
+    }
+    for (auto& p : parts) {
+      if (auto status = p->poll()) {
+        return fail(p->name() + " exited with status " + std::to_string(*status), p.get());
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run(argc, argv);
+}
