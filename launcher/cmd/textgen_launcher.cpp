@@ -21,11 +21,15 @@
 
 #include "textgen/base/version.h"
 #include "textgen/launcher/child_process.h"
+#include "textgen/launcher/hub.h"
 
 namespace {
 
 using namespace textgen;
 using textgen::launcher::ChildProcess;
+using textgen::launcher::HubOptions;
+using textgen::launcher::hubOptionsFromEnv;
+using textgen::launcher::resolveModel;
 namespace fs = std::filesystem;
 
 enum class Kind { kValue, kSwitch, kRouter, kRouterSwitch, kUnsupported };
@@ -39,8 +43,7 @@ struct FlagSpec {
 // TGI's launcher flags. kRouter values pass through to textgen-router unchanged.
 const FlagSpec kFlags[] = {
     {"model-id", Kind::kValue},
-    {"revision", Kind::kUnsupported,
-     "hub revisions need the hub download, which is not implemented yet (give a local directory)"},
+    {"revision", Kind::kValue},
     {"sharded", Kind::kValue},
     {"num-shard", Kind::kValue},
     {"quantize", Kind::kUnsupported, "quantization is not implemented yet"},
@@ -62,10 +65,9 @@ const FlagSpec kFlags[] = {
     {"shard-uds-path", Kind::kValue},
     {"master-addr", Kind::kValue},
     {"master-port", Kind::kValue},
-    {"huggingface-hub-cache", Kind::kUnsupported,
-     "the hub download cache needs the hub download, which is not implemented yet"},
+    {"huggingface-hub-cache", Kind::kValue},
     {"weights-cache-override", Kind::kUnsupported,
-     "it applies to hub downloads, which are not implemented yet"},
+     "the safetensors weights are served from the hub cache as they are (no conversion step)"},
     {"disable-custom-kernels", Kind::kUnsupported,
      "the CPU backend has no custom kernels to disable (the CUDA backend is not built yet)"},
     {"cuda-memory-fraction", Kind::kUnsupported, "the CUDA backend is not built yet"},
@@ -120,9 +122,41 @@ fs::path selfDir() {
   return fs::path(buf).parent_path();
 }
 
+// `textgen-launcher download-weights <model-id> [--revision R]`: fill the hub cache and print the
+// snapshot directory (for an init container, or to prepare a machine that will run offline).
+int downloadWeights(int argc, char** argv) {
+  std::string modelId, revision;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--revision" && i + 1 < argc) {
+      revision = argv[++i];
+    } else if (a.rfind("--revision=", 0) == 0) {
+      revision = a.substr(11);
+    } else if (a.rfind("--", 0) != 0 && modelId.empty()) {
+      modelId = a;
+    } else {
+      std::fprintf(stderr, "textgen-launcher download-weights: unexpected argument '%s'\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (modelId.empty()) {
+    std::fprintf(stderr, "usage: textgen-launcher download-weights <model-id> [--revision R]\n");
+    return 2;
+  }
+  auto snapshot = resolveModel(modelId, revision, hubOptionsFromEnv());
+  if (!snapshot.ok()) {
+    std::fprintf(stderr, "textgen-launcher: %s\n", snapshot.status().message().c_str());
+    return 1;
+  }
+  std::printf("%s\n", snapshot->c_str());
+  return 0;
+}
+
 int run(int argc, char** argv) {
   std::map<std::string, std::vector<std::string>> values;
   std::set<std::string> switches;
+  if (argc > 1 && std::string(argv[1]) == "download-weights") return downloadWeights(argc, argv);
   // Environment first (TGI's clap env), then the command line.
   for (const FlagSpec& f : kFlags) {
     if (const char* v = std::getenv(envName(f.name).c_str()); v && *v) {
@@ -179,15 +213,21 @@ int run(int argc, char** argv) {
   auto get = [&](const std::string& n, const std::string& fallback) {
     return values.contains(n) ? values[n].front() : fallback;
   };
-  // The model: a local directory (hub ids need the download that lands with the hub issue).
+  // The model: a local directory, or a hub id resolved in (and downloaded into) the hub cache.
   const fs::path demo = std::getenv("TEXTGEN_DEMO_MODEL")
                             ? fs::path(std::getenv("TEXTGEN_DEMO_MODEL"))
                             : fs::path(TEXTGEN_DEMO_MODEL);
   const std::string modelId = get("model-id", "");
-  const fs::path modelDir = modelId.empty() ? demo : fs::path(modelId);
-  if (!fs::is_directory(modelDir)) {
-    return usage("--model-id '" + modelId +
-                 "' is not a local directory; downloading hub models is not implemented yet");
+  fs::path modelDir = modelId.empty() ? demo : fs::path(modelId);
+  if (!modelId.empty() && !fs::is_directory(modelDir)) {
+    HubOptions hub = hubOptionsFromEnv();
+    if (values.contains("huggingface-hub-cache")) hub.cacheDir = get("huggingface-hub-cache", "");
+    auto snapshot = resolveModel(modelId, get("revision", ""), hub);
+    if (!snapshot.ok()) {
+      std::fprintf(stderr, "textgen-launcher: %s\n", snapshot.status().message().c_str());
+      return 1;
+    }
+    modelDir = *snapshot;
   }
   if (!fs::exists(modelDir / "config.json"))
     return usage(modelDir.string() + " has no config.json");

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""textgen-launcher's hub download against a local server with the hub's URL layout:
+/api/models/<id>/revision/<rev>?blobs=true, /<id>/resolve/<commit>/<file> answered by a redirect to
+a CDN path that honours Range. Checks: a download into the HF cache layout (refs/, snapshots/), an
+interrupted transfer resumed with Range, files the shard does not need skipped, a gated model
+refused without / with a bad HF_TOKEN (401, named) and served with the right one, an unknown model
+and revision (404), a corrupted blob (sha256 mismatch, not installed), a second run with the hub
+gone served from the cache, and the launcher serving a hub id end to end.
+Usage: hub_test.py LAUNCHER MODEL_DIR"""
+import hashlib
+import http.client
+import http.server
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+LAUNCHER, MODEL_DIR = sys.argv[1], sys.argv[2]
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TOKEN = "hf_textgen_test_token"
+results = {"passed": 0, "failed": 0}
+
+
+def check(cond, what):
+    results["passed" if cond else "failed"] += 1
+    if not cond:
+        print("FAIL:", what, flush=True)
+
+
+FILES = {n: open(os.path.join(MODEL_DIR, n), "rb").read() for n in sorted(os.listdir(MODEL_DIR))
+         if n.endswith(".json") or n.endswith(".safetensors")}
+FILES.pop("reference.json", None)
+# Repos: public, gated (needs TOKEN), corrupt (the hub's sha256 does not match the blob).
+REPOS = {"textgen-test/llama-gqa": {}, "textgen-test/gated": {"gated": True}, "textgen-test/corrupt": {"corrupt": True}}
+
+
+class Hub(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    log = []
+    cut_once = {"model.safetensors"}  # the first full transfer of these is cut halfway
+
+    def log_message(self, *a):
+        pass
+
+    def reply(self, status, body=b"", headers=None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def authorized(self, repo):
+        if not REPOS[repo].get("gated"):
+            return True
+        return self.headers.get("Authorization") == "Bearer " + TOKEN
+
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        Hub.log.append((path, self.headers.get("Range"), self.headers.get("Authorization")))
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["api", "models"] and len(parts) == 6 and parts[4] == "revision":
+            repo = parts[2] + "/" + parts[3]
+            if repo not in REPOS or parts[5] not in ("main", COMMIT):
+                return self.reply(404, b'{"error":"Repository not found"}')
+            if not self.authorized(repo):
+                return self.reply(401, b'{"error":"Invalid credentials in Authorization header"}')
+            siblings = [{"rfilename": "README.md", "size": 10}, {"rfilename": "original/consolidated.00.pth", "size": 99}]
+            for name, data in FILES.items():
+                s = {"rfilename": name, "size": len(data)}
+                if name.endswith(".safetensors"):
+                    sha = hashlib.sha256(data).hexdigest()
+                    if REPOS[repo].get("corrupt"):
+                        sha = "0" * 64
+                    s["lfs"] = {"sha256": sha, "size": len(data), "pointerSize": 134}
+                siblings.append(s)
+            body = json.dumps({"id": repo, "sha": COMMIT, "siblings": siblings}).encode()
+            return self.reply(200, body, {"Content-Type": "application/json"})
+        if len(parts) >= 5 and parts[2] == "resolve":
+            repo, name = parts[0] + "/" + parts[1], "/".join(parts[4:])
+            if repo not in REPOS or name not in FILES:
+                return self.reply(404, b"Entry not found")
+            if not self.authorized(repo):
+                return self.reply(401, b"Unauthorized")
+            # Files go to the CDN, another host ("localhost" rather than 127.0.0.1), like the hub's 302
+            # to a signed URL: the token must not follow.
+            port = self.server.server_address[1]
+            return self.reply(302, b"", {"Location": f"http://localhost:{port}/cdn/{name}?X-Signature=abc"})
+        if parts[0] == "cdn":
+            name = "/".join(parts[1:])
+            if self.headers.get("Authorization"):
+                return self.reply(400, b"the CDN must not get the hub token")
+            data = FILES[name]
+            start = 0
+            rng = self.headers.get("Range")
+            if rng:
+                start = int(rng.split("=")[1].split("-")[0])
+            if name in Hub.cut_once and start == 0:
+                Hub.cut_once.discard(name)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            if rng:
+                return self.reply(206, data[start:], {"Content-Range": f"bytes {start}-{len(data)-1}/{len(data)}"})
+            return self.reply(200, data)
+        self.reply(404, b"no route")
+
+
+def download(endpoint, cache, model, token=None, revision=None):
+    env = dict(os.environ, HF_ENDPOINT=endpoint, HUGGINGFACE_HUB_CACHE=cache)
+    env.pop("HF_TOKEN", None)
+    if token:
+        env["HF_TOKEN"] = token
+    cmd = [LAUNCHER, "download-weights", model] + (["--revision", revision] if revision else [])
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def main():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    cache = tempfile.mkdtemp(prefix="textgen-hub-")
+
+    r = download(endpoint, cache, "textgen-test/llama-gqa")
+    check(r.returncode == 0, f"download: {r.returncode} {r.stderr[-800:]}")
+    snap = r.stdout.strip()
+    repo = os.path.join(cache, "models--textgen-test--llama-gqa")
+    check(snap == os.path.join(repo, "snapshots", COMMIT), f"snapshot path {snap}")
+    check(open(os.path.join(repo, "refs", "main")).read().strip() == COMMIT, "refs/main holds the commit")
+    for name, data in FILES.items():
+        p = os.path.join(snap, name)
+        check(os.path.exists(p) and open(p, "rb").read() == data, f"{name} downloaded intact")
+    check(not os.path.exists(os.path.join(snap, "README.md")) and not os.path.exists(os.path.join(snap, "original")),
+          "files the shard does not need are skipped")
+    check(not [f for f in os.listdir(snap) if f.endswith(".incomplete")], "no partial files left")
+    ranged = [l for l in Hub.log if l[0] == "/cdn/model.safetensors" and l[1]]
+    check(len(ranged) == 1 and ranged[0][1].startswith("bytes=") and ranged[0][1] != "bytes=0-",
+          f"the cut transfer was resumed with a Range request: {ranged}")
+    check("resuming" in r.stderr, "the resume is reported")
+    check(all(l[2] is None for l in Hub.log), "no Authorization header sent without HF_TOKEN")
+
+    # Gated: no token, bad token -> 401 named; right token -> downloaded; the CDN never sees it.
+    r = download(endpoint, cache, "textgen-test/gated")
+    check(r.returncode == 1 and "401" in r.stderr and "HF_TOKEN" in r.stderr, f"gated without token: {r.stderr}")
+    r = download(endpoint, cache, "textgen-test/gated", token="hf_wrong")
+    check(r.returncode == 1 and "401" in r.stderr and "textgen-test/gated" in r.stderr, f"bad token: {r.stderr}")
+    r = download(endpoint, cache, "textgen-test/gated", token=TOKEN)
+    check(r.returncode == 0, f"gated with the token: {r.stderr[-500:]}")
+
+    # Not found: model and revision.
+    r = download(endpoint, cache, "textgen-test/nope")
+    check(r.returncode == 1 and "404" in r.stderr and "textgen-test/nope" in r.stderr, f"unknown model: {r.stderr}")
+    r = download(endpoint, cache, "textgen-test/llama-gqa", revision="v9")
+    check(r.returncode == 1 and "404" in r.stderr and "v9" in r.stderr, f"unknown revision: {r.stderr}")
+
+    # Corrupt blob: sha256 mismatch, nothing installed.
+    r = download(endpoint, cache, "textgen-test/corrupt")
+    check(r.returncode == 1 and "sha256" in r.stderr, f"corrupt blob: {r.stderr}")
+    csnap = os.path.join(cache, "models--textgen-test--corrupt", "snapshots", COMMIT)
+    check(not os.path.exists(os.path.join(csnap, "model.safetensors")), "a corrupt blob is not installed")
+    check(not os.path.exists(os.path.join(csnap, ".textgen-complete")), "a corrupt snapshot is not marked complete")
+
+    # A bad hub id is refused before any request.
+    r = download(endpoint, cache, "../etc")
+    check(r.returncode == 1 and "neither a local directory nor a hub id" in r.stderr, f"bad id: {r.stderr}")
+
+    # The hub goes away: the cache serves, by branch and by commit.
+    server.shutdown()
+    server.server_close()
+    dead = endpoint
+    r = download(dead, cache, "textgen-test/llama-gqa")
+    check(r.returncode == 0 and r.stdout.strip() == snap, f"offline from cache: {r.stderr[-500:]}")
+    r = download(dead, cache, "textgen-test/never-downloaded")
+    check(r.returncode == 1 and "127.0.0.1" in r.stderr, f"offline, not cached: names the endpoint: {r.stderr}")
+
+    # The launcher serves the hub id from the cache (hub offline), --huggingface-hub-cache honoured.
+    env = dict(os.environ, HF_ENDPOINT=dead)
+    uds = tempfile.mktemp(prefix="textgen-hub-uds-")
+    p = subprocess.Popen([LAUNCHER, "--model-id", "textgen-test/llama-gqa", "--huggingface-hub-cache", cache,
+                          "--port", "0", "--hostname", "127.0.0.1", "--shard-uds-path", uds,
+                          "--kv-cache-memory", "16000000", "--log-level", "warn"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    port = None
+    for line in p.stdout:
+        if line.startswith("textgen-launcher ready "):
+            port = int(line.rsplit(":", 1)[1])
+            break
+    check(port is not None, "launcher started from the hub cache")
+    if port:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/generate", body=json.dumps({"inputs": "hello", "parameters": {"max_new_tokens": 4}}),
+                  headers={"Content-Type": "application/json"})
+        resp = c.getresponse()
+        body = json.loads(resp.read())
+        check(resp.status == 200 and "generated_text" in body, f"generate: {resp.status} {body}")
+        c.request("GET", "/info")
+        info = json.loads(c.getresponse().read())
+        check(info.get("model_id") == "textgen-test/llama-gqa", f"/info names the hub id: {info.get('model_id')}")
+    p.terminate()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        check(False, "launcher stops on SIGTERM")
+
+    print(f"hub_test: {results['passed']} passed, {results['failed']} failed")
+    sys.exit(1 if results["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
