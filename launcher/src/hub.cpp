@@ -211,12 +211,14 @@ StatusOr<std::string> resolveModel(const std::string& modelId, const std::string
         last =
             dataLossError(name + ": transfer ended at " + std::to_string(fs::file_size(partial)) +
                           " of " + std::to_string(*size) + " bytes");
-        std::fprintf(stderr, "  %s: interrupted, resuming\n", name.c_str());
+        std::fprintf(stderr, "%s  %s: interrupted, resuming\n", o.progressBar ? "\n" : "",
+                     name.c_str());
         continue;
       }
       last = r.ok() ? httpError(r->status, "file " + name + " of " + modelId, modelId) : r.status();
       if (r.ok()) break;  // an HTTP error answer is final
-      std::fprintf(stderr, "  %s: %s; resuming\n", name.c_str(), r.status().message().c_str());
+      std::fprintf(stderr, "%s  %s: %s; resuming\n", o.progressBar ? "\n" : "", name.c_str(),
+                   r.status().message().c_str());
     }
     if (o.progressBar) std::fprintf(stderr, "\n");
     TG_RETURN_IF_ERROR(last);

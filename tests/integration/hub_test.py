@@ -4,7 +4,7 @@
 a CDN path that honours Range. Checks: a download into the HF cache layout (refs/, snapshots/), an
 interrupted transfer resumed with Range, files the shard does not need skipped, a gated model
 refused without / with a bad HF_TOKEN (401, named) and served with the right one, an unknown model
-and revision (404), a corrupted blob (sha256 mismatch, not installed), a second run with the hub
+and revision (404), a listed file the hub does not serve (404), a corrupted blob (sha256 mismatch, not installed), a second run with the hub
 gone served from the cache, and the launcher serving a hub id end to end.
 Usage: hub_test.py LAUNCHER MODEL_DIR"""
 import hashlib
@@ -34,7 +34,8 @@ FILES = {n: open(os.path.join(MODEL_DIR, n), "rb").read() for n in sorted(os.lis
          if n.endswith(".json") or n.endswith(".safetensors")}
 FILES.pop("reference.json", None)
 # Repos: public, gated (needs TOKEN), corrupt (the hub's sha256 does not match the blob).
-REPOS = {"textgen-test/llama-gqa": {}, "textgen-test/gated": {"gated": True}, "textgen-test/corrupt": {"corrupt": True}}
+REPOS = {"textgen-test/llama-gqa": {}, "textgen-test/gated": {"gated": True}, "textgen-test/corrupt": {"corrupt": True},
+         "textgen-test/missing-file": {"missing": "model.safetensors"}}
 
 
 class Hub(http.server.BaseHTTPRequestHandler):
@@ -81,7 +82,7 @@ class Hub(http.server.BaseHTTPRequestHandler):
             return self.reply(200, body, {"Content-Type": "application/json"})
         if len(parts) >= 5 and parts[2] == "resolve":
             repo, name = parts[0] + "/" + parts[1], "/".join(parts[4:])
-            if repo not in REPOS or name not in FILES:
+            if repo not in REPOS or name not in FILES or REPOS[repo].get("missing") == name:
                 return self.reply(404, b"Entry not found")
             if not self.authorized(repo):
                 return self.reply(401, b"Unauthorized")
@@ -160,6 +161,12 @@ def main():
     check(r.returncode == 1 and "404" in r.stderr and "textgen-test/nope" in r.stderr, f"unknown model: {r.stderr}")
     r = download(endpoint, cache, "textgen-test/llama-gqa", revision="v9")
     check(r.returncode == 1 and "404" in r.stderr and "v9" in r.stderr, f"unknown revision: {r.stderr}")
+
+    # A file the listing names but the hub does not serve: 404 naming it, the snapshot left incomplete.
+    r = download(endpoint, cache, "textgen-test/missing-file")
+    check(r.returncode == 1 and "404" in r.stderr and "model.safetensors" in r.stderr, f"missing file: {r.stderr}")
+    msnap = os.path.join(cache, "models--textgen-test--missing-file", "snapshots", COMMIT)
+    check(not os.path.exists(os.path.join(msnap, ".textgen-complete")), "an incomplete snapshot is not marked complete")
 
     # Corrupt blob: sha256 mismatch, nothing installed.
     r = download(endpoint, cache, "textgen-test/corrupt")
