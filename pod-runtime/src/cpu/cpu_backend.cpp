@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -13,14 +14,23 @@
 namespace textgen::runtime {
 namespace {
 
+// calloc, not std::vector: large blocks come from mmap as untouched zero pages, so a KV pool of
+// gigabytes costs nothing until it is used (a vector writes every page: seconds at start-up).
 class HostBuffer final : public Buffer {
  public:
-  explicit HostBuffer(size_t bytes) : data_(bytes / sizeof(float) + 1), bytes_(bytes) {}
-  void* data() override { return data_.data(); }
+  explicit HostBuffer(size_t bytes)
+      : data_(static_cast<float*>(std::calloc(bytes / sizeof(float) + 1, sizeof(float)))),
+        bytes_(bytes) {
+    if (!data_) throw std::bad_alloc();
+  }
+  ~HostBuffer() override { std::free(data_); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
 
  private:
-  std::vector<float> data_;
+  float* data_;
   size_t bytes_;
 };
 
