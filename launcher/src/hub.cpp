@@ -157,9 +157,9 @@ StatusOr<std::string> resolveModel(const std::string& modelId, const std::string
       return (repo / "snapshots" / commit).string();
     }
   }
-  TG_ASSIGN_OR_RETURN(
-      HttpResult api,
-      get(o.endpoint + "/api/models/" + modelId + "/revision/" + rev + "?blobs=true", o));
+  TG_ASSIGN_OR_RETURN(HttpResult api, get(o.endpoint + "/api/models/" + modelId + "/revision/" +
+                                              web::uri::encode_data_string(rev) + "?blobs=true",
+                                          o));
   if (api.status != 200)
     return httpError(api.status, "model " + modelId + " (revision " + rev + ") on " + o.endpoint,
                      modelId);
@@ -170,7 +170,8 @@ StatusOr<std::string> resolveModel(const std::string& modelId, const std::string
   const std::string commit = info["sha"].get<std::string>();
   const fs::path snapshot = repo / "snapshots" / commit;
   fs::create_directories(snapshot);
-  fs::create_directories(repo / "refs");
+  fs::create_directories(
+      (repo / "refs" / rev).parent_path());  // refs/pr/1 nests, as in huggingface_hub
   for (const json& s : info["siblings"]) {
     const std::string name = s.value("rfilename", "");
     if (!wanted(name)) continue;

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.parse
 import time
 
 LAUNCHER, MODEL_DIR = sys.argv[1], sys.argv[2]
@@ -65,7 +66,7 @@ class Hub(http.server.BaseHTTPRequestHandler):
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and len(parts) == 6 and parts[4] == "revision":
             repo = parts[2] + "/" + parts[3]
-            if repo not in REPOS or parts[5] not in ("main", COMMIT):
+            if repo not in REPOS or urllib.parse.unquote(parts[5]) not in ("main", "refs/pr/1", COMMIT):
                 return self.reply(404, b'{"error":"Repository not found"}')
             if not self.authorized(repo):
                 return self.reply(401, b'{"error":"Invalid credentials in Authorization header"}')
@@ -167,6 +168,11 @@ def main():
     check(r.returncode == 1 and "404" in r.stderr and "model.safetensors" in r.stderr, f"missing file: {r.stderr}")
     msnap = os.path.join(cache, "models--textgen-test--missing-file", "snapshots", COMMIT)
     check(not os.path.exists(os.path.join(msnap, ".textgen-complete")), "an incomplete snapshot is not marked complete")
+
+    # A revision with slashes (a pull request) is encoded in the URL and nests under refs/.
+    r = download(endpoint, cache, "textgen-test/llama-gqa", revision="refs/pr/1")
+    check(r.returncode == 0 and r.stdout.strip() == snap, f"refs/pr/1: {r.stderr[-300:]}")
+    check(open(os.path.join(repo, "refs", "refs", "pr", "1")).read().strip() == COMMIT, "refs/refs/pr/1 holds the commit")
 
     # Corrupt blob: sha256 mismatch, nothing installed.
     r = download(endpoint, cache, "textgen-test/corrupt")
