@@ -161,7 +161,9 @@ def test_stream(s):
     check(status == 200 and len(events) == 3, "POST / stream")
     status, _, body = request(s.port, "POST", "/", {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 3}})
     check(status == 200 and isinstance(json.loads(body), list), "POST / returns a list")
-    # OpenAI completions, streaming ends in [DONE].
+    # OpenAI completions, streaming ends in [DONE]; they count in the request histograms.
+    durations = metric(s.port, "tgi_request_duration_count")
+    durations = float(durations.split()[-1]) if durations else 0.0
     status, _, events = sse(s.port, "/v1/completions", {"model": "m", "prompt": PROMPTS[2], "max_tokens": 4,
                                                          "temperature": 0, "stream": True})
     check(status == 200 and events[-1] == "[DONE]" and len(events) == 5, f"completions stream {events[-2:]}")
@@ -169,6 +171,9 @@ def test_stream(s):
                                                                   "max_tokens": 3, "temperature": 0})
     c = json.loads(body)
     check(status == 200 and len(c["choices"]) == 2 and c["usage"]["completion_tokens"] == 6, f"completions {body}")
+    after = metric(s.port, "tgi_request_duration_count")
+    check(after is not None and float(after.split()[-1]) == durations + 2,
+          f"completions observed in tgi_request_duration: {durations} -> {after}")
 
 
 def test_many_streams(s):

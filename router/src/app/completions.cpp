@@ -30,6 +30,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
  public:
   CompletionSink(std::shared_ptr<HttpResponder> responder, std::shared_ptr<HttpStream> stream,
                  HttpHeaders headers, std::string model, std::vector<uint32_t> promptTokens,
+                 std::vector<uint32_t> maxNewTokens, std::chrono::steady_clock::time_point start,
                  std::function<void()> release, MetricsRegistry& metrics)
       : responder_(std::move(responder)),
         stream_(std::move(stream)),
@@ -39,6 +40,8 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
         texts_(promptTokens_.size()),
         finish_(promptTokens_.size()),
         generated_(promptTokens_.size(), 0),
+        maxNewTokens_(std::move(maxNewTokens)),
+        start_(start),
         release_(std::move(release)),
         metrics_(metrics),
         created_(unixNow()) {}
@@ -95,6 +98,13 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
   void complete() {
     done_ = true;
     metrics_.counterAdd("tgi_request_success", 1);
+    metrics_.histogramObserve(
+        "tgi_request_duration",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    for (size_t i = 0; i < generated_.size(); ++i) {
+      metrics_.histogramObserve("tgi_request_generated_tokens", generated_[i]);
+      metrics_.histogramObserve("tgi_request_max_new_tokens", maxNewTokens_[i]);
+    }
     if (stream_) {
       stream_->write("data: [DONE]\n\n");
       stream_->close();
@@ -127,6 +137,8 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
   std::vector<std::string> texts_;
   std::vector<std::string> finish_;
   std::vector<uint32_t> generated_;
+  std::vector<uint32_t> maxNewTokens_;
+  std::chrono::steady_clock::time_point start_;
   size_t finished_ = 0;
   bool done_ = false;
   std::function<void()> release_;
@@ -178,6 +190,7 @@ StatusOr<json> toGenerate(const json& req, const std::string& prompt) {
 }  // namespace
 
 void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  const auto start = std::chrono::steady_clock::now();
   metrics_.counterAdd("tgi_request_count");
   HttpHeaders headers = baseHeaders(request);
   auto fail = [&](const std::string& message) {
@@ -225,11 +238,14 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
     headers["Cache-Control"] = "no-cache";
     httpStream = responder->startStream(200, headers);
   }
-  std::vector<uint32_t> promptTokens;
-  for (const ValidRequest& v : valid) promptTokens.push_back(v.inputLength);
+  std::vector<uint32_t> promptTokens, maxNewTokens;
+  for (const ValidRequest& v : valid) {
+    promptTokens.push_back(v.inputLength);
+    maxNewTokens.push_back(v.maxNewTokens);
+  }
   auto sink = std::make_shared<CompletionSink>(
       responder, httpStream, headers, req.value("model", options_.modelId), promptTokens,
-      [this] { inFlight_.fetch_sub(1); }, metrics_);
+      maxNewTokens, start, [this] { inFlight_.fetch_sub(1); }, metrics_);
   for (size_t i = 0; i < valid.size(); ++i) {
     auto control = std::make_shared<RequestControl>();
     replica->batcher->submit(nextId_++, std::move(valid[i]), control,
