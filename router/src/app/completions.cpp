@@ -151,7 +151,7 @@ class PromptSink final : public ResponseSink {
   PromptSink(std::shared_ptr<CompletionSink> parent, size_t index,
              std::shared_ptr<RequestControl> control)
       : parent_(std::move(parent)), index_(index), control_(std::move(control)) {}
-  void onGeneration(const Generation& g, std::chrono::steady_clock::time_point) override {
+  void onGeneration(const Generation& g, const RequestTimes&) override {
     parent_->onGeneration(index_, g, control_);
   }
   void onError(const Status& e) override { parent_->onError(e); }

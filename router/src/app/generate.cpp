@@ -38,7 +38,8 @@ struct Collected {
   json prefill = json::array();
   std::optional<GeneratedText> generated;
   double logprobSum = 0;
-  Clock::time_point queuedAt, firstToken, end;
+  RequestTimes times;
+  Clock::time_point end;
 };
 
 json tokenJson(const TokenList& t, size_t i) {
@@ -49,7 +50,6 @@ json tokenJson(const TokenList& t, size_t i) {
 }
 
 void absorb(Collected& c, const Generation& g) {
-  if (c.tokens.empty()) c.firstToken = Clock::now();
   if (g.prefillTokens) {
     for (size_t i = 0; i < g.prefillTokens->ids.size(); ++i) {
       c.prefill.push_back({{"id", g.prefillTokens->ids[i]},
@@ -95,8 +95,8 @@ struct RequestTracker {
     using std::chrono::duration;
     const auto total = c.end - start;
     const auto validation = validated - start;
-    const auto queue = c.firstToken - c.queuedAt;
-    const auto inference = c.end - c.firstToken;
+    const auto queue = c.times.batched - c.times.queued;
+    const auto inference = c.end - c.times.batched;
     const uint32_t generated = c.generated ? c.generated->generatedTokens : 0;
     const auto perToken = generated ? inference / generated : inference;
     auto ms = [](auto d) {
@@ -116,14 +116,14 @@ struct RequestTracker {
 
   void recordSuccess(const Collected& c, uint32_t maxNewTokens) {
     using std::chrono::duration;
-    const double inference = duration<double>(c.end - c.firstToken).count();
+    const double inference = duration<double>(c.end - c.times.batched).count();
     const uint32_t generated = c.generated ? c.generated->generatedTokens : 0;
     metrics.counterAdd("tgi_request_success");
     metrics.histogramObserve("tgi_request_duration", duration<double>(c.end - start).count());
     metrics.histogramObserve("tgi_request_validation_duration",
                              duration<double>(validated - start).count());
     metrics.histogramObserve("tgi_request_queue_duration",
-                             duration<double>(c.firstToken - c.queuedAt).count());
+                             duration<double>(c.times.batched - c.times.queued).count());
     metrics.histogramObserve("tgi_request_inference_duration", inference);
     metrics.histogramObserve("tgi_request_mean_time_per_token_duration",
                              generated ? inference / generated : inference);
@@ -157,11 +157,11 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
         tracker_(std::move(tracker)) {}
 
   // One sink per sequence forwards here with its index.
-  void onSequence(size_t index, const Generation& g, Clock::time_point queuedAt) {
+  void onSequence(size_t index, const Generation& g, const RequestTimes& times) {
     std::lock_guard lock(mutex_);
     if (done_) return;
     Collected& c = results_[index];
-    c.queuedAt = queuedAt;
+    c.times = times;
     absorb(c, g);
     if (c.generated && ++finished_ == results_.size()) respond();
   }
@@ -173,7 +173,7 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
     tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", "generation"}});
     responder_->reply(424, errorJson(e.message(), "generation"), headers_);
   }
-  void onGeneration(const Generation& g, Clock::time_point q) override { onSequence(0, g, q); }
+  void onGeneration(const Generation& g, const RequestTimes& t) override { onSequence(0, g, t); }
   void onError(const Status& e) override { onSequenceError(e); }
 
  private:
@@ -224,8 +224,8 @@ class SequenceSink final : public ResponseSink {
  public:
   SequenceSink(std::shared_ptr<GenerateSink> parent, size_t index)
       : parent_(std::move(parent)), index_(index) {}
-  void onGeneration(const Generation& g, Clock::time_point q) override {
-    parent_->onSequence(index_, g, q);
+  void onGeneration(const Generation& g, const RequestTimes& t) override {
+    parent_->onSequence(index_, g, t);
   }
   void onError(const Status& e) override { parent_->onSequenceError(e); }
 
@@ -244,9 +244,9 @@ class StreamSink final : public ResponseSink {
         control_(std::move(control)),
         tracker_(std::move(tracker)) {}
 
-  void onGeneration(const Generation& g, Clock::time_point queuedAt) override {
+  void onGeneration(const Generation& g, const RequestTimes& times) override {
     if (done_) return;
-    c_.queuedAt = queuedAt;
+    c_.times = times;
     const size_t before = c_.tokens.size();
     absorb(c_, g);
     for (size_t i = before; i < c_.tokens.size(); ++i) {

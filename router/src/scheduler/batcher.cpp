@@ -58,7 +58,10 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
     --load_;
   }
   for (const BatchEntry& e : batch) {
-    active_[e.entry.id] = {e.blocks, e.entry.control, sinks_[e.entry.id], e.entry.queuedAt};
+    active_[e.entry.id] = {e.blocks,
+                           e.entry.control,
+                           sinks_[e.entry.id],
+                           {e.entry.queuedAt, std::chrono::steady_clock::now()}};
     sinks_.erase(e.entry.id);
   }
   if (metrics_) metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
@@ -118,11 +121,11 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     if (it->second.control && it->second.control->cancelled) continue;  // handled below
     if (g.generatedText) {  // free before the last delivery, as in failAll
       const std::shared_ptr<ResponseSink> sink = it->second.sink;
-      const auto queuedAt = it->second.queuedAt;
+      const RequestTimes times = it->second.times;
       finish(g.requestId);
-      sink->onGeneration(g, queuedAt);
+      sink->onGeneration(g, times);
     } else {
-      it->second.sink->onGeneration(g, it->second.queuedAt);
+      it->second.sink->onGeneration(g, it->second.times);
     }
   }
   std::optional<CachedBatch> batch = out->batch;

@@ -131,8 +131,12 @@ class FakeShards final : public ShardGroup {
 // Collects one request's stream; tests wait on it (no sleeps).
 class Collector final : public ResponseSink {
  public:
-  void onGeneration(const Generation& g, std::chrono::steady_clock::time_point) override {
+  void onGeneration(const Generation& g, const RequestTimes& t) override {
     std::lock_guard lock(mu_);
+    if (tokens.empty()) {
+      times = t;
+      firstDelivery = std::chrono::steady_clock::now();
+    }
     for (uint32_t id : g.tokens.ids) tokens.push_back(id);
     if (g.generatedText) done = true;
     cv_.notify_all();
@@ -152,6 +156,8 @@ class Collector final : public ResponseSink {
   bool done = false;
   std::optional<Status> error;
   std::function<void(size_t)> onToken;
+  RequestTimes times;  // as the first delivery reported them
+  std::chrono::steady_clock::time_point firstDelivery;
 
  private:
   std::mutex mu_;
@@ -189,9 +195,14 @@ TEST(BatcherTest, StreamsEveryTokenAndFreesBlocks) {
   MetricsRegistry metrics;
   Batcher b(shards, options(64), &metrics);
   auto sink = std::make_shared<Collector>();
+  const auto submitted = std::chrono::steady_clock::now();
   b.submit(1, request(5, 6), std::make_shared<RequestControl>(), sink);
   ASSERT_TRUE(sink->wait());
   EXPECT_EQ(sink->tokens, expected(1, 6));
+  // Queue time ends when the request enters a batch, before its first token comes back.
+  EXPECT_LE(submitted, sink->times.queued);
+  EXPECT_LE(sink->times.queued, sink->times.batched);
+  EXPECT_LE(sink->times.batched, sink->firstDelivery);
   EXPECT_FALSE(sink->error.has_value());
   EXPECT_EQ(b.freeBlocks(), 63u);
   EXPECT_EQ(b.load(), 0u);

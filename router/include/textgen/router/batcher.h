@@ -22,13 +22,19 @@
 
 namespace textgen::router {
 
+// When a request entered the queue and when it entered a batch (TGI's queue time is the
+// difference; its inference time runs from the batch).
+struct RequestTimes {
+  std::chrono::steady_clock::time_point queued;
+  std::chrono::steady_clock::time_point batched;
+};
+
 // Receives one request's results, on the batcher's thread. Implementations must not block.
 class ResponseSink {
  public:
   virtual ~ResponseSink() = default;
   // One step's tokens for this request; `finished` when generation ended.
-  virtual void onGeneration(const Generation& generation,
-                            std::chrono::steady_clock::time_point queuedAt) = 0;
+  virtual void onGeneration(const Generation& generation, const RequestTimes& times) = 0;
   // The request failed (shard error): no more calls follow.
   virtual void onError(const Status& error) = 0;
 };
@@ -67,7 +73,7 @@ class Batcher {
     BlockAllocation blocks;
     std::shared_ptr<RequestControl> control;
     std::shared_ptr<ResponseSink> sink;
-    std::chrono::steady_clock::time_point queuedAt;
+    RequestTimes times;
   };
 
   void run();
