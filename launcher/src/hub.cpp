@@ -1,6 +1,5 @@
 #include "textgen/launcher/hub.h"
 
-#include <cpprest/filestream.h>
 #include <cpprest/http_client.h>
 #include <openssl/evp.h>
 #include <unistd.h>
@@ -59,7 +58,6 @@ StatusOr<HttpResult> get(std::string url, const HubOptions& o, const fs::path* f
         url = loc.rfind("http", 0) == 0
                   ? loc
                   : web::uri_builder(uri).set_path("").set_query("").to_string() + loc;
-        if (url.rfind(o.endpoint, 0) != 0 && loc.rfind("http", 0) != 0) url = o.endpoint + loc;
         continue;
       }
       HttpResult result{status, {}};
