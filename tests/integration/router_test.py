@@ -90,6 +90,20 @@ def generate(port, prompt, n, **params):
     return status, headers, json.loads(body)
 
 
+def in_parallel(n, fn, timeout=None):
+    """fn(0..n-1) on n threads at once; returns their results in order (None where one did not finish)."""
+    out = [None] * n
+
+    def run(i):
+        out[i] = fn(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    return out
+
+
 def metric(port, name):
     _, _, text = request(port, "GET", "/metrics")
     for line in text.splitlines():
@@ -132,15 +146,7 @@ def test_generate_equals_reference(s):
 
 
 def test_concurrent_equals_alone(s):
-    out = [None] * 8
-
-    def run(i):
-        out[i] = generate(s.port, PROMPTS[i % 4], 10 + i)[2]
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = in_parallel(8, lambda i: generate(s.port, PROMPTS[i % 4], 10 + i)[2])
     for i in range(8):
         ids = [t["id"] for t in out[i]["details"]["tokens"]]
         check(ids == GREEDY[i % 4][:10 + i], f"concurrent request {i}: {ids}")
@@ -178,15 +184,8 @@ def test_stream(s):
 
 def test_many_streams(s):
     """Hundreds of concurrent streams (each HTTP connection must not hold a listener thread)."""
-    out = [None] * 200
-
-    def run(i):
-        out[i] = sse(s.port, "/generate_stream", {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 5}})
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(200)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    out = in_parallel(200, lambda i: sse(s.port, "/generate_stream",
+                                         {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 5}}), timeout=120)
     good = sum(1 for r in out if r and r[0] == 200 and len(r[2]) == 5 and json.loads(r[2][-1])["details"])
     check(good == 200, f"200 concurrent streams: {good} complete")
 
@@ -228,15 +227,8 @@ def test_disconnect_frees_request(s):
 def test_overload(workdir):
     s = Server(workdir, ["--max-concurrent-requests", "2"])
     try:
-        codes = []
-
-        def run():
-            codes.append(request(s.port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 60}})[0])
-        threads = [threading.Thread(target=run) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        codes = [r[0] for r in in_parallel(8, lambda _: request(
+            s.port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 60}}))]
         check(codes.count(429) >= 1 and codes.count(200) >= 2 and set(codes) <= {200, 429}, f"overload codes {codes}")
         check(metric(s.port, 'tgi_request_failure{err="overloaded"}') is not None, "overload metric")
     finally:
@@ -362,16 +354,8 @@ def test_replicas(workdir):
         status, headers, _ = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 2}},
                                      headers={**auth, "Origin": "https://app.example"})
         check(status == 200 and headers.get("Access-Control-Allow-Origin") == "https://app.example", f"auth + CORS {status}")
-        out = [None] * 8
-
-        def run(i):
-            out[i] = request(port, "POST", "/generate", {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 12, "details": True}},
-                             headers=auth)
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        out = in_parallel(8, lambda i: request(port, "POST", "/generate", {
+            "inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 12, "details": True}}, headers=auth))
         for i in range(8):
             ids = [t["id"] for t in json.loads(out[i][2])["details"]["tokens"]] if out[i][0] == 200 else None
             check(ids == GREEDY[i % 4][:12], f"replicated request {i}: {out[i][0]}")
