@@ -1,41 +1,79 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from the repository root: every packed GPU test (then again under
-# compute-sanitizer memcheck) and every benchmark. Logs and JUnit XML go to $OUT (default ./gpu-out).
-# Exits non-zero when any test or memcheck run fails; benchmarks never fail the run.
+# Runs on the GPU machine from the repository root (docs/gpu.md). Logs and JUnit XML go to $OUT
+# (default ./gpu-out). Exits non-zero when any test or memcheck run fails; benchmarks never fail it.
+#
+#   bash .gpu/gpu-run.sh [--tests] [--bench] [--no-memcheck]     (default: tests and benchmarks)
+#
+# Tests: half-precision references are recorded first with transformers
+# (tools/reference/make_dtype_references.py, into $OUT/models, which the tests then read); then every
+# packed *_test, the shard's gRPC integration test on the CUDA backend, and the kernel tests again
+# under compute-sanitizer memcheck. Benchmarks: bench_rms_norm, bench_tokenizer beside HF tokenizers,
+# and bench_cuda_model on a random-weight Llama-2-7B-shape checkpoint written by
+# tools/bench/make_random_model.py.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+tests=0 bench=0 memcheck=1
+for a in "$@"; do
+  case $a in
+    --tests) tests=1 ;;
+    --bench) bench=1 ;;
+    --no-memcheck) memcheck=0 ;;
+    *) echo "gpu-run: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+[ $tests -eq 0 ] && [ $bench -eq 0 ] && tests=1 bench=1
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 
-for t in "$here"/bin/*_test; do
-  name=$(basename "$t")
-  echo "== $name"
-  "$t" --gtest_output="xml:$out/$name.xml" 2>&1 | tee "$out/$name.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  if command -v compute-sanitizer >/dev/null; then
-    echo "== $name (compute-sanitizer memcheck)"
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$t" 2>&1 | tail -n 5 | tee "$out/$name.memcheck.log"
+if [ $tests -eq 1 ]; then
+  rm -rf "$out/models"
+  cp -r tests/reference/models "$out/models"
+  if python3 -c "import transformers, torch" 2>/dev/null; then
+    echo "== half-precision references (transformers)"
+    python3 tools/reference/make_dtype_references.py "$out/models" tests/reference/tokenizers/llama2 2>&1 |
+      grep -v Warning | tee "$out/dtype_references.log"
+  fi
+  export TEXTGEN_MODEL_FIXTURES="$out/models"
+  export TEXTGEN_SHARD_BINARY="$here/bin/textgen-shard" TEXTGEN_TEST_DEVICE=cuda
+  for t in "$here"/bin/*_test; do
+    name=$(basename "$t")
+    echo "== $name"
+    "$t" --gtest_output="xml:$out/$name.xml" 2>&1 | tee "$out/$name.log" | grep -v "^\[       OK\|^\[ RUN"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+  if [ $memcheck -eq 1 ] && command -v compute-sanitizer >/dev/null; then
+    echo "== kernels_cuda_test (compute-sanitizer memcheck)"
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/kernels_cuda_test" 2>&1 |
+      tail -n 5 | tee "$out/kernels_cuda_test.memcheck.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
-done
-
-if [ -x "$here/bin/bench_rms_norm" ]; then
-  echo "== bench_rms_norm"
-  "$here/bin/bench_rms_norm" 2>&1 | tee "$out/bench_rms_norm.log" || true
 fi
 
-# Tokenizer encode throughput beside Hugging Face tokenizers on the same documents and machine
-# (run from the repository root: it needs the fixtures and tools/reference).
-if [ -x "$here/bin/bench_tokenizer" ] && python3 -c "import tokenizers" 2>/dev/null; then
-  echo "== bench_tokenizer (with Hugging Face tokenizers)"
-  docs=${TMPDIR:-/tmp}/textgen-bench-docs.jsonl
-  python3 tools/reference/tokenizer_bench_hf.py tests/reference/tokenizers "$docs" "$out/hf_tokenizers.json" 2>&1 |
-    tee "$out/hf_tokenizers.log"
-  "$here/bin/bench_tokenizer" --fixtures tests/reference/tokenizers --docs "$docs" \
-    --hf "$out/hf_tokenizers.json" 2>&1 | tee "$out/bench_tokenizer.log" || true
+if [ $bench -eq 1 ]; then
+  if [ -x "$here/bin/bench_rms_norm" ]; then
+    echo "== bench_rms_norm"
+    "$here/bin/bench_rms_norm" 2>&1 | tee "$out/bench_rms_norm.log" || true
+  fi
+  if [ -x "$here/bin/bench_cuda_model" ] && python3 -c "import torch, safetensors" 2>/dev/null; then
+    model=${TMPDIR:-/tmp}/textgen-llama-2-7b
+    [ -f "$model/model.safetensors.index.json" ] ||
+      python3 tools/bench/make_random_model.py "$model" --shape llama-2-7b --dtype bfloat16
+    echo "== bench_cuda_model (Llama-2-7B shape, bfloat16)"
+    "$here/bin/bench_cuda_model" --model "$model" 2>&1 | tee "$out/bench_cuda_model.log" || true
+  fi
+  # Tokenizer encode throughput beside Hugging Face tokenizers on the same documents and machine.
+  if [ -x "$here/bin/bench_tokenizer" ] && python3 -c "import tokenizers" 2>/dev/null &&
+     [ -n "${TEXTGEN_BENCH_TOKENIZER:-}" ]; then
+    echo "== bench_tokenizer (with Hugging Face tokenizers)"
+    docs=${TMPDIR:-/tmp}/textgen-bench-docs.jsonl
+    python3 tools/reference/tokenizer_bench_hf.py tests/reference/tokenizers "$docs" "$out/hf_tokenizers.json" 2>&1 |
+      tee "$out/hf_tokenizers.log"
+    "$here/bin/bench_tokenizer" --fixtures tests/reference/tokenizers --docs "$docs" \
+      --hf "$out/hf_tokenizers.json" 2>&1 | tee "$out/bench_tokenizer.log" || true
+  fi
 fi
 echo "gpu-run: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

@@ -69,9 +69,9 @@ const FlagSpec kFlags[] = {
     {"weights-cache-override", Kind::kUnsupported,
      "the safetensors weights are served from the hub cache as they are (no conversion step)"},
     {"disable-custom-kernels", Kind::kUnsupported,
-     "the CPU backend has no custom kernels to disable (the CUDA backend is not built yet)"},
-    {"cuda-memory-fraction", Kind::kUnsupported, "the CUDA backend is not built yet"},
-    {"cuda-graphs", Kind::kUnsupported, "the CUDA backend is not built yet"},
+     "textgen's CUDA backend is built from its own kernels; there is no fallback to switch to"},
+    {"cuda-memory-fraction", Kind::kValue},
+    {"cuda-graphs", Kind::kUnsupported, "CUDA graphs are not implemented yet"},
     {"rope-scaling", Kind::kUnsupported,
      "overriding the model's RoPE scaling is not implemented yet"},
     {"rope-factor", Kind::kUnsupported,
@@ -237,9 +237,7 @@ int run(int argc, char** argv) {
   if (numShard != 1)
     return usage("--num-shard " + std::to_string(numShard) +
                  ": tensor parallelism is not implemented yet (use 1)");
-  if (const std::string d = get("dtype", ""); !d.empty() && d != "float32") {
-    return usage("--dtype " + d + ": the CPU backend computes in float32");
-  }
+  const std::string dtype = get("dtype", ""), memoryFraction = get("cuda-memory-fraction", "");
   const std::string uds = get("shard-uds-path", "/tmp/text-generation-server");
   const std::string masterAddr = get("master-addr", "localhost"),
                     masterPort = get("master-port", "29500");
@@ -268,6 +266,14 @@ int run(int argc, char** argv) {
                                   uds,
                                   "--log-level",
                                   logLevel};
+    if (!dtype.empty()) {  // the shard checks it against its device
+      args.push_back("--dtype");
+      args.push_back(dtype);
+    }
+    if (!memoryFraction.empty()) {
+      args.push_back("--cuda-memory-fraction");
+      args.push_back(memoryFraction);
+    }
     if (values.contains("kv-cache-memory")) {
       args.push_back("--kv-cache-memory");
       args.push_back(values["kv-cache-memory"].front());

@@ -1,8 +1,12 @@
 // textgen-shard: one tensor-parallel rank of a model replica, serving ShardService over gRPC.
 //
 //   textgen-shard --model-id DIR [--uds-path PATH | --port N] [--block-size 16]
-//                 [--kv-cache-memory BYTES|FRACTION] [--threads N] [--json-output] [--log-level
-//                 info]
+//                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
+//                 [--cuda-memory-fraction 1.0] [--kv-cache-memory BYTES|FRACTION] [--threads N]
+//                 [--json-output] [--log-level info]
+// The device defaults to CUDA where there is one. On CUDA the dtype defaults to the checkpoint's
+// (float16 for a float32 checkpoint, as TGI does) and the KV pool is sized at Warmup from free
+// device memory; on the CPU it is float32 and the pool a fraction of MemAvailable.
 // Rank and world size come from RANK / WORLD_SIZE (MASTER_ADDR / MASTER_PORT for the collective),
 // as in TGI. With --uds-path the socket is PATH-RANK, and ServiceDiscovery returns every rank's
 // socket.
@@ -35,7 +39,9 @@ struct Flags {
   std::string udsPath;
   int port = -1;
   int64_t blockSize = 16;
-  std::string kvCacheMemory = "0.25";  // a fraction of available memory, or bytes
+  std::string device = "auto";
+  double cudaMemoryFraction = 1.0;
+  std::string kvCacheMemory;  // a fraction of available memory, or bytes; empty: the default
   int threads = 0;
   bool jsonOutput = false;
   std::string logLevel = "info";
@@ -78,6 +84,16 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       TG_ASSIGN_OR_RETURN(std::string v, value());
       TG_ASSIGN_OR_RETURN(f.blockSize, parseInt(a, v));
       if (f.blockSize <= 0) return invalidArgumentError("--block-size must be positive");
+    } else if (a == "--device") {
+      TG_ASSIGN_OR_RETURN(f.device, value());
+      if (f.device != "auto" && f.device != "cuda" && f.device != "cpu")
+        return invalidArgumentError("--device must be auto, cuda or cpu");
+    } else if (a == "--cuda-memory-fraction") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      char* end = nullptr;
+      f.cudaMemoryFraction = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(f.cudaMemoryFraction > 0 && f.cudaMemoryFraction <= 1))
+        return invalidArgumentError("--cuda-memory-fraction must be a number in (0, 1]");
     } else if (a == "--kv-cache-memory") {
       TG_ASSIGN_OR_RETURN(f.kvCacheMemory, value());
     } else if (a == "--threads") {
@@ -101,9 +117,8 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
         "--revision selects a hub revision, which textgen-launcher resolves; "
         "the shard takes a local model directory");
   }
-  if (!f.dtype.empty() && f.dtype != "float32") {
-    return invalidArgumentError("--dtype " + f.dtype + ": the CPU backend computes in float32");
-  }
+  if (!f.dtype.empty() && f.dtype != "float32" && f.dtype != "float16" && f.dtype != "bfloat16")
+    return invalidArgumentError("--dtype must be float16, bfloat16 or float32, not " + f.dtype);
   if (f.udsPath.empty() == (f.port < 0))
     return invalidArgumentError("give exactly one of --uds-path and --port");
   auto envInt = [](const char* name, int fallback) -> StatusOr<int> {
@@ -139,6 +154,25 @@ StatusOr<int64_t> kvBudget(const std::string& spec) {
   return parseInt("--kv-cache-memory", spec);
 }
 
+StatusOr<std::unique_ptr<runtime::Backend>> pickBackend(const Flags& f) {
+  if (f.device == "cpu") return runtime::makeCpuBackend(f.threads);
+  auto cuda = runtime::makeCudaBackend(0);
+  if (cuda.ok() || f.device == "cuda") return cuda;
+  spdlog::info("no CUDA device ({}): using the CPU backend", cuda.status().message());
+  return runtime::makeCpuBackend(f.threads);
+}
+
+StatusOr<kernels::DType> pickDtype(const Flags& f, const runtime::ModelConfig& c, bool cuda) {
+  if (f.dtype == "float32") return kernels::DType::kF32;
+  if (f.dtype == "float16" || f.dtype == "bfloat16") {
+    if (!cuda)
+      return invalidArgumentError("--dtype " + f.dtype + ": the CPU backend computes in float32");
+    return f.dtype == "float16" ? kernels::DType::kF16 : kernels::DType::kBF16;
+  }
+  if (!cuda) return kernels::DType::kF32;
+  return c.dtype == kernels::DType::kBF16 ? kernels::DType::kBF16 : kernels::DType::kF16;
+}
+
 int run(int argc, char** argv) {
   auto flags = parseFlags(argc, argv);
   if (!flags.ok()) {
@@ -160,17 +194,30 @@ int run(int argc, char** argv) {
     spdlog::critical("{}", s.toString());
     return 1;
   };
-  auto budget = kvBudget(f.kvCacheMemory);
+  auto backend = pickBackend(f);
+  if (!backend.ok()) return fail(backend.status());
+  const bool cuda = std::string((*backend)->name()) == "cuda";
+  auto config = runtime::loadModelConfig(f.modelId);
+  if (!config.ok()) return fail(config.status().withContext("loading " + f.modelId));
+  auto dtype = pickDtype(f, *config, cuda);
+  if (!dtype.ok()) return fail(dtype.status());
+  // CUDA: 0 sizes the pool from free device memory at Warmup.
+  auto budget = f.kvCacheMemory.empty() ? StatusOr<int64_t>(cuda ? 0 : *kvBudget("0.25"))
+                                        : kvBudget(f.kvCacheMemory);
   if (!budget.ok()) return fail(budget.status());
-  auto backend = runtime::makeCpuBackend(f.threads);
-  auto model = runtime::loadModel(f.modelId, *backend, {.rank = f.rank, .worldSize = f.worldSize});
+  auto model = runtime::loadModel(f.modelId, **backend,
+                                  {.rank = f.rank, .worldSize = f.worldSize, .dtype = *dtype});
   if (!model.ok()) return fail(model.status().withContext("loading " + f.modelId));
   auto tok = tokenizer::Tokenizer::fromDirectory(f.modelId);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer of " + f.modelId));
-  runtime::Engine engine(**model, **tok, *backend,
-                         {.blockSize = f.blockSize, .kvCacheBytes = *budget});
+  spdlog::info("backend {}, dtype {}", (*backend)->name(), kernels::dtypeName(*dtype));
+  runtime::Engine engine(
+      **model, **tok, **backend,
+      {.blockSize = f.blockSize, .kvCacheBytes = *budget, .memoryFraction = f.cudaMemoryFraction});
 
   runtime::ShardServiceOptions options;
+  options.dtype = std::string(kernels::dtypeName(*dtype));
+  options.deviceType = cuda ? "cuda" : "cpu";
   options.worldSize = f.worldSize;
   std::string listen;
   if (!f.udsPath.empty()) {

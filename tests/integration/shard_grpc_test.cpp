@@ -24,8 +24,14 @@ namespace pb = textgen::shard::v1;
 using nlohmann::json;
 using textgen::testing::ShardProcess;
 
-const std::string kShard = TEXTGEN_SHARD_BINARY;
-const std::string kModel = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
+// Overridable for the GPU machine, which runs packed binaries away from the build tree.
+std::string fromEnv(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+const std::string kShard = fromEnv("TEXTGEN_SHARD_BINARY", TEXTGEN_SHARD_BINARY);
+const std::string kModel =
+    fromEnv("TEXTGEN_MODEL_FIXTURES", TEXTGEN_MODEL_FIXTURES) + std::string("/llama-gqa");
 constexpr uint32_t kBlockSize = 16;
 
 class ShardGrpcTest : public ::testing::Test {

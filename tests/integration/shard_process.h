@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace textgen::testing {
@@ -22,8 +23,12 @@ class ShardProcess {
     if (pid_ == 0) {
       dup2(fds[1], STDOUT_FILENO);
       close(fds[0]);
+      // The CPU backend in float32 unless TEXTGEN_TEST_DEVICE names another device (the GPU
+      // machine runs this test with "cuda": float32 there too, so the references still apply).
+      const char* device = std::getenv("TEXTGEN_TEST_DEVICE");
       execl(binary.c_str(), binary.c_str(), "--model-id", model.c_str(), "--uds-path", uds.c_str(),
-            "--kv-cache-memory", "4194304", "--threads", "1", "--log-level", "warn", nullptr);
+            "--kv-cache-memory", "4194304", "--threads", "1", "--log-level", "warn", "--device",
+            device && *device ? device : "cpu", "--dtype", "float32", nullptr);
       _exit(127);
     }
     close(fds[1]);

@@ -308,28 +308,65 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
                                       uint32_t maxPrefillTokens,
                                       std::optional<uint32_t> maxTotalTokens) {
   const ModelConfig& c = model_.config();
-  const int64_t perBlock = KvCache::bytesPerBlock(c, options_.blockSize);
-  const int64_t numBlocks = options_.kvCacheBytes / perBlock;
-  int64_t needed = 0;
+  const kernels::DType dtype = model_.dtype();
+  const int64_t perBlock = KvCache::bytesPerBlock(c, options_.blockSize, dtype);
+  int64_t needed = 1;
   for (const RequestSpec& r : requests) {
     for (uint32_t b : r.blocks) needed = std::max<int64_t>(needed, int64_t{b} + 1);
   }
-  if (numBlocks < 1 || numBlocks < needed) {
-    return resourceExhaustedError("KV cache budget of " + std::to_string(options_.kvCacheBytes) +
-                                  " bytes holds " + std::to_string(numBlocks) + " blocks of " +
-                                  std::to_string(options_.blockSize) +
-                                  " tokens; the warmup batch needs " + std::to_string(needed));
-  }
-  clear(std::nullopt);
-  cache_.reset();
-  TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, c, numBlocks, options_.blockSize));
-  if (!requests.empty()) {
-    // A real forward of the largest batch the router will send, then forget it.
+  // A real forward of the largest batch the router will send, then forget it.
+  auto runWarmupBatch = [&]() -> Status {
+    if (requests.empty()) return okStatus();
     for (RequestSpec& r : requests)
       r.stopping.maxNewTokens = std::max<uint32_t>(r.stopping.maxNewTokens, 1);
     auto result = prefill(batchId, std::move(requests), std::nullopt);
     clear(std::nullopt);
     if (!result.ok()) return result.status().withContext("warmup forward");
+    return backend_.synchronize();
+  };
+  clear(std::nullopt);
+  cache_.reset();
+  int64_t numBlocks = 0;
+  if (options_.kvCacheBytes > 0) {
+    numBlocks = options_.kvCacheBytes / perBlock;
+    if (numBlocks < needed) {
+      return resourceExhaustedError("KV cache budget of " + std::to_string(options_.kvCacheBytes) +
+                                    " bytes holds " + std::to_string(numBlocks) + " blocks of " +
+                                    std::to_string(options_.blockSize) +
+                                    " tokens; the warmup batch needs " + std::to_string(needed));
+    }
+    TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, c, numBlocks, options_.blockSize, dtype));
+    TG_RETURN_IF_ERROR(runWarmupBatch());
+  } else {
+    // Sized from device memory, as TGI does: run the warmup prefill with a cache just big enough
+    // (its activations stay allocated for reuse), free that cache, then give the KV pool what is
+    // left of memoryFraction of the device, less a safety margin.
+    if (!backend_.memoryInfo()) {
+      return failedPreconditionError(std::string("the ") + backend_.name() +
+                                     " backend needs an explicit KV cache budget");
+    }
+    TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, c, needed, options_.blockSize, dtype));
+    TG_RETURN_IF_ERROR(runWarmupBatch());
+    cache_.reset();
+    TG_RETURN_IF_ERROR(backend_.synchronize());
+    const MemoryInfo mem = *backend_.memoryInfo();
+    const double budget = static_cast<double>(mem.free) -
+                          (1.0 - options_.memoryFraction) * static_cast<double>(mem.total);
+    numBlocks = static_cast<int64_t>(std::max(0.0, budget * options_.safetyFraction) /
+                                     static_cast<double>(perBlock));
+    if (numBlocks < needed) {
+      return resourceExhaustedError(
+          "not enough device memory for the KV cache: " + std::to_string(mem.free >> 20) +
+          " MiB free of " + std::to_string(mem.total >> 20) +
+          " MiB after the warmup prefill (memory fraction " +
+          std::to_string(options_.memoryFraction) + ") holds " + std::to_string(numBlocks) +
+          " blocks; the warmup batch needs " + std::to_string(needed) +
+          ": lower --max-batch-prefill-tokens or use a larger GPU");
+    }
+    auto cache = KvCache::create(backend_, c, numBlocks, options_.blockSize, dtype);
+    if (!cache.ok())
+      return cache.status().withContext("KV cache of " + std::to_string(numBlocks) + " blocks");
+    cache_ = std::move(*cache);
   }
   WarmupResult w;
   w.maxSupportedTotalTokens =

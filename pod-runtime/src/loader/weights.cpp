@@ -36,6 +36,16 @@ float element(const std::string& dtype, const char* p) {
   return dtype == "F16" ? kernels::f16ToFloat(h) : kernels::bf16ToFloat(h);
 }
 
+// The safetensors name of a dtype.
+const char* fileDtypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+  }
+  return "";
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<WeightStore>> WeightStore::open(const std::string& modelDir) {
@@ -87,8 +97,8 @@ const TensorInfo* WeightStore::info(const std::string& name) const {
   return it == where_.end() ? nullptr : it->second.second;
 }
 
-StatusOr<Tensor> WeightStore::loadF32(const std::string& name,
-                                      const std::vector<int64_t>& expectShape, Shard shard) const {
+StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
+                                   const std::vector<int64_t>& expectShape, Shard shard) const {
   auto it = where_.find(name);
   if (it == where_.end()) return notFoundError("weight '" + name + "' not found in the checkpoint");
   const auto& [file, info] = it->second;
@@ -119,19 +129,35 @@ StatusOr<Tensor> WeightStore::loadF32(const std::string& name,
   const int64_t full = shape[shard.dim], part = full / shard.worldSize;
   std::vector<int64_t> outShape = info->shape.empty() ? std::vector<int64_t>{} : shape;
   if (!outShape.empty()) outShape[shard.dim] = part;
-  Tensor t(DType::kF32, outShape.empty() ? std::vector<int64_t>{1} : outShape);
+  Tensor t(dtype, outShape.empty() ? std::vector<int64_t>{1} : outShape);
   const std::string_view bytes = file->bytes(*info);
-  const size_t es = info->dtype == "F32" ? 4 : 2;
-  float* dst = t.f32();
+  const size_t es = info->dtype == "F32" ? 4 : 2, outEs = kernels::dtypeSize(dtype);
+  const bool same = info->dtype == std::string(fileDtypeName(dtype));
+  auto* dst = static_cast<unsigned char*>(t.data());
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t m = 0; m < part; ++m) {
       const int64_t srcRow = (o * full + shard.rank * part + m) * inner;
       const char* src = bytes.data() + srcRow * es;
-      float* d = dst + (o * part + m) * inner;
-      if (es == 4) {
-        std::memcpy(d, src, inner * 4);
-      } else {
-        for (int64_t i = 0; i < inner; ++i) d[i] = element(info->dtype, src + i * es);
+      unsigned char* d = dst + (o * part + m) * inner * outEs;
+      if (same) {
+        std::memcpy(d, src, inner * es);
+        continue;
+      }
+      for (int64_t i = 0; i < inner; ++i) {
+        const float v = element(info->dtype, src + i * es);
+        switch (dtype) {
+          case DType::kF32: std::memcpy(d + 4 * i, &v, 4); break;
+          case DType::kF16: {
+            const uint16_t h = kernels::floatToF16(v);
+            std::memcpy(d + 2 * i, &h, 2);
+            break;
+          }
+          case DType::kBF16: {
+            const uint16_t h = kernels::floatToBf16(v);
+            std::memcpy(d + 2 * i, &h, 2);
+            break;
+          }
+        }
       }
     }
   }

@@ -1,8 +1,10 @@
 // The Llama family (Llama, Llama 2, Code Llama, Mistral): RMSNorm, RoPE (default, linear, dynamic
 // NTK, partial rotary), grouped-query attention over the paged cache, SiLU-gated MLP.
+#include <algorithm>
 #include <cmath>
 
 #include "architectures.h"
+#include "textgen/kernels/half.h"
 #include "textgen/runtime/model.h"
 #include "textgen/runtime/weights.h"
 
@@ -10,8 +12,13 @@ namespace textgen::runtime {
 namespace {
 
 struct Layer {
-  std::unique_ptr<Buffer> inputNorm, q, k, v, o, postNorm, gateUp, down;
+  std::unique_ptr<Buffer> inputNorm, qkv, o, postNorm, gateUp, down;
 };
+
+// Byte offset of element `i` of a buffer holding `dtype` elements.
+void* at(Buffer& b, int64_t i, DType dtype) {
+  return static_cast<char*>(b.data()) + i * static_cast<int64_t>(kernels::dtypeSize(dtype));
+}
 
 class LlamaModel final : public Model {
  public:
@@ -19,6 +26,7 @@ class LlamaModel final : public Model {
       : config_(std::move(config)), spec_(spec), backend_(backend) {}
 
   const ModelConfig& config() const override { return config_; }
+  DType dtype() const override { return dtype_; }
 
   Status load(const WeightStore& w, const ModelOptions& options) {
     if (options.worldSize != 1) {
@@ -26,176 +34,303 @@ class LlamaModel final : public Model {
                                 std::to_string(options.worldSize) +
                                 ") is not implemented yet: shards load, ranks cannot communicate");
     }
+    dtype_ = options.dtype;
+    TG_RETURN_IF_ERROR(backend_.supports(dtype_));
     const ModelConfig& c = config_;
     const int64_t h = c.hiddenSize, qOut = c.numHeads * c.headDim, kvOut = c.numKvHeads * c.headDim;
     // Column-parallel weights split their output rows across ranks, row-parallel ones their input
     // columns; the embedding and the head split the vocabulary.
     const Shard column{0, options.rank, options.worldSize}, row{1, options.rank, options.worldSize};
-    TG_ASSIGN_OR_RETURN(embed_, upload(w, std::string(spec_.embed), {c.vocabSize, h}, column));
-    TG_ASSIGN_OR_RETURN(finalNorm_, upload(w, std::string(spec_.finalNorm), {h}, {}));
+    TG_ASSIGN_OR_RETURN(embed_, upload(w, {{std::string(spec_.embed), {c.vocabSize, h}, column}}));
+    TG_ASSIGN_OR_RETURN(finalNorm_, upload(w, {{std::string(spec_.finalNorm), {h}, {}}}));
     if (c.tieWordEmbeddings || !w.contains(std::string(spec_.lmHead))) {
       if (!c.tieWordEmbeddings)
         return notFoundError("weight '" + std::string(spec_.lmHead) + "' not found");
       lmHead_ = embed_.get();
     } else {
       TG_ASSIGN_OR_RETURN(ownLmHead_,
-                          upload(w, std::string(spec_.lmHead), {c.vocabSize, h}, column));
+                          upload(w, {{std::string(spec_.lmHead), {c.vocabSize, h}, column}}));
       lmHead_ = ownLmHead_.get();
     }
     layers_.resize(c.numLayers);
     for (int64_t i = 0; i < c.numLayers; ++i) {
       Layer& l = layers_[i];
-      TG_ASSIGN_OR_RETURN(l.inputNorm, upload(w, layerName(spec_.inputNorm, i), {h}, {}));
-      TG_ASSIGN_OR_RETURN(l.q, upload(w, layerName(spec_.q, i), {qOut, h}, column));
-      TG_ASSIGN_OR_RETURN(l.k, upload(w, layerName(spec_.k, i), {kvOut, h}, column));
-      TG_ASSIGN_OR_RETURN(l.v, upload(w, layerName(spec_.v, i), {kvOut, h}, column));
-      TG_ASSIGN_OR_RETURN(l.o, upload(w, layerName(spec_.o, i), {h, qOut}, row));
-      TG_ASSIGN_OR_RETURN(l.postNorm, upload(w, layerName(spec_.postNorm, i), {h}, {}));
-      TG_ASSIGN_OR_RETURN(l.down,
-                          upload(w, layerName(spec_.down, i), {h, c.intermediateSize}, row));
+      TG_ASSIGN_OR_RETURN(l.inputNorm, upload(w, {{layerName(spec_.inputNorm, i), {h}, {}}}));
+      // q, k and v stacked: one GEMM yields [rows, qOut + 2 kvOut].
+      TG_ASSIGN_OR_RETURN(l.qkv, upload(w, {{layerName(spec_.q, i), {qOut, h}, column},
+                                            {layerName(spec_.k, i), {kvOut, h}, column},
+                                            {layerName(spec_.v, i), {kvOut, h}, column}}));
+      TG_ASSIGN_OR_RETURN(l.o, upload(w, {{layerName(spec_.o, i), {h, qOut}, row}}));
+      TG_ASSIGN_OR_RETURN(l.postNorm, upload(w, {{layerName(spec_.postNorm, i), {h}, {}}}));
       // Gate and up stacked: one GEMM yields [rows, 2 * intermediate].
-      TG_ASSIGN_OR_RETURN(Tensor gate,
-                          w.loadF32(layerName(spec_.gate, i), {c.intermediateSize, h}, column));
-      TG_ASSIGN_OR_RETURN(Tensor up,
-                          w.loadF32(layerName(spec_.up, i), {c.intermediateSize, h}, column));
-      TG_ASSIGN_OR_RETURN(l.gateUp, backend_.allocate(gate.bytes() + up.bytes()));
-      std::vector<float> both(gate.numel() + up.numel());
-      std::memcpy(both.data(), gate.f32(), gate.bytes());
-      std::memcpy(both.data() + gate.numel(), up.f32(), up.bytes());
-      TG_RETURN_IF_ERROR(backend_.upload(*l.gateUp, both.data(), both.size() * sizeof(float)));
+      TG_ASSIGN_OR_RETURN(l.gateUp,
+                          upload(w, {{layerName(spec_.gate, i), {c.intermediateSize, h}, column},
+                                     {layerName(spec_.up, i), {c.intermediateSize, h}, column}}));
+      TG_ASSIGN_OR_RETURN(l.down,
+                          upload(w, {{layerName(spec_.down, i), {h, c.intermediateSize}, row}}));
     }
-    return okStatus();
+    return backend_.synchronize();
   }
 
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override {
     const ModelConfig& c = config_;
     const auto rows = static_cast<int64_t>(b.tokenIds.size());
     TG_RETURN_IF_ERROR(validate(b, cache));
+    if (cache.dtype() != dtype_) return invalidArgumentError("the KV cache has another dtype");
     const int64_t h = c.hiddenSize, hd = c.headDim, nh = c.numHeads, nkv = c.numKvHeads,
-                  inter = c.intermediateSize;
-    TG_RETURN_IF_ERROR(reserve(rows));
-    float* x = ws_.residual->f32();
-    float* hs = ws_.hidden->f32();
-    float* q = ws_.q->f32();
-    float* k = ws_.k->f32();
-    float* v = ws_.v->f32();
-    float* attn = ws_.attn->f32();
-    float* gateUp = ws_.gateUp->f32();
-    float* act = ws_.act->f32();
-
-    // Per-row positions and RoPE frequencies (dynamic NTK depends on each sequence's length).
-    std::vector<int64_t> positions(rows);
-    const int64_t half = c.rotaryDim() / 2;
-    std::vector<float> invFreq(rows * half);
-    for (const SequenceRows& s : b.sequences) {
-      const std::vector<float> freq = ropeFrequencies(s.startPos + s.numRows);
-      for (int64_t t = 0; t < s.numRows; ++t) {
-        positions[s.firstRow + t] = s.startPos + t;
-        std::copy(freq.begin(), freq.end(), invFreq.begin() + (s.firstRow + t) * half);
-      }
-    }
+                  inter = c.intermediateSize, qkvOut = (nh + 2 * nkv) * hd;
+    const DType dt = dtype_;
+    const auto n = static_cast<int64_t>(b.logitRows.size());
+    TG_ASSIGN_OR_RETURN(const Metadata meta, uploadMetadata(b));
+    TG_RETURN_IF_ERROR(reserve(rows, n));
+    void* x = ws_.residual->data();
+    void* hs = ws_.hidden->data();
+    void* qkv = ws_.qkv->data();
+    void* kPart = at(*ws_.qkv, nh * hd, dt);
+    void* vPart = at(*ws_.qkv, (nh + nkv) * hd, dt);
+    void* attn = ws_.attn->data();
+    void* gateUp = ws_.gateUp->data();
+    void* act = ws_.act->data();
+    const auto eps = static_cast<float>(c.rmsNormEps);
 
     TG_RETURN_IF_ERROR(
-        backend_.embedding({embed_->f32(), b.tokenIds.data(), x, rows, h, c.vocabSize}));
+        backend_.gatherRows({embed_->data(), meta.ids, x, rows, h, c.vocabSize, dt}));
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (int64_t i = 0; i < c.numLayers; ++i) {
       Layer& l = layers_[i];
       // Layer 0 normalises the embedding; later layers first add the previous MLP output.
-      kernels::RmsNormParams norm{.input = i == 0 ? x : hs,
-                                  .residual = i == 0 ? nullptr : x,
-                                  .residualOut = i == 0 ? nullptr : x,
-                                  .output = hs,
-                                  .weight = l.inputNorm->f32(),
-                                  .numTokens = rows,
-                                  .hiddenSize = h,
-                                  .eps = static_cast<float>(c.rmsNormEps)};
-      TG_RETURN_IF_ERROR(backend_.rmsNorm(norm));
-      TG_RETURN_IF_ERROR(backend_.linear({hs, l.q->f32(), q, rows, h, nh * hd}));
-      TG_RETURN_IF_ERROR(backend_.linear({hs, l.k->f32(), k, rows, h, nkv * hd}));
-      TG_RETURN_IF_ERROR(backend_.linear({hs, l.v->f32(), v, rows, h, nkv * hd}));
-      TG_RETURN_IF_ERROR(backend_.rope(
-          {q, k, invFreq.data(), positions.data(), rows, nh, nkv, hd, c.rotaryDim()}));
-      TG_RETURN_IF_ERROR(backend_.writeKv(
-          {k, v, cache.keys(i), cache.values(i), b.slots.data(), rows, nkv, hd, cache.numSlots()}));
-      AttentionParams ap{.q = q,
-                         .kCache = cache.keys(i),
-                         .vCache = cache.values(i),
-                         .out = attn,
-                         .sequences = b.sequences,
-                         .numHeads = nh,
-                         .numKvHeads = nkv,
-                         .headDim = hd,
-                         .blockSize = cache.blockSize(),
-                         .slidingWindow = spec_.slidingWindow ? c.slidingWindow.value_or(0) : 0,
-                         .scale = scale};
-      TG_RETURN_IF_ERROR(backend_.attention(ap));
-      TG_RETURN_IF_ERROR(backend_.linear({attn, l.o->f32(), hs, rows, nh * hd, h}));
-      kernels::RmsNormParams post{.input = hs,
-                                  .residual = x,
-                                  .residualOut = x,
-                                  .output = hs,
-                                  .weight = l.postNorm->f32(),
-                                  .numTokens = rows,
-                                  .hiddenSize = h,
-                                  .eps = static_cast<float>(c.rmsNormEps)};
-      TG_RETURN_IF_ERROR(backend_.rmsNorm(post));
-      TG_RETURN_IF_ERROR(backend_.linear({hs, l.gateUp->f32(), gateUp, rows, h, 2 * inter}));
-      TG_RETURN_IF_ERROR(backend_.siluMul({gateUp, act, rows, inter}));
-      TG_RETURN_IF_ERROR(backend_.linear({act, l.down->f32(), hs, rows, inter, h}));
+      TG_RETURN_IF_ERROR(backend_.rmsNorm({.input = i == 0 ? x : hs,
+                                           .residual = i == 0 ? nullptr : x,
+                                           .residualOut = i == 0 ? nullptr : x,
+                                           .output = hs,
+                                           .weight = l.inputNorm->data(),
+                                           .numTokens = rows,
+                                           .hiddenSize = h,
+                                           .eps = eps,
+                                           .dtype = dt}));
+      TG_RETURN_IF_ERROR(backend_.linear({hs, l.qkv->data(), qkv, rows, h, qkvOut, dt}));
+      TG_RETURN_IF_ERROR(backend_.rope({.q = qkv,
+                                        .k = kPart,
+                                        .qRowStride = qkvOut,
+                                        .kRowStride = qkvOut,
+                                        .invFreq = meta.invFreq,
+                                        .positions = meta.positions,
+                                        .rows = rows,
+                                        .numHeads = nh,
+                                        .numKvHeads = nkv,
+                                        .headDim = hd,
+                                        .rotaryDim = c.rotaryDim(),
+                                        .attentionScaling = 1.0f,
+                                        .dtype = dt}));
+      TG_RETURN_IF_ERROR(backend_.writeKv({.k = kPart,
+                                           .v = vPart,
+                                           .kvRowStride = qkvOut,
+                                           .kCache = cache.keys(i),
+                                           .vCache = cache.values(i),
+                                           .slots = meta.slots,
+                                           .rows = rows,
+                                           .numKvHeads = nkv,
+                                           .headDim = hd,
+                                           .numSlots = cache.numSlots(),
+                                           .dtype = dt}));
+      TG_RETURN_IF_ERROR(backend_.attention(
+          {.q = qkv,
+           .qRowStride = qkvOut,
+           .kCache = cache.keys(i),
+           .vCache = cache.values(i),
+           .out = attn,
+           .seqStarts = meta.seqStarts,
+           .startPos = meta.startPos,
+           .blockTables = meta.blockTables,
+           .rows = rows,
+           .numSeqs = meta.numSeqs,
+           .maxBlocksPerSeq = meta.maxBlocksPerSeq,
+           .numHeads = nh,
+           .numKvHeads = nkv,
+           .headDim = hd,
+           .blockSize = cache.blockSize(),
+           .slidingWindow = spec_.slidingWindow ? c.slidingWindow.value_or(0) : 0,
+           .scale = scale,
+           .maxNewRows = meta.maxNewRows,
+           .maxContext = meta.maxContext,
+           .dtype = dt}));
+      TG_RETURN_IF_ERROR(backend_.linear({attn, l.o->data(), hs, rows, nh * hd, h, dt}));
+      TG_RETURN_IF_ERROR(backend_.rmsNorm({.input = hs,
+                                           .residual = x,
+                                           .residualOut = x,
+                                           .output = hs,
+                                           .weight = l.postNorm->data(),
+                                           .numTokens = rows,
+                                           .hiddenSize = h,
+                                           .eps = eps,
+                                           .dtype = dt}));
+      TG_RETURN_IF_ERROR(backend_.linear({hs, l.gateUp->data(), gateUp, rows, h, 2 * inter, dt}));
+      TG_RETURN_IF_ERROR(backend_.siluMul({gateUp, act, rows, inter, dt}));
+      TG_RETURN_IF_ERROR(backend_.linear({act, l.down->data(), hs, rows, inter, h, dt}));
     }
     // Final norm of the wanted rows only, then the head.
-    const auto n = static_cast<int64_t>(b.logitRows.size());
-    std::vector<float> picked(n * h), pickedResidual(n * h), normed(n * h);
-    for (int64_t r = 0; r < n; ++r) {
-      std::memcpy(picked.data() + r * h, hs + b.logitRows[r] * h, h * sizeof(float));
-      std::memcpy(pickedResidual.data() + r * h, x + b.logitRows[r] * h, h * sizeof(float));
-    }
-    kernels::RmsNormParams fin{.input = picked.data(),
-                               .residual = pickedResidual.data(),
-                               .residualOut = pickedResidual.data(),
-                               .output = normed.data(),
-                               .weight = finalNorm_->f32(),
-                               .numTokens = n,
-                               .hiddenSize = h,
-                               .eps = static_cast<float>(c.rmsNormEps)};
-    TG_RETURN_IF_ERROR(backend_.rmsNorm(fin));
-    std::vector<float> logits(n * c.vocabSize);
+    void* pickedHs = ws_.pickedHidden->data();
+    void* pickedX = ws_.pickedResidual->data();
+    TG_RETURN_IF_ERROR(backend_.gatherRows({hs, meta.logitRows, pickedHs, n, h, rows, dt}));
+    TG_RETURN_IF_ERROR(backend_.gatherRows({x, meta.logitRows, pickedX, n, h, rows, dt}));
+    TG_RETURN_IF_ERROR(backend_.rmsNorm({.input = pickedHs,
+                                         .residual = pickedX,
+                                         .residualOut = pickedX,
+                                         .output = pickedHs,
+                                         .weight = finalNorm_->data(),
+                                         .numTokens = n,
+                                         .hiddenSize = h,
+                                         .eps = eps,
+                                         .dtype = dt}));
     TG_RETURN_IF_ERROR(
-        backend_.linear({normed.data(), lmHead_->f32(), logits.data(), n, h, c.vocabSize}));
-    return logits;
+        backend_.linear({pickedHs, lmHead_->data(), ws_.logits->data(), n, h, c.vocabSize, dt}));
+    return downloadLogits(n * c.vocabSize);
   }
 
  private:
-  struct Workspace {
-    int64_t rows = 0;
-    std::unique_ptr<Buffer> residual, hidden, q, k, v, attn, gateUp, act;
+  // Device views of one forward's batch description (see uploadMetadata).
+  struct Metadata {
+    const int32_t *ids, *positions, *slots, *seqStarts, *startPos, *blockTables, *logitRows;
+    const float* invFreq;
+    int64_t numSeqs, maxBlocksPerSeq, maxNewRows, maxContext;
   };
 
-  StatusOr<std::unique_ptr<Buffer>> upload(const WeightStore& w, const std::string& name,
-                                           const std::vector<int64_t>& shape, Shard shard) {
-    TG_ASSIGN_OR_RETURN(Tensor t, w.loadF32(name, shape, shard));
-    TG_ASSIGN_OR_RETURN(auto buf, backend_.allocate(t.bytes()));
-    TG_RETURN_IF_ERROR(backend_.upload(*buf, t.data(), t.bytes()));
+  struct Workspace {
+    int64_t rows = 0, logitRows = 0;
+    std::unique_ptr<Buffer> residual, hidden, qkv, attn, gateUp, act;
+    std::unique_ptr<Buffer> pickedHidden, pickedResidual, logits;
+    std::unique_ptr<Buffer> meta, invFreq;
+  };
+
+  struct Part {
+    std::string name;
+    std::vector<int64_t> shape;
+    Shard shard;
+  };
+
+  // Loads the tensors in the model dtype and uploads them stacked along the first dimension.
+  StatusOr<std::unique_ptr<Buffer>> upload(const WeightStore& w, const std::vector<Part>& parts) {
+    std::vector<Tensor> tensors;
+    size_t total = 0;
+    for (const Part& p : parts) {
+      TG_ASSIGN_OR_RETURN(Tensor t, w.load(p.name, dtype_, p.shape, p.shard));
+      total += t.bytes();
+      tensors.push_back(std::move(t));
+    }
+    TG_ASSIGN_OR_RETURN(auto buf, backend_.allocate(total));
+    size_t offset = 0;
+    for (const Tensor& t : tensors) {
+      TG_RETURN_IF_ERROR(backend_.upload(*buf, t.data(), t.bytes(), offset));
+      offset += t.bytes();
+    }
+    // Host tensors are freed on return; pageable uploads are staged before upload() returns.
     return buf;
   }
 
-  Status reserve(int64_t rows) {
-    if (rows <= ws_.rows) return okStatus();
-    const ModelConfig& c = config_;
-    auto alloc = [&](std::unique_ptr<Buffer>& b, int64_t width) -> Status {
-      TG_ASSIGN_OR_RETURN(b, backend_.allocate(static_cast<size_t>(rows * width) * sizeof(float)));
-      return okStatus();
-    };
-    TG_RETURN_IF_ERROR(alloc(ws_.residual, c.hiddenSize));
-    TG_RETURN_IF_ERROR(alloc(ws_.hidden, c.hiddenSize));
-    TG_RETURN_IF_ERROR(alloc(ws_.q, c.numHeads * c.headDim));
-    TG_RETURN_IF_ERROR(alloc(ws_.k, c.numKvHeads * c.headDim));
-    TG_RETURN_IF_ERROR(alloc(ws_.v, c.numKvHeads * c.headDim));
-    TG_RETURN_IF_ERROR(alloc(ws_.attn, c.numHeads * c.headDim));
-    TG_RETURN_IF_ERROR(alloc(ws_.gateUp, 2 * c.intermediateSize));
-    TG_RETURN_IF_ERROR(alloc(ws_.act, c.intermediateSize));
-    ws_.rows = rows;
+  static Status ensure(Backend& backend, std::unique_ptr<Buffer>& buf, size_t bytes) {
+    if (buf && buf->bytes() >= bytes) return okStatus();
+    buf.reset();
+    TG_ASSIGN_OR_RETURN(buf, backend.allocate(bytes));
     return okStatus();
+  }
+
+  // Builds the batch description on the host and uploads it in two copies: int32 fields, then
+  // each row's RoPE frequencies (dynamic NTK depends on each sequence's length).
+  StatusOr<Metadata> uploadMetadata(const ForwardBatch& b) {
+    const auto rows = static_cast<int64_t>(b.tokenIds.size());
+    const auto numSeqs = static_cast<int64_t>(b.sequences.size());
+    const auto n = static_cast<int64_t>(b.logitRows.size());
+    Metadata m{};
+    m.numSeqs = numSeqs;
+    for (const SequenceRows& s : b.sequences) {
+      m.maxBlocksPerSeq =
+          std::max<int64_t>(m.maxBlocksPerSeq, static_cast<int64_t>(s.blocks.size()));
+      m.maxNewRows = std::max(m.maxNewRows, s.numRows);
+      m.maxContext = std::max(m.maxContext, s.startPos + s.numRows);
+    }
+    m.maxBlocksPerSeq = std::max<int64_t>(m.maxBlocksPerSeq, 1);
+    // [ids | positions | slots | seqStarts | startPos | blockTables | logitRows]
+    const int64_t oIds = 0, oPos = rows, oSlots = 2 * rows, oStarts = 3 * rows,
+                  oStartPos = oStarts + numSeqs + 1, oTables = oStartPos + numSeqs,
+                  oLogits = oTables + numSeqs * m.maxBlocksPerSeq, total = oLogits + n;
+    hostMeta_.assign(total, 0);
+    const int64_t half = config_.rotaryDim() / 2;
+    hostFreq_.resize(rows * half);
+    for (int64_t r = 0; r < rows; ++r) {
+      hostMeta_[oIds + r] = static_cast<int32_t>(b.tokenIds[r]);
+      hostMeta_[oSlots + r] = static_cast<int32_t>(b.slots[r]);
+    }
+    for (int64_t i = 0; i < numSeqs; ++i) {
+      const SequenceRows& s = b.sequences[i];
+      const std::vector<float> freq = ropeFrequencies(s.startPos + s.numRows);
+      for (int64_t t = 0; t < s.numRows; ++t) {
+        hostMeta_[oPos + s.firstRow + t] = static_cast<int32_t>(s.startPos + t);
+        std::copy(freq.begin(), freq.end(), hostFreq_.begin() + (s.firstRow + t) * half);
+      }
+      hostMeta_[oStarts + i] = static_cast<int32_t>(s.firstRow);
+      hostMeta_[oStartPos + i] = static_cast<int32_t>(s.startPos);
+      for (size_t j = 0; j < s.blocks.size(); ++j)
+        hostMeta_[oTables + i * m.maxBlocksPerSeq + static_cast<int64_t>(j)] =
+            static_cast<int32_t>(s.blocks[j]);
+    }
+    hostMeta_[oStarts + numSeqs] = static_cast<int32_t>(rows);
+    for (int64_t i = 0; i < n; ++i) hostMeta_[oLogits + i] = static_cast<int32_t>(b.logitRows[i]);
+
+    TG_RETURN_IF_ERROR(ensure(backend_, ws_.meta, hostMeta_.size() * sizeof(int32_t)));
+    TG_RETURN_IF_ERROR(ensure(backend_, ws_.invFreq, std::max<size_t>(hostFreq_.size(), 1) * 4));
+    TG_RETURN_IF_ERROR(
+        backend_.upload(*ws_.meta, hostMeta_.data(), hostMeta_.size() * sizeof(int32_t)));
+    TG_RETURN_IF_ERROR(
+        backend_.upload(*ws_.invFreq, hostFreq_.data(), hostFreq_.size() * sizeof(float)));
+    const auto* base = ws_.meta->as<const int32_t>();
+    m.ids = base + oIds;
+    m.positions = base + oPos;
+    m.slots = base + oSlots;
+    m.seqStarts = base + oStarts;
+    m.startPos = base + oStartPos;
+    m.blockTables = base + oTables;
+    m.logitRows = base + oLogits;
+    m.invFreq = ws_.invFreq->as<const float>();
+    return m;
+  }
+
+  Status reserve(int64_t rows, int64_t logitRows) {
+    const ModelConfig& c = config_;
+    const size_t es = kernels::dtypeSize(dtype_);
+    auto alloc = [&](std::unique_ptr<Buffer>& b, int64_t r, int64_t width) {
+      return ensure(backend_, b, static_cast<size_t>(r * width) * es);
+    };
+    if (rows > ws_.rows) {
+      TG_RETURN_IF_ERROR(alloc(ws_.residual, rows, c.hiddenSize));
+      TG_RETURN_IF_ERROR(alloc(ws_.hidden, rows, c.hiddenSize));
+      TG_RETURN_IF_ERROR(alloc(ws_.qkv, rows, (c.numHeads + 2 * c.numKvHeads) * c.headDim));
+      TG_RETURN_IF_ERROR(alloc(ws_.attn, rows, c.numHeads * c.headDim));
+      TG_RETURN_IF_ERROR(alloc(ws_.gateUp, rows, 2 * c.intermediateSize));
+      TG_RETURN_IF_ERROR(alloc(ws_.act, rows, c.intermediateSize));
+      ws_.rows = rows;
+    }
+    if (logitRows > ws_.logitRows) {
+      TG_RETURN_IF_ERROR(alloc(ws_.pickedHidden, logitRows, c.hiddenSize));
+      TG_RETURN_IF_ERROR(alloc(ws_.pickedResidual, logitRows, c.hiddenSize));
+      TG_RETURN_IF_ERROR(alloc(ws_.logits, logitRows, c.vocabSize));
+      ws_.logitRows = logitRows;
+    }
+    return okStatus();
+  }
+
+  StatusOr<std::vector<float>> downloadLogits(int64_t count) {
+    std::vector<float> logits(count);
+    if (dtype_ == DType::kF32) {
+      TG_RETURN_IF_ERROR(backend_.download(logits.data(), *ws_.logits, count * sizeof(float)));
+      return logits;
+    }
+    std::vector<uint16_t> raw(count);
+    TG_RETURN_IF_ERROR(backend_.download(raw.data(), *ws_.logits, count * sizeof(uint16_t)));
+    for (int64_t i = 0; i < count; ++i) {
+      logits[i] =
+          dtype_ == DType::kF16 ? kernels::f16ToFloat(raw[i]) : kernels::bf16ToFloat(raw[i]);
+    }
+    return logits;
   }
 
   Status validate(const ForwardBatch& b, const KvCache& cache) const {
@@ -254,10 +389,13 @@ class LlamaModel final : public Model {
   ModelConfig config_;
   ArchitectureSpec spec_;
   Backend& backend_;
+  DType dtype_ = DType::kF32;
   std::unique_ptr<Buffer> embed_, finalNorm_, ownLmHead_;
   Buffer* lmHead_ = nullptr;
   std::vector<Layer> layers_;
   Workspace ws_;
+  std::vector<int32_t> hostMeta_;
+  std::vector<float> hostFreq_;
 };
 
 }  // namespace

@@ -21,20 +21,22 @@ StatusOr<std::unique_ptr<Model>> loadModel(const std::string& modelDir, Backend&
   return unimplementedError("architecture '" + config.architecture + "' is not supported");
 }
 
-int64_t KvCache::bytesPerBlock(const ModelConfig& c, int64_t blockSize) {
+int64_t KvCache::bytesPerBlock(const ModelConfig& c, int64_t blockSize, kernels::DType dtype) {
   return 2 * c.numLayers * blockSize * c.numKvHeads * c.headDim *
-         static_cast<int64_t>(sizeof(float));
+         static_cast<int64_t>(kernels::dtypeSize(dtype));
 }
 
 StatusOr<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const ModelConfig& c,
-                                                   int64_t numBlocks, int64_t blockSize) {
+                                                   int64_t numBlocks, int64_t blockSize,
+                                                   kernels::DType dtype) {
   if (numBlocks <= 0 || blockSize <= 0)
     return invalidArgumentError("KV cache needs positive blocks and block size");
   auto cache = std::make_unique<KvCache>();
   cache->numBlocks_ = numBlocks;
   cache->blockSize_ = blockSize;
-  const size_t bytes =
-      static_cast<size_t>(numBlocks * blockSize * c.numKvHeads * c.headDim) * sizeof(float);
+  cache->dtype_ = dtype;
+  const size_t bytes = static_cast<size_t>(numBlocks * blockSize * c.numKvHeads * c.headDim) *
+                       kernels::dtypeSize(dtype);
   for (int64_t i = 0; i < c.numLayers; ++i) {
     TG_ASSIGN_OR_RETURN(auto k, backend.allocate(bytes));
     TG_ASSIGN_OR_RETURN(auto v, backend.allocate(bytes));

@@ -17,8 +17,19 @@ TEST(CpuBackendTest, PartialRotaryRotatesOnlyTheRotaryDims) {
   std::vector<float> q(headDim), k(headDim);
   for (int i = 0; i < headDim; ++i) q[i] = k[i] = static_cast<float>(i + 1);
   const std::vector<float> inv{1.0f, 0.01f};
-  const int64_t pos = 3;
-  ASSERT_TRUE(b->rope({q.data(), k.data(), inv.data(), &pos, 1, 1, 1, headDim, rotary}).ok());
+  const int32_t pos = 3;
+  ASSERT_TRUE(b->rope({.q = q.data(),
+                       .k = k.data(),
+                       .qRowStride = headDim,
+                       .kRowStride = headDim,
+                       .invFreq = inv.data(),
+                       .positions = &pos,
+                       .rows = 1,
+                       .numHeads = 1,
+                       .numKvHeads = 1,
+                       .headDim = headDim,
+                       .rotaryDim = rotary})
+                  .ok());
   for (int i = 0; i < half; ++i) {
     const float c = std::cos(pos * inv[i]), s = std::sin(pos * inv[i]);
     const float x1 = static_cast<float>(i + 1), x2 = static_cast<float>(i + 1 + half);
@@ -33,7 +44,7 @@ TEST(CpuBackendTest, SlidingWindowAttentionOverScatteredBlocks) {
   auto b = makeCpuBackend(1);
   const int64_t blockSize = 2, numBlocks = 8, headDim = 4, window = 3, len = 6;
   std::vector<float> kc(numBlocks * blockSize * headDim), vc(kc.size());
-  const std::vector<uint32_t> blocks{5, 1, 7};  // positions 0-1 in block 5, 2-3 in 1, 4-5 in 7
+  const std::vector<int32_t> blocks{5, 1, 7};  // positions 0-1 in block 5, 2-3 in 1, 4-5 in 7
   std::mt19937 rng(1);
   std::normal_distribution<float> d;
   std::vector<std::vector<float>> keys(len, std::vector<float>(headDim)), values = keys;
@@ -46,18 +57,27 @@ TEST(CpuBackendTest, SlidingWindowAttentionOverScatteredBlocks) {
   }
   std::vector<float> q(headDim), out(headDim);
   for (float& x : q) x = d(rng);
-  const SequenceRows seq{0, 1, len - 1, blocks};  // the last position attends to positions 3..5
-  AttentionParams p{.q = q.data(),
-                    .kCache = kc.data(),
-                    .vCache = vc.data(),
-                    .out = out.data(),
-                    .sequences = std::span<const SequenceRows>(&seq, 1),
-                    .numHeads = 1,
-                    .numKvHeads = 1,
-                    .headDim = headDim,
-                    .blockSize = blockSize,
-                    .slidingWindow = window,
-                    .scale = 0.5f};
+  // One sequence, one new row at the last position: it attends to positions 3..5.
+  const std::vector<int32_t> seqStarts{0, 1}, startPos{len - 1};
+  kernels::PagedAttentionParams p{.q = q.data(),
+                                  .qRowStride = headDim,
+                                  .kCache = kc.data(),
+                                  .vCache = vc.data(),
+                                  .out = out.data(),
+                                  .seqStarts = seqStarts.data(),
+                                  .startPos = startPos.data(),
+                                  .blockTables = blocks.data(),
+                                  .rows = 1,
+                                  .numSeqs = 1,
+                                  .maxBlocksPerSeq = 3,
+                                  .numHeads = 1,
+                                  .numKvHeads = 1,
+                                  .headDim = headDim,
+                                  .blockSize = blockSize,
+                                  .slidingWindow = window,
+                                  .scale = 0.5f,
+                                  .maxNewRows = 1,
+                                  .maxContext = len};
   ASSERT_TRUE(b->attention(p).ok());
   std::vector<double> w;
   double sum = 0;

@@ -1,17 +1,25 @@
 // The batched operations a model is written against. A forward pass runs over a flattened batch of
 // tokens from several sequences; keys and values live in a paged cache addressed by slots
 // (slot = block * blockSize + offset), whose allocation the router owns. The CPU backend implements
-// these on host memory; the CUDA backend (later) implements the same operations on the device, so
-// there is one model, not two. Pointers are backend memory, opaque to the model.
+// them on host memory (float32), the CUDA backend on the device (float32, float16, bfloat16), so
+// there is one model, not two. Every pointer in the params — the batch metadata included — is
+// backend memory, opaque to the model: it builds metadata on the host and uploads it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "textgen/base/status_or.h"
+#include "textgen/kernels/gather_rows.h"
+#include "textgen/kernels/gemm.h"
+#include "textgen/kernels/kv_write.h"
+#include "textgen/kernels/paged_attention.h"
 #include "textgen/kernels/rms_norm.h"
+#include "textgen/kernels/rope.h"
+#include "textgen/kernels/silu_mul.h"
 
 namespace textgen::runtime {
 
@@ -21,10 +29,13 @@ class Buffer {
   virtual ~Buffer() = default;
   virtual void* data() = 0;
   virtual size_t bytes() const = 0;
-  float* f32() { return static_cast<float*>(data()); }
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(data());
+  }
 };
 
-// One sequence's rows of a flattened batch.
+// One sequence's rows of a flattened batch (host-side description).
 struct SequenceRows {
   int64_t firstRow = 0;  // first row of the batch that belongs to this sequence
   int64_t numRows = 0;   // its new tokens in this forward
@@ -32,79 +43,41 @@ struct SequenceRows {
   std::span<const uint32_t> blocks;  // the sequence's KV-cache block table
 };
 
-struct EmbeddingParams {
-  const float* table = nullptr;   // [vocab, hidden]
-  const uint32_t* ids = nullptr;  // [rows]
-  float* out = nullptr;           // [rows, hidden]
-  int64_t rows = 0, hidden = 0, vocab = 0;
-};
-
-// y[rows, out] = x[rows, in] · W[out, in]ᵀ
-struct LinearParams {
-  const float* x = nullptr;
-  const float* weight = nullptr;
-  float* y = nullptr;
-  int64_t rows = 0, in = 0, out = 0;
-};
-
-// Rotates, in place, the first rotaryDim dimensions of every head of q and k (rotate-half layout).
-struct RopeParams {
-  float* q = nullptr;                  // [rows, numHeads, headDim]
-  float* k = nullptr;                  // [rows, numKvHeads, headDim]
-  const float* invFreq = nullptr;      // [rows, rotaryDim / 2]: each row's frequencies
-  const int64_t* positions = nullptr;  // [rows]
-  int64_t rows = 0, numHeads = 0, numKvHeads = 0, headDim = 0, rotaryDim = 0;
-};
-
-// Writes each row's k and v into the cache at its slot.
-struct KvWriteParams {
-  const float* k = nullptr;  // [rows, numKvHeads, headDim]
-  const float* v = nullptr;
-  float* kCache = nullptr;  // [numSlots, numKvHeads, headDim]
-  float* vCache = nullptr;
-  const uint32_t* slots = nullptr;  // [rows]
-  int64_t rows = 0, numKvHeads = 0, headDim = 0, numSlots = 0;
-};
-
-// Causal attention of each sequence's new rows over its cached keys (positions 0..pos), optionally
-// limited to the last `slidingWindow` positions; grouped-query heads share a KV head.
-struct AttentionParams {
-  const float* q = nullptr;  // [rows, numHeads, headDim]
-  const float* kCache = nullptr;
-  const float* vCache = nullptr;
-  float* out = nullptr;  // [rows, numHeads, headDim]
-  std::span<const SequenceRows> sequences;
-  int64_t numHeads = 0, numKvHeads = 0, headDim = 0, blockSize = 0;
-  int64_t slidingWindow = 0;  // 0: none
-  float scale = 1.0f;
-};
-
-// out[rows, n] = silu(gateUp[:, :n]) * gateUp[:, n:]  (gate and up projections stored side by side)
-struct SiluMulParams {
-  const float* gateUp = nullptr;  // [rows, 2n]
-  float* out = nullptr;           // [rows, n]
-  int64_t rows = 0, n = 0;
+struct MemoryInfo {
+  size_t free = 0, total = 0;
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
-  // RESOURCE_EXHAUSTED when the memory is not there.
+  // OK when the backend computes in `dtype`; UNIMPLEMENTED naming what it supports otherwise.
+  virtual Status supports(kernels::DType dtype) const = 0;
+  // RESOURCE_EXHAUSTED naming the size when the memory is not there.
   virtual StatusOr<std::unique_ptr<Buffer>> allocate(size_t bytes) = 0;
-  virtual Status upload(Buffer& dst, const void* src, size_t bytes) = 0;
-  virtual Status download(void* dst, const Buffer& src, size_t bytes) = 0;
+  // Blocking copies (the upload is complete, the download's data present, on return).
+  virtual Status upload(Buffer& dst, const void* src, size_t bytes, size_t dstOffset = 0) = 0;
+  virtual Status download(void* dst, Buffer& src, size_t bytes) = 0;
+  // Waits for queued work; reports an asynchronous device error.
+  virtual Status synchronize() = 0;
+  // Device memory, where the backend has its own (the KV pool is sized from it at Warmup).
+  virtual std::optional<MemoryInfo> memoryInfo() const { return std::nullopt; }
 
-  virtual Status embedding(const EmbeddingParams& p) = 0;
-  virtual Status rmsNorm(const kernels::RmsNormParams& p) = 0;  // float32 on this backend
-  virtual Status linear(const LinearParams& p) = 0;
-  virtual Status rope(const RopeParams& p) = 0;
-  virtual Status writeKv(const KvWriteParams& p) = 0;
-  virtual Status attention(const AttentionParams& p) = 0;
-  virtual Status siluMul(const SiluMulParams& p) = 0;
+  virtual Status gatherRows(const kernels::GatherRowsParams& p) = 0;
+  virtual Status rmsNorm(const kernels::RmsNormParams& p) = 0;
+  virtual Status linear(const kernels::GemmParams& p) = 0;
+  virtual Status rope(const kernels::RopeParams& p) = 0;
+  virtual Status writeKv(const kernels::KvWriteParams& p) = 0;
+  // The backend supplies the split-K workspace.
+  virtual Status attention(kernels::PagedAttentionParams p) = 0;
+  virtual Status siluMul(const kernels::SiluMulParams& p) = 0;
 };
 
 // Threads: 0 uses every core.
 std::unique_ptr<Backend> makeCpuBackend(int threads = 0);
+
+// The CUDA backend on `device`: FAILED_PRECONDITION when this build has no CUDA or there is no such
+// device.
+StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int device = 0);
 
 }  // namespace textgen::runtime

@@ -75,7 +75,12 @@ struct WarmupResult {
 
 struct EngineOptions {
   int64_t blockSize = 16;
-  int64_t kvCacheBytes = 0;  // KV pool budget; sized at Warmup
+  // KV pool budget in bytes. 0: sized at Warmup from the device's free memory (backends with
+  // their own memory only).
+  int64_t kvCacheBytes = 0;
+  double memoryFraction = 1.0;   // share of the device this process may use (TGI's
+                                 // --cuda-memory-fraction)
+  double safetyFraction = 0.93;  // of the remaining memory given to the KV pool (TGI's wiggle room)
 };
 
 class Engine {

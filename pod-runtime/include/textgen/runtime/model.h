@@ -17,18 +17,22 @@ namespace textgen::runtime {
 class KvCache {
  public:
   static StatusOr<std::unique_ptr<KvCache>> create(Backend& backend, const ModelConfig& config,
-                                                   int64_t numBlocks, int64_t blockSize);
+                                                   int64_t numBlocks, int64_t blockSize,
+                                                   kernels::DType dtype = kernels::DType::kF32);
   // Bytes one block takes across all layers (keys and values).
-  static int64_t bytesPerBlock(const ModelConfig& config, int64_t blockSize);
+  static int64_t bytesPerBlock(const ModelConfig& config, int64_t blockSize,
+                               kernels::DType dtype = kernels::DType::kF32);
 
   int64_t numBlocks() const { return numBlocks_; }
   int64_t blockSize() const { return blockSize_; }
   int64_t numSlots() const { return numBlocks_ * blockSize_; }
-  float* keys(int64_t layer) { return keys_[layer]->f32(); }
-  float* values(int64_t layer) { return values_[layer]->f32(); }
+  kernels::DType dtype() const { return dtype_; }
+  void* keys(int64_t layer) { return keys_[layer]->data(); }
+  void* values(int64_t layer) { return values_[layer]->data(); }
 
  private:
   int64_t numBlocks_ = 0, blockSize_ = 0;
+  kernels::DType dtype_ = kernels::DType::kF32;
   std::vector<std::unique_ptr<Buffer>> keys_, values_;
 };
 
@@ -40,14 +44,16 @@ struct ForwardBatch {
 };
 
 struct ModelOptions {
-  int rank = 0;       // tensor-parallel rank of this process
-  int worldSize = 1;  // tensor-parallel degree
+  int rank = 0;                                 // tensor-parallel rank of this process
+  int worldSize = 1;                            // tensor-parallel degree
+  kernels::DType dtype = kernels::DType::kF32;  // weights, activations and KV cache
 };
 
 class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
+  virtual kernels::DType dtype() const = 0;
   // Logits [logitRows.size(), vocab] on the host. INVALID_ARGUMENT for an inconsistent batch
   // (a slot or token id out of range, rows not covered by the sequences).
   virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;

@@ -1,6 +1,6 @@
 // The weights of a model directory: model.safetensors, or the shards named by
-// model.safetensors.index.json. Tensors load as float32 (the CPU backend's compute type), whole or
-// as one tensor-parallel rank's slice.
+// model.safetensors.index.json. Tensors load in the compute dtype, whole or as one tensor-parallel
+// rank's slice.
 #pragma once
 
 #include <map>
@@ -31,7 +31,12 @@ class WeightStore {
   // NOT_FOUND naming the tensor; INVALID_ARGUMENT for a shape other than `expectShape` (when given)
   // or a dtype other than F32/F16/BF16.
   StatusOr<Tensor> loadF32(const std::string& name, const std::vector<int64_t>& expectShape = {},
-                           Shard shard = {}) const;
+                           Shard shard = {}) const {
+    return load(name, DType::kF32, expectShape, shard);
+  }
+  // The same, converted to `dtype` (round to nearest even, as torch's .to() does).
+  StatusOr<Tensor> load(const std::string& name, DType dtype,
+                        const std::vector<int64_t>& expectShape = {}, Shard shard = {}) const;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -1,0 +1,290 @@
+// The CUDA backend on a real-shape model (written by tools/bench/make_random_model.py): device copy
+// bandwidth and the bf16 GEMM peak as yardsticks, then batch-1 decode at contexts 128 and 2048
+// (ms/token and the fraction of the weight-streaming roofline), prefill of 512 and 2048 tokens
+// (tokens/s and the fraction of the GEMM peak), and a TGI-benchmark-style table over batch sizes
+// (prefill latency, decode step latency, decode tokens/s). Each forward includes the host work of a
+// step: building and uploading the batch metadata, and downloading the logits for sampling.
+// Prints a table and one JSON line. Usage:
+//   bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt 128] [--steps 32]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "textgen/kernels/gemm.h"
+#include "textgen/runtime/model.h"
+
+namespace {
+
+using namespace textgen;
+using namespace textgen::runtime;
+using nlohmann::json;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Device-to-device copy bandwidth, counting bytes read plus bytes written.
+double copyBandwidthGBs() {
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const int iters = 10;
+  cudaEventRecord(start);
+  for (int i = 0; i < iters; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) * iters / (ms * 1e-3) / 1e9;
+}
+
+// cuBLASLt (the backend's GEMM runner) on a large square problem, TFLOP/s.
+double gemmPeakTflops(kernels::DType dtype) {
+  const int64_t n = 8192;
+  const size_t bytes = static_cast<size_t>(n * n) * 2;
+  void *x = nullptr, *w = nullptr, *y = nullptr;
+  if (cudaMalloc(&x, bytes) != cudaSuccess || cudaMalloc(&w, bytes) != cudaSuccess ||
+      cudaMalloc(&y, bytes) != cudaSuccess)
+    return 0;
+  cudaMemset(x, 0, bytes);
+  cudaMemset(w, 0, bytes);
+  auto runner = kernels::GemmRunner::create(nullptr, 32u << 20);
+  if (!runner.ok()) return 0;
+  const kernels::GemmParams p{x, w, y, n, n, n, dtype};
+  (void)(*runner)->run(p);
+  cudaDeviceSynchronize();
+  const int iters = 20;
+  const double t0 = now();
+  for (int i = 0; i < iters; ++i) (void)(*runner)->run(p);
+  cudaDeviceSynchronize();
+  const double s = now() - t0;
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  return 2.0 * static_cast<double>(n) * n * n * iters / s / 1e12;
+}
+
+// Sequences over a shared KV cache; each forward appends `rows` tokens to every listed sequence.
+class Driver {
+ public:
+  Driver(Model& model, KvCache& cache) : model_(model), cache_(cache) {}
+
+  // A new sequence with room for `capacity` tokens; returns its index.
+  int64_t add(int64_t capacity) {
+    const int64_t bs = cache_.blockSize();
+    Seq s;
+    for (int64_t b = 0; b < (capacity + bs - 1) / bs; ++b) s.blocks.push_back(nextBlock_++);
+    seqs_.push_back(std::move(s));
+    return static_cast<int64_t>(seqs_.size()) - 1;
+  }
+  bool fits(int64_t capacity, int64_t count) const {
+    const int64_t bs = cache_.blockSize();
+    return nextBlock_ + count * ((capacity + bs - 1) / bs) <= cache_.numBlocks();
+  }
+  void reset() {
+    seqs_.clear();
+    nextBlock_ = 0;
+  }
+
+  // Seconds for one forward of `rows` new tokens of each sequence in [first, first + count).
+  double step(int64_t first, int64_t count, int64_t rows) {
+    const int64_t bs = cache_.blockSize();
+    ForwardBatch fb;
+    for (int64_t i = first; i < first + count; ++i) {
+      Seq& s = seqs_[i];
+      fb.sequences.push_back({static_cast<int64_t>(fb.tokenIds.size()), rows, s.len, s.blocks});
+      for (int64_t p = s.len; p < s.len + rows; ++p) {
+        fb.tokenIds.push_back(
+            static_cast<uint32_t>((p * 7919 + i * 31) % model_.config().vocabSize));
+        fb.slots.push_back(s.blocks[p / bs] * static_cast<uint32_t>(bs) +
+                           static_cast<uint32_t>(p % bs));
+      }
+      fb.logitRows.push_back(static_cast<int64_t>(fb.tokenIds.size()) - 1);
+    }
+    const double t0 = now();
+    auto r = model_.forward(fb, cache_);
+    const double t = now() - t0;
+    if (!r.ok()) {
+      std::fprintf(stderr, "forward failed: %s\n", r.status().toString().c_str());
+      std::exit(1);
+    }
+    for (int64_t i = first; i < first + count; ++i) seqs_[i].len += rows;
+    return t;
+  }
+
+ private:
+  struct Seq {
+    std::vector<uint32_t> blocks;
+    int64_t len = 0;
+  };
+  Model& model_;
+  KvCache& cache_;
+  std::vector<Seq> seqs_;
+  uint32_t nextBlock_ = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string modelDir, dtypeName = "bfloat16";
+  int64_t prompt = 128, steps = 32;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model" && i + 1 < argc) {
+      modelDir = argv[++i];
+    } else if (a == "--dtype" && i + 1 < argc) {
+      dtypeName = argv[++i];
+    } else if (a == "--prompt" && i + 1 < argc) {
+      prompt = std::atol(argv[++i]);
+    } else if (a == "--steps" && i + 1 < argc) {
+      steps = std::atol(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
+                   "[--steps N]\n");
+      return 2;
+    }
+  }
+  if (modelDir.empty()) {
+    std::fprintf(stderr, "bench_cuda_model: --model DIR is required\n");
+    return 2;
+  }
+  const kernels::DType dtype =
+      dtypeName == "float16" ? kernels::DType::kF16 : kernels::DType::kBF16;
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const double copyGBs = copyBandwidthGBs();
+  const double peak = gemmPeakTflops(dtype);
+  std::printf("device %s: copy bandwidth %.0f GB/s, %s GEMM (8192^3, cuBLASLt) %.0f TFLOP/s\n",
+              prop.name, copyGBs, dtypeName.c_str(), peak);
+
+  auto backend = makeCudaBackend(0);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
+    return 1;
+  }
+  const double tLoad = now();
+  auto model = loadModel(modelDir, **backend, {.dtype = dtype});
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().toString().c_str());
+    return 1;
+  }
+  const ModelConfig& c = (*model)->config();
+  const int64_t h = c.hiddenSize, qkv = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
+  const int64_t layerParams = h * qkv + c.numHeads * c.headDim * h + 3 * h * c.intermediateSize;
+  const double weightBytes =
+      2.0 * static_cast<double>(c.numLayers * (layerParams + 2 * h) + 2 * c.vocabSize * h + h);
+  // Bytes a decode step streams: every layer weight, the head, one embedding row.
+  const double streamedBytes =
+      2.0 * static_cast<double>(c.numLayers * layerParams + c.vocabSize * h);
+  std::printf("loaded %s in %.1f s: %.2f GB of weights\n", modelDir.c_str(), now() - tLoad,
+              weightBytes / 1e9);
+
+  // One KV pool for every scenario: what the device has left, less 4 GiB for activations.
+  size_t freeBytes = 0, total = 0;
+  cudaMemGetInfo(&freeBytes, &total);
+  const int64_t bs = 16;
+  const int64_t perBlock = KvCache::bytesPerBlock(c, bs, dtype);
+  const int64_t numBlocks =
+      static_cast<int64_t>((static_cast<double>(freeBytes) - (6.0 * (1 << 30))) / perBlock);
+  auto cache = KvCache::create(**backend, c, numBlocks, bs, dtype);
+  if (!cache.ok()) {
+    std::fprintf(stderr, "%s\n", cache.status().toString().c_str());
+    return 1;
+  }
+  std::printf("KV pool: %ld blocks of %ld tokens (%.1f GB)\n", static_cast<long>(numBlocks),
+              static_cast<long>(bs), static_cast<double>(numBlocks * perBlock) / 1e9);
+  Driver d(**model, **cache);
+  json results = json::object();
+  results["device"] = prop.name;
+  results["copy_GBps"] = copyGBs;
+  results["gemm_peak_TFLOPs"] = peak;
+  results["weight_GB"] = weightBytes / 1e9;
+
+  // Batch-1 decode at a context.
+  const double rooflineMs = streamedBytes / (copyGBs * 1e9) * 1e3;
+  std::printf("\n%-28s %12s %12s %10s\n", "batch-1 decode", "ms/token", "tokens/s", "roofline");
+  for (int64_t ctx : {128, 2048}) {
+    d.reset();
+    const int64_t s = d.add(ctx + 64 + 8);
+    d.step(s, 1, ctx);
+    for (int i = 0; i < 3; ++i) d.step(s, 1, 1);  // warm the decode path
+    std::vector<double> t;
+    for (int i = 0; i < 64; ++i) t.push_back(d.step(s, 1, 1));
+    const double ms = median(t) * 1e3;
+    std::printf("context %-20ld %12.3f %12.1f %9.0f%%\n", static_cast<long>(ctx), ms, 1e3 / ms,
+                100.0 * rooflineMs / ms);
+    results["decode_b1_ctx" + std::to_string(ctx) + "_ms"] = ms;
+    results["decode_b1_ctx" + std::to_string(ctx) + "_roofline_fraction"] = rooflineMs / ms;
+  }
+  std::printf("roofline (weights %.2f GB / %.0f GB/s): %.3f ms/token\n", streamedBytes / 1e9,
+              copyGBs, rooflineMs);
+  results["roofline_ms"] = rooflineMs;
+
+  // Prefill of one prompt.
+  std::printf("\n%-28s %12s %12s %10s\n", "prefill (batch 1)", "ms", "tokens/s", "GEMM peak");
+  for (int64_t len : {512, 2048}) {
+    std::vector<double> t;
+    for (int i = 0; i < 4; ++i) {
+      d.reset();
+      const int64_t s = d.add(len + 8);
+      t.push_back(d.step(s, 1, len));
+    }
+    t.erase(t.begin());  // the first run sizes the workspace and picks GEMM algorithms
+    const double sec = median(t);
+    const double flops = 2.0 * static_cast<double>(len) * c.numLayers * layerParams +
+                         2.0 * static_cast<double>(h) * c.vocabSize;
+    std::printf("prompt %-21ld %12.2f %12.0f %9.0f%%\n", static_cast<long>(len), sec * 1e3,
+                len / sec, 100.0 * flops / sec / (peak * 1e12));
+    results["prefill_" + std::to_string(len) + "_tokens_per_s"] = len / sec;
+    results["prefill_" + std::to_string(len) + "_gemm_fraction"] = flops / sec / (peak * 1e12);
+  }
+
+  // TGI-benchmark-style: a batch of prompts prefilled together, then decode steps.
+  std::printf("\nbatch sweep: prompt %ld tokens, %ld decode steps\n", static_cast<long>(prompt),
+              static_cast<long>(steps));
+  std::printf("%6s %14s %16s %16s %16s\n", "batch", "prefill ms", "prefill tok/s", "decode ms/step",
+              "decode tok/s");
+  json sweep = json::array();
+  for (int64_t batch : {1, 8, 32, 64, 128, 256}) {
+    d.reset();
+    if (!d.fits(prompt + steps + 8, batch)) {
+      std::printf("%6ld  (KV pool too small)\n", static_cast<long>(batch));
+      continue;
+    }
+    for (int64_t i = 0; i < batch; ++i) d.add(prompt + steps + 8);
+    const double pre = d.step(0, batch, prompt);
+    d.step(0, batch, 1);  // warm
+    std::vector<double> t;
+    for (int64_t i = 0; i < steps - 1; ++i) t.push_back(d.step(0, batch, 1));
+    double mean = 0;
+    for (double x : t) mean += x;
+    mean /= static_cast<double>(t.size());
+    std::printf("%6ld %14.2f %16.0f %16.3f %16.0f\n", static_cast<long>(batch), pre * 1e3,
+                batch * prompt / pre, mean * 1e3, batch / mean);
+    sweep.push_back({{"batch", batch},
+                     {"prefill_ms", pre * 1e3},
+                     {"decode_step_ms", mean * 1e3},
+                     {"decode_tokens_per_s", batch / mean}});
+  }
+  results["batch_sweep"] = sweep;
+  std::printf("\n%s\n", results.dump().c_str());
+  return 0;
+}

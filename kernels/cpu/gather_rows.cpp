@@ -1,0 +1,29 @@
+#include "textgen/kernels/gather_rows.h"
+
+#include <cstring>
+#include <string>
+
+namespace textgen::kernels {
+
+Status validateGatherRows(const GatherRowsParams& p) {
+  if (p.rows < 0 || p.width <= 0 || p.tableRows <= 0)
+    return invalidArgumentError("gather_rows: rows >= 0, width > 0 and tableRows > 0 required");
+  if (p.rows > 0 && (!p.table || !p.ids || !p.out))
+    return invalidArgumentError("gather_rows: table, ids and out are required");
+  return okStatus();
+}
+
+Status gatherRowsReference(const GatherRowsParams& p) {
+  TG_RETURN_IF_ERROR(validateGatherRows(p));
+  const size_t rowBytes = static_cast<size_t>(p.width) * dtypeSize(p.dtype);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int32_t id = p.ids[r];
+    if (id < 0 || id >= p.tableRows)
+      return invalidArgumentError("gather_rows: id " + std::to_string(id) + " out of range");
+    std::memcpy(static_cast<char*>(p.out) + r * rowBytes,
+                static_cast<const char*>(p.table) + id * rowBytes, rowBytes);
+  }
+  return okStatus();
+}
+
+}  // namespace textgen::kernels

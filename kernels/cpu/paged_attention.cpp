@@ -1,0 +1,76 @@
+#include "textgen/kernels/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "elements.h"
+
+namespace textgen::kernels {
+
+Status validatePagedAttention(const PagedAttentionParams& p) {
+  if (p.rows < 0 || p.numSeqs < 0 || p.numHeads <= 0 || p.numKvHeads <= 0 || p.headDim <= 0 ||
+      p.blockSize <= 0 || p.maxBlocksPerSeq < 0)
+    return invalidArgumentError("paged_attention: bad shape");
+  if (p.numHeads % p.numKvHeads != 0)
+    return invalidArgumentError("paged_attention: numHeads must be a multiple of numKvHeads");
+  if (p.headDim > 256) return invalidArgumentError("paged_attention: headDim above 256");
+  if (p.qRowStride < p.numHeads * p.headDim)
+    return invalidArgumentError("paged_attention: the q row stride is shorter than the row");
+  if (p.rows > 0 &&
+      (!p.q || !p.kCache || !p.vCache || !p.out || !p.seqStarts || !p.startPos || !p.blockTables))
+    return invalidArgumentError("paged_attention: a pointer is missing");
+  if (p.rows > 0 && (p.maxNewRows <= 0 || p.maxContext <= 0))
+    return invalidArgumentError("paged_attention: maxNewRows and maxContext are required");
+  return okStatus();
+}
+
+Status pagedAttentionReference(const PagedAttentionParams& p) {
+  TG_RETURN_IF_ERROR(validatePagedAttention(p));
+  const Elements e{p.dtype};
+  const int64_t group = p.numHeads / p.numKvHeads;
+  const int64_t kvWidth = p.numKvHeads * p.headDim;
+  std::vector<float> scores, acc(p.headDim);
+  for (int64_t s = 0; s < p.numSeqs; ++s) {
+    const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
+    const int64_t first = p.seqStarts[s], numRows = p.seqStarts[s + 1] - first;
+    if (p.startPos[s] + numRows > p.maxBlocksPerSeq * p.blockSize)
+      return invalidArgumentError("paged_attention: sequence " + std::to_string(s) +
+                                  " has fewer blocks than positions");
+    for (int64_t t = 0; t < numRows; ++t) {
+      const int64_t row = first + t, pos = p.startPos[s] + t;
+      const int64_t lo = p.slidingWindow > 0 ? std::max<int64_t>(0, pos - p.slidingWindow + 1) : 0;
+      scores.assign(pos + 1, 0.0f);
+      for (int64_t h = 0; h < p.numHeads; ++h) {
+        const int64_t qOff = row * p.qRowStride + h * p.headDim, kvh = h / group;
+        float maxScore = -INFINITY;
+        for (int64_t j = lo; j <= pos; ++j) {
+          const int64_t slot = int64_t{blocks[j / p.blockSize]} * p.blockSize + j % p.blockSize;
+          const int64_t kOff = slot * kvWidth + kvh * p.headDim;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < p.headDim; ++d)
+            dot += e.load(p.q, qOff + d) * e.load(p.kCache, kOff + d);
+          scores[j] = dot * p.scale;
+          maxScore = std::max(maxScore, scores[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = lo; j <= pos; ++j) {
+          scores[j] = std::exp(scores[j] - maxScore);
+          sum += scores[j];
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t j = lo; j <= pos; ++j) {
+          const int64_t slot = int64_t{blocks[j / p.blockSize]} * p.blockSize + j % p.blockSize;
+          const int64_t vOff = slot * kvWidth + kvh * p.headDim;
+          for (int64_t d = 0; d < p.headDim; ++d) acc[d] += scores[j] * e.load(p.vCache, vOff + d);
+        }
+        for (int64_t d = 0; d < p.headDim; ++d)
+          e.store(p.out, (row * p.numHeads + h) * p.headDim + d, acc[d] / sum);
+      }
+    }
+  }
+  return okStatus();
+}
+
+}  // namespace textgen::kernels

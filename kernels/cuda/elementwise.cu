@@ -1,0 +1,167 @@
+// The small memory-bound kernels of a decoder layer: row gather (embedding), RoPE, paged KV write
+// and the SiLU gate. Each reads and writes its rows once; 16-byte vectors where alignment allows.
+#include <algorithm>
+
+#include "common.cuh"
+#include "textgen/kernels/gather_rows.h"
+#include "textgen/kernels/kv_write.h"
+#include "textgen/kernels/rope.h"
+#include "textgen/kernels/silu_mul.h"
+
+namespace textgen::kernels {
+namespace {
+
+using cuda::Convert;
+using cuda::roundTo;
+
+// One block per row; copies `units` elements of type U (a 16-byte vector, or the scalar type).
+template <typename U>
+__global__ void gatherRowsKernel(const U* table, const int32_t* ids, U* out, int64_t units,
+                                 int64_t tableRows) {
+  const int64_t r = blockIdx.x;
+  const int32_t id = ids[r];
+  U* dst = out + r * units;
+  if (id < 0 || id >= tableRows) {
+    for (int64_t i = threadIdx.x; i < units; i += blockDim.x) dst[i] = U{};
+    return;
+  }
+  const U* src = table + static_cast<int64_t>(id) * units;
+  for (int64_t i = threadIdx.x; i < units; i += blockDim.x) dst[i] = src[i];
+}
+
+int threadsFor(int64_t units) {
+  return static_cast<int>(units >= 256 ? 256 : (units + 31) / 32 * 32);
+}
+
+template <typename T>
+__global__ void ropeKernel(RopeParams p) {
+  using C = Convert<T>;
+  const int64_t r = blockIdx.x;
+  const int half = static_cast<int>(p.rotaryDim / 2);
+  const auto pos = static_cast<float>(p.positions[r]);
+  const int heads = static_cast<int>(p.numHeads + p.numKvHeads);
+  T* q = static_cast<T*>(p.q) + r * p.qRowStride;
+  T* k = static_cast<T*>(p.k) + r * p.kRowStride;
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    T* head = h < p.numHeads ? q + h * p.headDim : k + (h - p.numHeads) * p.headDim;
+    const float angle = pos * p.invFreq[r * half + i];
+    const float c = roundTo<T>(cosf(angle) * p.attentionScaling);
+    const float s = roundTo<T>(sinf(angle) * p.attentionScaling);
+    const float x1 = C::toFloat(head[i]), x2 = C::toFloat(head[i + half]);
+    head[i] = C::fromFloat(roundTo<T>(x1 * c) - roundTo<T>(x2 * s));
+    head[i + half] = C::fromFloat(roundTo<T>(x2 * c) + roundTo<T>(x1 * s));
+  }
+}
+
+template <typename U>
+__global__ void kvWriteKernel(const U* k, const U* v, int64_t rowStride, U* kCache, U* vCache,
+                              const int32_t* slots, int64_t units, int64_t numSlots) {
+  const int64_t r = blockIdx.x;
+  const int32_t slot = slots[r];
+  if (slot < 0 || slot >= numSlots) return;
+  for (int64_t i = threadIdx.x; i < units; i += blockDim.x) {
+    kCache[slot * units + i] = k[r * rowStride + i];
+    vCache[slot * units + i] = v[r * rowStride + i];
+  }
+}
+
+template <typename T, int kVec>
+__global__ void siluMulKernel(const T* gateUp, T* out, int64_t rows, int64_t n) {
+  using C = Convert<T>;
+  using V = cuda::Vec<T, kVec>;
+  const int64_t vecsPerRow = n / kVec;
+  const int64_t total = rows * vecsPerRow;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / vecsPerRow, c = i % vecsPerRow;
+    const V g = reinterpret_cast<const V*>(gateUp + r * 2 * n)[c];
+    const V u = reinterpret_cast<const V*>(gateUp + r * 2 * n + n)[c];
+    V o;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const float x = C::toFloat(g.v[e]);
+      o.v[e] = C::fromFloat(roundTo<T>(x / (1.0f + expf(-x))) * C::toFloat(u.v[e]));
+    }
+    reinterpret_cast<V*>(out + r * n)[c] = o;
+  }
+}
+
+template <typename T>
+Status launchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const auto* g = static_cast<const T*>(p.gateUp);
+  auto* o = static_cast<T*>(p.out);
+  const bool vec = p.n % kVec == 0 && cuda::aligned16(g) && cuda::aligned16(o);
+  const int64_t units = p.rows * (vec ? p.n / kVec : p.n);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65536));
+  if (vec) {
+    siluMulKernel<T, kVec><<<blocks, 256, 0, stream>>>(g, o, p.rows, p.n);
+  } else {
+    siluMulKernel<T, 1><<<blocks, 256, 0, stream>>>(g, o, p.rows, p.n);
+  }
+  return cuda::launchStatus("silu_mul");
+}
+
+template <typename T>
+Status launchRope(const RopeParams& p, cudaStream_t stream) {
+  const int64_t pairs = (p.numHeads + p.numKvHeads) * (p.rotaryDim / 2);
+  ropeKernel<T><<<static_cast<unsigned>(p.rows), threadsFor(pairs), 0, stream>>>(p);
+  return cuda::launchStatus("rope");
+}
+
+}  // namespace
+
+Status invokeGatherRows(const GatherRowsParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validateGatherRows(p));
+  if (p.rows == 0) return okStatus();
+  const int64_t rowBytes = p.width * static_cast<int64_t>(dtypeSize(p.dtype));
+  const auto grid = static_cast<unsigned>(p.rows);
+  if (rowBytes % 16 == 0 && cuda::aligned16(p.table) && cuda::aligned16(p.out)) {
+    const int64_t units = rowBytes / 16;
+    gatherRowsKernel<uint4><<<grid, threadsFor(units), 0, stream>>>(
+        static_cast<const uint4*>(p.table), p.ids, static_cast<uint4*>(p.out), units, p.tableRows);
+  } else {
+    const int64_t units = rowBytes / 2;  // every dtype is a whole number of 2-byte units
+    gatherRowsKernel<uint16_t>
+        <<<grid, threadsFor(units), 0, stream>>>(static_cast<const uint16_t*>(p.table), p.ids,
+                                                 static_cast<uint16_t*>(p.out), units, p.tableRows);
+  }
+  return cuda::launchStatus("gather_rows");
+}
+
+Status invokeRope(const RopeParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validateRope(p));
+  if (p.rows == 0) return okStatus();
+  TG_DISPATCH_DTYPE(p.dtype, launchRope, p, stream);
+}
+
+Status invokeKvWrite(const KvWriteParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validateKvWrite(p));
+  if (p.rows == 0) return okStatus();
+  const int64_t es = static_cast<int64_t>(dtypeSize(p.dtype));
+  const int64_t rowBytes = p.numKvHeads * p.headDim * es, strideBytes = p.kvRowStride * es;
+  const auto grid = static_cast<unsigned>(p.rows);
+  if (rowBytes % 16 == 0 && strideBytes % 16 == 0 && cuda::aligned16(p.k) && cuda::aligned16(p.v) &&
+      cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache)) {
+    const int64_t units = rowBytes / 16;
+    kvWriteKernel<uint4><<<grid, threadsFor(units), 0, stream>>>(
+        static_cast<const uint4*>(p.k), static_cast<const uint4*>(p.v), strideBytes / 16,
+        static_cast<uint4*>(p.kCache), static_cast<uint4*>(p.vCache), p.slots, units, p.numSlots);
+  } else {
+    const int64_t units = rowBytes / 2;
+    kvWriteKernel<uint16_t><<<grid, threadsFor(units), 0, stream>>>(
+        static_cast<const uint16_t*>(p.k), static_cast<const uint16_t*>(p.v), strideBytes / 2,
+        static_cast<uint16_t*>(p.kCache), static_cast<uint16_t*>(p.vCache), p.slots, units,
+        p.numSlots);
+  }
+  return cuda::launchStatus("kv_write");
+}
+
+Status invokeSiluMul(const SiluMulParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validateSiluMul(p));
+  if (p.rows == 0) return okStatus();
+  TG_DISPATCH_DTYPE(p.dtype, launchSiluMul, p, stream);
+}
+
+}  // namespace textgen::kernels

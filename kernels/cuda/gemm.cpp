@@ -1,0 +1,133 @@
+// GemmRunner on cuBLASLt. Row-major y = x·Wᵀ is, in cuBLAS's column-major terms,
+// yᵀ[out, rows] = op(W)[out, in] · xᵀ[in, rows] with op = transpose: the "TN" GEMM, cuBLAS's
+// fastest layout. Descriptors and the heuristic's choice are cached per (rows, in, out, dtype).
+#include "textgen/kernels/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+
+namespace textgen::kernels {
+namespace {
+
+Status cublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return okStatus();
+  return internalError(std::string("gemm: ") + what + " failed: " + cublasLtGetStatusName(s) +
+                       " (" + cublasLtGetStatusString(s) + ")");
+}
+
+#define TG_CUBLAS(expr) TG_RETURN_IF_ERROR(cublasStatus((expr), #expr))
+
+cudaDataType_t cudaType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+class LtRunner final : public GemmRunner {
+ public:
+  LtRunner(cublasLtHandle_t handle, void* workspace, size_t workspaceBytes, cudaStream_t stream)
+      : handle_(handle), workspace_(workspace), workspaceBytes_(workspaceBytes), stream_(stream) {}
+  ~LtRunner() override {
+    plans_.clear();
+    cudaFree(workspace_);
+    cublasLtDestroy(handle_);
+  }
+
+  Status run(const GemmParams& p) override {
+    TG_RETURN_IF_ERROR(validateGemm(p));
+    if (p.rows == 0) return okStatus();
+    TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p));
+    const float alpha = 1.0f, beta = 0.0f;
+    TG_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
+                             plan->c, p.y, plan->c, &plan->algo, workspace_, workspaceBytes_,
+                             stream_));
+    return okStatus();
+  }
+
+ private:
+  StatusOr<const Plan*> planFor(const GemmParams& p) {
+    const auto key = std::make_tuple(p.rows, p.in, p.out, p.dtype);
+    if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+    auto plan = std::make_unique<Plan>();
+    const cudaDataType_t t = cudaType(p.dtype);
+    TG_CUBLAS(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transA = CUBLAS_OP_T, transB = CUBLAS_OP_N;
+    TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &transA,
+                                             sizeof transA));
+    TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &transB,
+                                             sizeof transB));
+    const auto rows = static_cast<uint64_t>(p.rows), in = static_cast<uint64_t>(p.in),
+               out = static_cast<uint64_t>(p.out);
+    TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->a, t, in, out, p.in));
+    TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->b, t, in, rows, p.in));
+    TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->c, t, out, rows, p.out));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TG_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    Status st = cublasStatus(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspaceBytes_, sizeof workspaceBytes_),
+        "set workspace preference");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st.ok()) {
+      st = cublasStatus(cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->a, plan->b, plan->c,
+                                                       plan->c, pref, 1, &result, &found),
+                        "algorithm heuristic");
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    TG_RETURN_IF_ERROR(st);
+    if (found == 0) {
+      return internalError("gemm: cuBLASLt has no algorithm for " + std::to_string(p.rows) + "x" +
+                           std::to_string(p.in) + "x" + std::to_string(p.out));
+    }
+    plan->algo = result.algo;
+    const Plan* raw = plan.get();
+    plans_.emplace(key, std::move(plan));
+    return raw;
+  }
+
+  cublasLtHandle_t handle_;
+  void* workspace_;
+  size_t workspaceBytes_;
+  cudaStream_t stream_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::create(Stream stream, size_t workspaceBytes) {
+  cublasLtHandle_t handle = nullptr;
+  TG_CUBLAS(cublasLtCreate(&handle));
+  void* workspace = nullptr;
+  if (workspaceBytes > 0) {
+    const cudaError_t err = cudaMalloc(&workspace, workspaceBytes);
+    if (err != cudaSuccess) {
+      cublasLtDestroy(handle);
+      return resourceExhaustedError("gemm: cannot allocate a " + std::to_string(workspaceBytes) +
+                                    "-byte workspace: " + cudaGetErrorString(err));
+    }
+  }
+  return std::unique_ptr<GemmRunner>(
+      std::make_unique<LtRunner>(handle, workspace, workspaceBytes, stream));
+}
+
+}  // namespace textgen::kernels

@@ -1,0 +1,450 @@
+// Paged attention on CUDA (see paged_attention.h). Two kernels:
+//  - splitKernel: one block per (row, head, split of the context); each warp walks keys with an
+//    online softmax and the block merges its warps. With more than one split the partial
+//    (max, sum, unnormalised output) go to the workspace and mergeKernel combines them
+//    ("flash-decoding"). Used for decode rows and whatever the tensor-core kernel does not cover.
+//  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
+//    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
+#include <mma.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <type_traits>
+
+#include "common.cuh"
+#include "textgen/kernels/paged_attention.h"
+
+namespace textgen::kernels {
+namespace {
+
+using cuda::Convert;
+
+constexpr int kWarps = 4;
+constexpr int kMinPartition = 64;  // fewest keys per split
+
+__device__ __forceinline__ int sequenceOf(const int32_t* seqStarts, int numSeqs, int row) {
+  int lo = 0, hi = numSeqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (seqStarts[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+__device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, int pos) {
+  return static_cast<int64_t>(blocks[pos / blockSize]) * blockSize + pos % blockSize;
+}
+
+// Lane l owns dimensions [l*kEpl, l*kEpl + kEpl) of a head (kEpl = elements per lane).
+template <typename T, int kEpl>
+__global__ void __launch_bounds__(kWarps * 32)
+    splitKernel(PagedAttentionParams p, int partition, int numSplits) {
+  using C = Convert<T>;
+  const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hd = static_cast<int>(p.headDim);
+  const int s = sequenceOf(p.seqStarts, static_cast<int>(p.numSeqs), row);
+  const int pos = p.startPos[s] + (row - p.seqStarts[s]);
+  const int lo = p.slidingWindow > 0 ? max(0, pos - static_cast<int>(p.slidingWindow) + 1) : 0;
+  const int begin = max(lo, split * partition), end = min(pos + 1, (split + 1) * partition);
+  const int kvh = head / static_cast<int>(p.numHeads / p.numKvHeads);
+  const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
+  const int64_t kvWidth = p.numKvHeads * p.headDim;
+  const int d0 = lane * kEpl;
+
+  float q[kEpl];
+  const T* qRow = static_cast<const T*>(p.q) + row * p.qRowStride + head * p.headDim;
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) q[e] = d0 + e < hd ? C::toFloat(qRow[d0 + e]) * p.scale : 0.0f;
+
+  float m = -INFINITY, l = 0.0f, acc[kEpl] = {};
+  const T* kBase = static_cast<const T*>(p.kCache) + kvh * p.headDim;
+  const T* vBase = static_cast<const T*>(p.vCache) + kvh * p.headDim;
+  constexpr int kKeys = 4;  // keys in flight per warp
+  for (int j0 = begin + warp * kKeys; j0 < end; j0 += kWarps * kKeys) {
+    float score[kKeys], kv[kKeys][kEpl];
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      const int j = j0 + u;
+      const T* k =
+          kBase + (j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e)
+        kv[u][e] = j < end && d0 + e < hd ? C::toFloat(k[d0 + e]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) dot += q[e] * kv[u][e];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      score[u] = j0 + u < end ? dot : -INFINITY;
+    }
+    float mNew = m;
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) mNew = fmaxf(mNew, score[u]);
+    const float corr = __expf(m - mNew);  // m = -inf on the first keys: 0
+    l *= corr;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) acc[e] *= corr;
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      const int j = j0 + u;
+      const float w = __expf(score[u] - mNew);
+      l += w;
+      const T* v =
+          vBase + (j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e)
+        if (j < end && d0 + e < hd) acc[e] += w * C::toFloat(v[d0 + e]);
+    }
+    m = mNew;
+  }
+
+  // Merge the warps.
+  __shared__ float sM[kWarps], sL[kWarps], sAcc[kWarps][kEpl * 32];
+  if (lane == 0) {
+    sM[warp] = m;
+    sL[warp] = l;
+  }
+#pragma unroll
+  for (int e = 0; e < kEpl; ++e) sAcc[warp][d0 + e] = acc[e];
+  __syncthreads();
+  float mAll = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) mAll = fmaxf(mAll, sM[w]);
+  float lAll = 0.0f;
+  float scaleOf[kWarps];
+  for (int w = 0; w < kWarps; ++w) {
+    scaleOf[w] = sM[w] == -INFINITY ? 0.0f : __expf(sM[w] - mAll);
+    lAll += sL[w] * scaleOf[w];
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) o += sAcc[w][d] * scaleOf[w];
+    if (numSplits == 1) {
+      T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.numHeads + head) * hd;
+      out[d] = C::fromFloat(lAll > 0.0f ? o / lAll : 0.0f);
+    } else {
+      float* ws = static_cast<float*>(p.workspace) +
+                  ((static_cast<int64_t>(row) * p.numHeads + head) * numSplits + split) * (hd + 2);
+      ws[2 + d] = o;
+      if (d == 0) {
+        ws[0] = mAll;
+        ws[1] = lAll;
+      }
+    }
+  }
+}
+
+// One block per (row, head): combines the splits' partial results.
+template <typename T>
+__global__ void mergeKernel(PagedAttentionParams p, int numSplits) {
+  const int row = blockIdx.x, head = blockIdx.y;
+  const int hd = static_cast<int>(p.headDim);
+  const float* ws = static_cast<const float*>(p.workspace) +
+                    (static_cast<int64_t>(row) * p.numHeads + head) * numSplits * (hd + 2);
+  float mAll = -INFINITY;
+  for (int sp = 0; sp < numSplits; ++sp) mAll = fmaxf(mAll, ws[sp * (hd + 2)]);
+  float lAll = 0.0f;
+  for (int sp = 0; sp < numSplits; ++sp) {
+    const float msp = ws[sp * (hd + 2)];
+    if (msp != -INFINITY) lAll += ws[sp * (hd + 2) + 1] * __expf(msp - mAll);
+  }
+  T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.numHeads + head) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int sp = 0; sp < numSplits; ++sp) {
+      const float msp = ws[sp * (hd + 2)];
+      if (msp != -INFINITY) o += ws[sp * (hd + 2) + 2 + d] * __expf(msp - mAll);
+    }
+    out[d] = Convert<T>::fromFloat(lAll > 0.0f ? o / lAll : 0.0f);
+  }
+}
+
+int multiprocessorCount() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return n > 0 ? n : 1;
+  }();
+  return count;
+}
+
+template <typename T>
+Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
+  // Enough splits to give every SM two blocks, each split at least kMinPartition keys, and no
+  // more than the workspace holds.
+  const int64_t blocks = p.rows * p.numHeads;
+  const int64_t target = 2 * static_cast<int64_t>(multiprocessorCount());
+  int64_t splits = std::clamp<int64_t>((target + blocks - 1) / blocks, 1,
+                                       (p.maxContext + kMinPartition - 1) / kMinPartition);
+  const int64_t perSplit = blocks * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
+  splits = std::min<int64_t>(splits, static_cast<int64_t>(p.workspaceBytes) / perSplit);
+  if (splits < 1 || !p.workspace) splits = 1;
+  int64_t partition = (p.maxContext + splits - 1) / splits;
+  partition = (partition + kMinPartition - 1) / kMinPartition * kMinPartition;
+  splits = (p.maxContext + partition - 1) / partition;
+  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads),
+                  static_cast<unsigned>(splits));
+  const int s = static_cast<int>(splits), part = static_cast<int>(partition);
+  if (p.headDim <= 32) {
+    splitKernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
+  } else if (p.headDim <= 64) {
+    splitKernel<T, 2><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
+  } else if (p.headDim <= 128) {
+    splitKernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
+  } else {
+    splitKernel<T, 8><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
+  }
+  TG_RETURN_IF_ERROR(cuda::launchStatus("paged_attention (split)"));
+  if (splits > 1) {
+    const dim3 mergeGrid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads));
+    mergeKernel<T><<<mergeGrid, 128, 0, stream>>>(p, s);
+    TG_RETURN_IF_ERROR(cuda::launchStatus("paged_attention (merge)"));
+  }
+  return okStatus();
+}
+
+// ---- Tensor-core prefill ----
+
+constexpr int kTileRows = 64, kTileKeys = 64;
+
+template <typename T, int kD>
+struct FlashSmem {
+  static constexpr int kDp = kD + 8;         // row pitch of Q, K, V (elements of T)
+  static constexpr int kSp = kTileKeys + 4;  // S (float)
+  static constexpr int kPp = kTileKeys + 8;  // P (T)
+  static constexpr int kOp = kD + 4;         // O (float)
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + sizeof(T) * kTileRows * kDp;
+  static constexpr size_t kV = kK + sizeof(T) * kTileKeys * kDp;
+  static constexpr size_t kS = kV + sizeof(T) * kTileKeys * kDp;
+  static constexpr size_t kP = kS + sizeof(float) * kTileRows * kSp;
+  static constexpr size_t kO = kP + sizeof(T) * kTileRows * kPp;
+  static constexpr size_t kStats = kO + sizeof(float) * kTileRows * kOp;  // m, l, alpha per row
+  static constexpr size_t kSlots = kStats + sizeof(float) * 3 * kTileRows;
+  static constexpr size_t kBytes = kSlots + sizeof(int64_t) * kTileKeys;
+};
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kWarps * 32)
+    flashKernel(PagedAttentionParams p, int tilesPerSeq) {
+  namespace wmma = nvcuda::wmma;
+  using L = FlashSmem<T, kD>;
+  using C = Convert<T>;
+  using V8 = cuda::Vec<T, 8>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem + L::kQ);
+  T* sK = reinterpret_cast<T*>(smem + L::kK);
+  T* sV = reinterpret_cast<T*>(smem + L::kV);
+  float* sS = reinterpret_cast<float*>(smem + L::kS);
+  T* sP = reinterpret_cast<T*>(smem + L::kP);
+  float* sO = reinterpret_cast<float*>(smem + L::kO);
+  float* sM = reinterpret_cast<float*>(smem + L::kStats);
+  float* sL = sM + kTileRows;
+  float* sAlpha = sL + kTileRows;
+  int64_t* sSlot = reinterpret_cast<int64_t*>(smem + L::kSlots);
+
+  const int s = blockIdx.x / tilesPerSeq, tile = blockIdx.x % tilesPerSeq, head = blockIdx.y;
+  const int seqRows = p.seqStarts[s + 1] - p.seqStarts[s];
+  const int rowBegin = p.seqStarts[s] + tile * kTileRows;
+  const int numRows = min(kTileRows, seqRows - tile * kTileRows);
+  if (numRows <= 0) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int firstPos = p.startPos[s] + tile * kTileRows, lastPos = firstPos + numRows - 1;
+  const int window = static_cast<int>(p.slidingWindow);
+  const int kvBegin = window > 0 ? max(0, firstPos - window + 1) : 0;
+  const int kvh = head / static_cast<int>(p.numHeads / p.numKvHeads);
+  const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
+  const int64_t kvWidth = p.numKvHeads * kD;
+  constexpr int kVecsPerRow = kD / 8;
+
+  // Q tile (rows past the sequence are zero), O = 0, statistics reset.
+  for (int i = threadIdx.x; i < kTileRows * kVecsPerRow; i += blockDim.x) {
+    const int r = i / kVecsPerRow, c = i % kVecsPerRow;
+    V8 v{};
+    if (r < numRows) {
+      v = reinterpret_cast<const V8*>(static_cast<const T*>(p.q) + (rowBegin + r) * p.qRowStride +
+                                      head * kD)[c];
+    }
+    reinterpret_cast<V8*>(sQ + r * L::kDp)[c] = v;
+  }
+  for (int i = threadIdx.x; i < kTileRows * L::kOp; i += blockDim.x) sO[i] = 0.0f;
+  for (int i = threadIdx.x; i < kTileRows; i += blockDim.x) {
+    sM[i] = -INFINITY;
+    sL[i] = 0.0f;
+  }
+  __syncthreads();
+
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qFrag[kD / 16];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wmma::load_matrix_sync(qFrag[kk], sQ + warp * 16 * L::kDp + kk * 16, L::kDp);
+
+  for (int kvStart = kvBegin / kTileKeys * kTileKeys; kvStart <= lastPos; kvStart += kTileKeys) {
+    for (int c = threadIdx.x; c < kTileKeys; c += blockDim.x) {
+      const int j = kvStart + c;
+      sSlot[c] =
+          j >= kvBegin && j <= lastPos ? slotOf(blocks, static_cast<int>(p.blockSize), j) : -1;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTileKeys * kVecsPerRow; i += blockDim.x) {
+      const int c = i / kVecsPerRow, v = i % kVecsPerRow;
+      const int64_t slot = sSlot[c];
+      V8 kv{}, vv{};
+      if (slot >= 0) {
+        kv = reinterpret_cast<const V8*>(static_cast<const T*>(p.kCache) + slot * kvWidth +
+                                         kvh * kD)[v];
+        vv = reinterpret_cast<const V8*>(static_cast<const T*>(p.vCache) + slot * kvWidth +
+                                         kvh * kD)[v];
+      }
+      reinterpret_cast<V8*>(sK + c * L::kDp)[v] = kv;
+      reinterpret_cast<V8*>(sV + c * L::kDp)[v] = vv;
+    }
+    __syncthreads();
+
+    // S = Q·Kᵀ for this warp's 16 rows.
+    {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sFrag[kTileKeys / 16];
+#pragma unroll
+      for (int n = 0; n < kTileKeys / 16; ++n) wmma::fill_fragment(sFrag[n], 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+#pragma unroll
+        for (int n = 0; n < kTileKeys / 16; ++n) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kFrag;
+          wmma::load_matrix_sync(kFrag, sK + n * 16 * L::kDp + kk * 16, L::kDp);
+          wmma::mma_sync(sFrag[n], qFrag[kk], kFrag, sFrag[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kTileKeys / 16; ++n) {
+        wmma::store_matrix_sync(sS + warp * 16 * L::kSp + n * 16, sFrag[n], L::kSp,
+                                wmma::mem_row_major);
+      }
+    }
+    __syncwarp();
+
+    // Online softmax: two lanes per row, 32 keys each.
+    {
+      const int r = warp * 16 + lane / 2, half = lane % 2;
+      const int pos = firstPos + r;
+      const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+      float rowMax = -INFINITY;
+      float sc[kTileKeys / 2];
+#pragma unroll
+      for (int c = 0; c < kTileKeys / 2; ++c) {
+        const int col = half * (kTileKeys / 2) + c, j = kvStart + col;
+        const bool valid = r < numRows && j >= lo && j <= pos;
+        sc[c] = valid ? sS[r * L::kSp + col] * p.scale : -INFINITY;
+        rowMax = fmaxf(rowMax, sc[c]);
+      }
+      rowMax = fmaxf(rowMax, __shfl_xor_sync(0xffffffffu, rowMax, 1));
+      const float mOld = sM[r];
+      const float mNew = fmaxf(mOld, rowMax);
+      const float mUse = mNew == -INFINITY ? 0.0f : mNew;
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kTileKeys / 2; ++c) {
+        const float e = __expf(sc[c] - mUse);
+        sum += e;
+        sP[r * L::kPp + half * (kTileKeys / 2) + c] = C::fromFloat(e);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      __syncwarp();
+      if (half == 0) {
+        const float alpha = mOld == -INFINITY ? 0.0f : __expf(mOld - mUse);
+        sAlpha[r] = alpha;
+        sL[r] = sL[r] * alpha + sum;
+        sM[r] = mNew;
+      }
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * kD; i += 32) {
+      const int r = warp * 16 + i / kD;
+      sO[r * L::kOp + i % kD] *= sAlpha[r];
+    }
+    __syncwarp();
+
+    // O += P·V.
+    {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pFrag[kTileKeys / 16];
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk)
+        wmma::load_matrix_sync(pFrag[kk], sP + warp * 16 * L::kPp + kk * 16, L::kPp);
+#pragma unroll
+      for (int n = 0; n < kD / 16; ++n) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> oFrag;
+        float* oTile = sO + warp * 16 * L::kOp + n * 16;
+        wmma::load_matrix_sync(oFrag, oTile, L::kOp, wmma::mem_row_major);
+#pragma unroll
+        for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vFrag;
+          wmma::load_matrix_sync(vFrag, sV + kk * 16 * L::kDp + n * 16, L::kDp);
+          wmma::mma_sync(oFrag, pFrag[kk], vFrag, oFrag);
+        }
+        wmma::store_matrix_sync(oTile, oFrag, L::kOp, wmma::mem_row_major);
+      }
+    }
+    __syncthreads();  // every warp is done with sK and sV
+  }
+
+  T* out = static_cast<T*>(p.out);
+  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
+    const int r = i / kD, d = i % kD;
+    const float l = sL[r];
+    out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + d] =
+        C::fromFloat(l > 0.0f ? sO[r * L::kOp + d] / l : 0.0f);
+  }
+}
+
+template <typename T, int kD>
+Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
+  using L = FlashSmem<T, kD>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      flashKernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
+  if (attr != cudaSuccess) {
+    return internalError(std::string("paged_attention: shared memory opt-in failed: ") +
+                         cudaGetErrorString(attr));
+  }
+  const int64_t tilesPerSeq = (p.maxNewRows + kTileRows - 1) / kTileRows;
+  const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq),
+                  static_cast<unsigned>(p.numHeads));
+  flashKernel<T, kD><<<grid, kWarps * 32, L::kBytes, stream>>>(p, static_cast<int>(tilesPerSeq));
+  return cuda::launchStatus("paged_attention (flash)");
+}
+
+template <typename T>
+Status launchFlash(const PagedAttentionParams& p, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    return launchSplit<T>(p, stream);
+  } else {
+    return p.headDim == 64 ? launchFlashD<T, 64>(p, stream) : launchFlashD<T, 128>(p, stream);
+  }
+}
+
+template <typename T>
+Status launch(const PagedAttentionParams& p, cudaStream_t stream, bool flash) {
+  return flash ? launchFlash<T>(p, stream) : launchSplit<T>(p, stream);
+}
+
+}  // namespace
+
+Status invokePagedAttention(const PagedAttentionParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validatePagedAttention(p));
+  if (p.rows == 0) return okStatus();
+  // Tensor cores pay off once a sequence brings a tile's worth of rows; decode rows (one per
+  // sequence) and small chunks go to the split kernel.
+  const bool flash = p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
+                     p.maxNewRows >= 16 && p.qRowStride % 8 == 0 && cuda::aligned16(p.q) &&
+                     cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
+  TG_DISPATCH_DTYPE(p.dtype, launch, p, stream, flash);
+}
+
+}  // namespace textgen::kernels

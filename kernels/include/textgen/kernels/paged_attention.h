@@ -1,0 +1,49 @@
+// Causal attention of a flattened batch of new rows over the paged KV cache (the rows' own keys
+// and values are written to the cache first). Sequence s owns rows seqStarts[s]..seqStarts[s+1]-1;
+// its first new row sits at position startPos[s], after startPos[s] cached positions (an earlier
+// chunk or a reused prefix). Row t of s attends to positions [lo, startPos[s] + t], lo limited by
+// the sliding window. Query head h reads KV head h / (numHeads / numKvHeads) (GQA, MQA).
+//
+// On the device: a flash-attention kernel on tensor cores for prefill tiles (f16/bf16, head sizes
+// 64 and 128), and a split-K ("flash-decoding") kernel for decode rows and every other case, whose
+// partial results are merged by a second pass. Scores, softmax and accumulation are fp32; the
+// output is rounded once to the dtype.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "textgen/base/status.h"
+#include "textgen/kernels/dtype.h"
+#include "textgen/kernels/stream.h"
+
+namespace textgen::kernels {
+
+struct PagedAttentionParams {
+  const void* q = nullptr;  // [rows, numHeads, headDim], rows qRowStride elements apart
+  int64_t qRowStride = 0;
+  const void* kCache = nullptr;  // [numSlots, numKvHeads, headDim]
+  const void* vCache = nullptr;
+  void* out = nullptr;                   // [rows, numHeads, headDim], contiguous
+  const int32_t* seqStarts = nullptr;    // [numSeqs + 1]; seqStarts[numSeqs] == rows
+  const int32_t* startPos = nullptr;     // [numSeqs]
+  const int32_t* blockTables = nullptr;  // [numSeqs, maxBlocksPerSeq]
+  int64_t rows = 0, numSeqs = 0, maxBlocksPerSeq = 0;
+  int64_t numHeads = 0, numKvHeads = 0, headDim = 0, blockSize = 0;
+  int64_t slidingWindow = 0;  // 0: none
+  float scale = 1.0f;
+  // Launch shape, known on the host: the most new rows of any sequence, and the longest context
+  // (startPos + new rows). Both are upper bounds; larger values only cost idle blocks.
+  int64_t maxNewRows = 0, maxContext = 0;
+  DType dtype = DType::kF32;
+  // Device scratch for split-K partial results; the launcher uses fewer splits when it is small.
+  void* workspace = nullptr;
+  size_t workspaceBytes = 0;
+};
+
+Status validatePagedAttention(const PagedAttentionParams& p);
+// Host memory; the block tables and sequence arrays are read as given (no device indirection).
+Status pagedAttentionReference(const PagedAttentionParams& p);
+Status invokePagedAttention(const PagedAttentionParams& p, Stream stream);
+
+}  // namespace textgen::kernels

@@ -1,0 +1,143 @@
+// The CUDA backend: device buffers, one non-blocking stream, cuBLASLt GEMMs and the kernels of
+// kernels/cuda. Operations are enqueued and return at once; download and synchronize wait, and
+// report any asynchronous device error.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "textgen/runtime/backend.h"
+
+namespace textgen::runtime {
+namespace {
+
+constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+constexpr size_t kAttentionWorkspaceBytes = 64u << 20;
+
+Status cudaStatus(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return okStatus();
+  if (err == cudaErrorMemoryAllocation)
+    return resourceExhaustedError("cuda: " + what + ": out of device memory");
+  return internalError("cuda: " + what + ": " + cudaGetErrorString(err));
+}
+
+std::string mib(size_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
+
+class DeviceBuffer final : public Buffer {
+ public:
+  DeviceBuffer(void* ptr, size_t bytes) : ptr_(ptr), bytes_(bytes) {}
+  ~DeviceBuffer() override { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() override { return ptr_; }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  void* ptr_;
+  size_t bytes_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  ~CudaBackend() override {
+    gemm_.reset();
+    attentionWorkspace_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status init(int device) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+      return failedPreconditionError("cuda: no CUDA device is visible");
+    if (device < 0 || device >= count) {
+      return failedPreconditionError("cuda: device " + std::to_string(device) + " requested, " +
+                                     std::to_string(count) + " visible");
+    }
+    device_ = device;
+    TG_RETURN_IF_ERROR(cudaStatus(cudaSetDevice(device), "set device"));
+    TG_RETURN_IF_ERROR(
+        cudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream"));
+    TG_ASSIGN_OR_RETURN(gemm_, kernels::GemmRunner::create(stream_, kGemmWorkspaceBytes));
+    TG_ASSIGN_OR_RETURN(attentionWorkspace_, allocate(kAttentionWorkspaceBytes));
+    return okStatus();
+  }
+
+  const char* name() const override { return "cuda"; }
+  Status supports(kernels::DType) const override { return okStatus(); }
+
+  StatusOr<std::unique_ptr<Buffer>> allocate(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, bytes == 0 ? 256 : bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // allocation failures are not sticky: clear it
+      size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      if (err == cudaErrorMemoryAllocation) {
+        return resourceExhaustedError("cuda: out of device memory allocating " + mib(bytes) + " (" +
+                                      mib(free) + " free of " + mib(total) + ")");
+      }
+      return cudaStatus(err, "allocate " + mib(bytes));
+    }
+    return std::unique_ptr<Buffer>(std::make_unique<DeviceBuffer>(ptr, bytes));
+  }
+
+  Status upload(Buffer& dst, const void* src, size_t bytes, size_t dstOffset) override {
+    if (dstOffset + bytes > dst.bytes()) return invalidArgumentError("upload past the buffer");
+    // From pageable memory the call returns once `src` has been staged: safe to reuse.
+    return cudaStatus(cudaMemcpyAsync(static_cast<char*>(dst.data()) + dstOffset, src, bytes,
+                                      cudaMemcpyHostToDevice, stream_),
+                      "upload");
+  }
+
+  Status download(void* dst, Buffer& src, size_t bytes) override {
+    if (bytes > src.bytes()) return invalidArgumentError("download larger than the buffer");
+    TG_RETURN_IF_ERROR(cudaStatus(
+        cudaMemcpyAsync(dst, src.data(), bytes, cudaMemcpyDeviceToHost, stream_), "download"));
+    return synchronize();
+  }
+
+  Status synchronize() override { return cudaStatus(cudaStreamSynchronize(stream_), "stream"); }
+
+  std::optional<MemoryInfo> memoryInfo() const override {
+    MemoryInfo m;
+    if (cudaMemGetInfo(&m.free, &m.total) != cudaSuccess) return std::nullopt;
+    return m;
+  }
+
+  Status gatherRows(const kernels::GatherRowsParams& p) override {
+    return kernels::invokeGatherRows(p, stream_);
+  }
+  Status rmsNorm(const kernels::RmsNormParams& p) override {
+    return kernels::invokeRmsNorm(p, stream_);
+  }
+  Status linear(const kernels::GemmParams& p) override { return gemm_->run(p); }
+  Status rope(const kernels::RopeParams& p) override { return kernels::invokeRope(p, stream_); }
+  Status writeKv(const kernels::KvWriteParams& p) override {
+    return kernels::invokeKvWrite(p, stream_);
+  }
+  Status attention(kernels::PagedAttentionParams p) override {
+    p.workspace = attentionWorkspace_->data();
+    p.workspaceBytes = attentionWorkspace_->bytes();
+    return kernels::invokePagedAttention(p, stream_);
+  }
+  Status siluMul(const kernels::SiluMulParams& p) override {
+    return kernels::invokeSiluMul(p, stream_);
+  }
+
+ private:
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<kernels::GemmRunner> gemm_;
+  std::unique_ptr<Buffer> attentionWorkspace_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int device) {
+  auto backend = std::make_unique<CudaBackend>();
+  TG_RETURN_IF_ERROR(backend->init(device));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace textgen::runtime

@@ -1,0 +1,332 @@
+// The decoder-layer kernels against their CPU references over random shapes and every dtype:
+// gather_rows and kv_write bit for bit; rope, silu_mul, gemm and paged attention (split-K decode,
+// tensor-core prefill, prefixes, chunks, GQA, sliding windows) within the tolerances of
+// tests/support/tolerance.h.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/device_buffer.h"
+#include "support/tolerance.h"
+#include "textgen/kernels/gather_rows.h"
+#include "textgen/kernels/gemm.h"
+#include "textgen/kernels/kv_write.h"
+#include "textgen/kernels/paged_attention.h"
+#include "textgen/kernels/rope.h"
+#include "textgen/kernels/silu_mul.h"
+
+namespace textgen::kernels {
+namespace {
+
+using testing::decode;
+using testing::DeviceBuffer;
+using testing::encode;
+using testing::toleranceFor;
+
+constexpr DType kDtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+class OpsCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
+  }
+  std::mt19937 rng_{1234};
+};
+
+std::vector<float> randomValues(size_t n, std::mt19937& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// A device copy of host bytes.
+std::unique_ptr<DeviceBuffer> toDevice(const void* data, size_t bytes) {
+  auto b = std::make_unique<DeviceBuffer>(bytes);
+  EXPECT_NE(b->get(), nullptr);
+  EXPECT_EQ(cudaMemcpy(b->get(), data, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+template <typename T>
+std::unique_ptr<DeviceBuffer> toDevice(const std::vector<T>& v) {
+  return toDevice(v.data(), v.size() * sizeof(T));
+}
+
+std::vector<uint8_t> fromDevice(const DeviceBuffer& b, size_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(out.data(), b.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+TEST_F(OpsCudaTest, GatherRowsCopiesRowsExactly) {
+  for (DType dt : kDtypes) {
+    for (int64_t width : {1, 7, 64, 4096}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " width " + std::to_string(width));
+      const int64_t tableRows = 50, rows = 33;
+      const auto table = encode(randomValues(tableRows * width, rng_), dt);
+      std::vector<int32_t> ids(rows);
+      for (auto& id : ids) id = static_cast<int32_t>(rng_() % tableRows);
+      std::vector<uint8_t> want(rows * width * dtypeSize(dt));
+      ASSERT_TRUE(
+          gatherRowsReference({table.data(), ids.data(), want.data(), rows, width, tableRows, dt})
+              .ok());
+      auto dTable = toDevice(table), dIds = toDevice(ids);
+      DeviceBuffer dOut(want.size());
+      ASSERT_TRUE(
+          invokeGatherRows(
+              {dTable->get(), dIds->as<int32_t>(), dOut.get(), rows, width, tableRows, dt}, nullptr)
+              .ok());
+      EXPECT_EQ(fromDevice(dOut, want.size()), want);
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, KvWriteScattersRowsToSlotsExactly) {
+  for (DType dt : kDtypes) {
+    for (int64_t headDim : {8, 64, 128}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " headDim " + std::to_string(headDim));
+      const int64_t rows = 40, kvHeads = 2, numSlots = 256, stride = 3 * kvHeads * headDim;
+      const auto qkv = encode(randomValues(rows * stride, rng_), dt);
+      std::vector<int32_t> slots(numSlots);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng_);
+      slots.resize(rows);
+      const size_t es = dtypeSize(dt), cacheBytes = numSlots * kvHeads * headDim * es;
+      std::vector<uint8_t> kWant(cacheBytes, 0), vWant(cacheBytes, 0);
+      const uint8_t* k = qkv.data() + kvHeads * headDim * es;
+      const uint8_t* v = k + kvHeads * headDim * es;
+      KvWriteParams p{
+          k,       v,        stride, kWant.data(), vWant.data(), slots.data(), rows, kvHeads,
+          headDim, numSlots, dt};
+      ASSERT_TRUE(kvWriteReference(p).ok());
+      auto dQkv = toDevice(qkv), dSlots = toDevice(slots);
+      DeviceBuffer dk(cacheBytes), dv(cacheBytes);
+      cudaMemset(dk.get(), 0, cacheBytes);
+      cudaMemset(dv.get(), 0, cacheBytes);
+      p.k = dQkv->as<uint8_t>(kvHeads * headDim * es);
+      p.v = dQkv->as<uint8_t>(2 * kvHeads * headDim * es);
+      p.kCache = dk.get();
+      p.vCache = dv.get();
+      p.slots = dSlots->as<int32_t>();
+      ASSERT_TRUE(invokeKvWrite(p, nullptr).ok());
+      EXPECT_EQ(fromDevice(dk, cacheBytes), kWant);
+      EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, RopeMatchesReference) {
+  struct Shape {
+    int64_t heads, kvHeads, headDim, rotaryDim;
+    float theta, scaling;
+  };
+  const Shape shapes[] = {{4, 2, 64, 64, 10000.0f, 1.0f},
+                          {32, 8, 128, 128, 500000.0f, 1.0f},
+                          {8, 8, 80, 32, 10000.0f, 1.0f},     // partial rotary
+                          {4, 1, 128, 128, 10000.0f, 1.2f}};  // YaRN-style scaling
+  for (DType dt : kDtypes) {
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " headDim " + std::to_string(s.headDim));
+      const int64_t rows = 70, stride = (s.heads + 2 * s.kvHeads) * s.headDim,
+                    half = s.rotaryDim / 2;
+      auto qkv = encode(randomValues(rows * stride, rng_), dt);
+      std::vector<int32_t> positions(rows);
+      for (auto& p : positions) p = static_cast<int32_t>(rng_() % 32768);
+      std::vector<float> invFreq(rows * half);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < half; ++i) {
+          invFreq[r * half + i] =
+              1.0f / std::pow(s.theta, static_cast<float>(2 * i) / static_cast<float>(s.rotaryDim));
+        }
+      }
+      const size_t es = dtypeSize(dt);
+      auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq);
+      RopeParams p{.q = qkv.data(),
+                   .k = qkv.data() + s.heads * s.headDim * es,
+                   .qRowStride = stride,
+                   .kRowStride = stride,
+                   .invFreq = invFreq.data(),
+                   .positions = positions.data(),
+                   .rows = rows,
+                   .numHeads = s.heads,
+                   .numKvHeads = s.kvHeads,
+                   .headDim = s.headDim,
+                   .rotaryDim = s.rotaryDim,
+                   .attentionScaling = s.scaling,
+                   .dtype = dt};
+      ASSERT_TRUE(ropeReference(p).ok());
+      p.q = dQkv->get();
+      p.k = dQkv->as<uint8_t>(s.heads * s.headDim * es);
+      p.invFreq = dFreq->as<float>();
+      p.positions = dPos->as<int32_t>();
+      ASSERT_TRUE(invokeRope(p, nullptr).ok());
+      EXPECT_TRUE(testing::allClose(decode(fromDevice(*dQkv, qkv.size()), dt), decode(qkv, dt),
+                                    toleranceFor(dt), stride));
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, SiluMulMatchesReference) {
+  for (DType dt : kDtypes) {
+    for (int64_t n : {1, 13, 256, 11008}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " n " + std::to_string(n));
+      const int64_t rows = 9;
+      const auto gateUp = encode(randomValues(rows * 2 * n, rng_, 3.0f), dt);
+      std::vector<uint8_t> want(rows * n * dtypeSize(dt));
+      ASSERT_TRUE(siluMulReference({gateUp.data(), want.data(), rows, n, dt}).ok());
+      auto dIn = toDevice(gateUp);
+      DeviceBuffer dOut(want.size());
+      ASSERT_TRUE(invokeSiluMul({dIn->get(), dOut.get(), rows, n, dt}, nullptr).ok());
+      EXPECT_TRUE(testing::allClose(decode(fromDevice(dOut, want.size()), dt), decode(want, dt),
+                                    toleranceFor(dt), n));
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, GemmMatchesReference) {
+  auto runner = GemmRunner::create(nullptr, 32u << 20);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  struct Shape {
+    int64_t rows, in, out;
+  };
+  for (DType dt : kDtypes) {
+    for (const Shape& s :
+         {Shape{1, 64, 96}, Shape{7, 512, 1000}, Shape{64, 1024, 384}, Shape{300, 256, 1024}}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.in) + "x" + std::to_string(s.out));
+      // Weights scaled as real ones are (outputs of unit scale).
+      const auto x = encode(randomValues(s.rows * s.in, rng_), dt);
+      const auto w =
+          encode(randomValues(s.out * s.in, rng_, 1.0f / std::sqrt(static_cast<float>(s.in))), dt);
+      std::vector<uint8_t> want(s.rows * s.out * dtypeSize(dt));
+      ASSERT_TRUE(gemmReference({x.data(), w.data(), want.data(), s.rows, s.in, s.out, dt}).ok());
+      auto dx = toDevice(x), dw = toDevice(w);
+      DeviceBuffer dy(want.size());
+      ASSERT_TRUE((*runner)->run({dx->get(), dw->get(), dy.get(), s.rows, s.in, s.out, dt}).ok());
+      testing::Tolerance tol = toleranceFor(dt);
+      if (dt == DType::kF32) tol = {2e-5f, 2e-5f};  // summation order over `in` terms
+      EXPECT_TRUE(
+          testing::allClose(decode(fromDevice(dy, want.size()), dt), decode(want, dt), tol, s.out));
+    }
+  }
+}
+
+struct AttentionCase {
+  DType dtype;
+  int64_t numSeqs, heads, kvHeads, headDim, blockSize, window;
+  int64_t maxStart,
+      maxRows;  // per sequence: cached positions in [0, maxStart], new rows in [1, maxRows]
+};
+
+std::string describe(const AttentionCase& c) {
+  return std::string(dtypeName(c.dtype)) + " seqs=" + std::to_string(c.numSeqs) +
+         " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kvHeads) +
+         " headDim=" + std::to_string(c.headDim) + " block=" + std::to_string(c.blockSize) +
+         " window=" + std::to_string(c.window) + " maxStart=" + std::to_string(c.maxStart) +
+         " maxRows=" + std::to_string(c.maxRows);
+}
+
+void runAttention(const AttentionCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(describe(c));
+  const DType dt = c.dtype;
+  const size_t es = dtypeSize(dt);
+  std::vector<int32_t> seqStarts{0}, startPos;
+  int64_t rows = 0, maxNewRows = 0, maxContext = 0, maxBlocks = 0;
+  for (int64_t s = 0; s < c.numSeqs; ++s) {
+    const auto start = static_cast<int32_t>(rng() % (c.maxStart + 1));
+    const auto n = static_cast<int32_t>(1 + rng() % c.maxRows);
+    startPos.push_back(start);
+    rows += n;
+    seqStarts.push_back(static_cast<int32_t>(rows));
+    maxNewRows = std::max<int64_t>(maxNewRows, n);
+    maxContext = std::max<int64_t>(maxContext, start + n);
+    maxBlocks = std::max<int64_t>(maxBlocks, (start + n + c.blockSize - 1) / c.blockSize);
+  }
+  // Every sequence gets maxBlocks distinct blocks from a shuffled pool, plus spare blocks.
+  const int64_t numBlocks = c.numSeqs * maxBlocks + 3;
+  std::vector<int32_t> pool(numBlocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<int32_t> tables(pool.begin(), pool.begin() + c.numSeqs * maxBlocks);
+  const int64_t numSlots = numBlocks * c.blockSize, kvWidth = c.kvHeads * c.headDim;
+  // q inside a fused qkv row, as the model lays it out.
+  const int64_t qStride = (c.heads + 2 * c.kvHeads) * c.headDim;
+  const auto q = encode(randomValues(rows * qStride, rng), dt);
+  const auto kc = encode(randomValues(numSlots * kvWidth, rng), dt);
+  const auto vc = encode(randomValues(numSlots * kvWidth, rng), dt);
+  std::vector<uint8_t> want(rows * c.heads * c.headDim * es);
+  PagedAttentionParams p{.q = q.data(),
+                         .qRowStride = qStride,
+                         .kCache = kc.data(),
+                         .vCache = vc.data(),
+                         .out = want.data(),
+                         .seqStarts = seqStarts.data(),
+                         .startPos = startPos.data(),
+                         .blockTables = tables.data(),
+                         .rows = rows,
+                         .numSeqs = c.numSeqs,
+                         .maxBlocksPerSeq = maxBlocks,
+                         .numHeads = c.heads,
+                         .numKvHeads = c.kvHeads,
+                         .headDim = c.headDim,
+                         .blockSize = c.blockSize,
+                         .slidingWindow = c.window,
+                         .scale = 1.0f / std::sqrt(static_cast<float>(c.headDim)),
+                         .maxNewRows = maxNewRows,
+                         .maxContext = maxContext,
+                         .dtype = dt};
+  ASSERT_TRUE(pagedAttentionReference(p).ok());
+  auto dq = toDevice(q), dk = toDevice(kc), dv = toDevice(vc), dStarts = toDevice(seqStarts),
+       dStartPos = toDevice(startPos), dTables = toDevice(tables);
+  DeviceBuffer dOut(want.size()), workspace(16u << 20);
+  p.q = dq->get();
+  p.kCache = dk->get();
+  p.vCache = dv->get();
+  p.out = dOut.get();
+  p.seqStarts = dStarts->as<int32_t>();
+  p.startPos = dStartPos->as<int32_t>();
+  p.blockTables = dTables->as<int32_t>();
+  p.workspace = workspace.get();
+  p.workspaceBytes = workspace.bytes();
+  ASSERT_TRUE(invokePagedAttention(p, nullptr).ok());
+  testing::Tolerance tol = toleranceFor(dt);
+  if (dt == DType::kF32) tol = {2e-5f, 2e-5f};  // fast exp (__expf) and a different sum order
+  EXPECT_TRUE(testing::allClose(decode(fromDevice(dOut, want.size()), dt), decode(want, dt), tol,
+                                c.heads * c.headDim));
+}
+
+TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
+  for (DType dt : kDtypes) {
+    // One new row per sequence over contexts up to 3000: several splits and the merge pass.
+    runAttention({dt, 1, 32, 32, 128, 16, 0, 3000, 1}, rng_);
+    runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1}, rng_);
+    runAttention({dt, 3, 4, 1, 128, 4, 0, 300, 1}, rng_);     // MQA, small blocks
+    runAttention({dt, 4, 8, 8, 64, 16, 100, 900, 1}, rng_);   // sliding window
+    runAttention({dt, 2, 6, 3, 80, 16, 0, 200, 1}, rng_);     // head size 80 (partial lanes)
+    runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1}, rng_);       // tiny heads
+    runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1}, rng_);  // a large decode batch
+  }
+}
+
+TEST_F(OpsCudaTest, PagedAttentionPrefillAndChunks) {
+  for (DType dt : kDtypes) {
+    runAttention({dt, 1, 8, 8, 128, 16, 0, 0, 300}, rng_);      // one prompt, no prefix
+    runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200}, rng_);      // a packed batch of prompts, GQA
+    runAttention({dt, 3, 4, 4, 64, 16, 0, 500, 150}, rng_);     // prompts after cached prefixes
+    runAttention({dt, 2, 4, 1, 128, 16, 300, 200, 130}, rng_);  // later chunks, window, MQA
+    runAttention({dt, 2, 8, 4, 64, 16, 64, 0, 400}, rng_);      // sliding window inside the prompt
+    runAttention({dt, 4, 4, 2, 128, 16, 0, 100, 70}, rng_);  // mixed lengths: decode-sized to tiles
+    runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90}, rng_);    // head size without a tensor-core path
+  }
+}
+
+}  // namespace
+}  // namespace textgen::kernels

@@ -1,0 +1,103 @@
+// The engine on the CUDA backend: Warmup sizes the KV pool from free device memory (a real prefill
+// first, then memoryFraction of the device less a margin) and reports it as
+// max_supported_total_tokens; running out of device memory is a RESOURCE_EXHAUSTED error naming
+// the sizes, never a crash; and the engine keeps serving after one.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "textgen/runtime/engine.h"
+#include "textgen/tokenizer/tokenizer.h"
+
+namespace textgen::runtime {
+namespace {
+
+std::string fixture() {
+  const char* env = std::getenv("TEXTGEN_MODEL_FIXTURES");
+  return std::string(env && *env ? env : TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
+}
+
+class CudaEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = makeCudaBackend(0);
+    if (!b.ok()) GTEST_SKIP() << b.status();
+    backend_ = std::move(*b);
+    auto m = loadModel(fixture(), *backend_, {.dtype = kernels::DType::kF16});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto t = tokenizer::Tokenizer::fromDirectory(fixture());
+    ASSERT_TRUE(t.ok());
+    tok_ = std::move(*t);
+    std::ifstream in(fixture() + "/reference.json");
+    ref_ = nlohmann::json::parse(in);
+  }
+
+  // The router's warmup batch: one request of `tokens` prompt tokens in blocks 0..n.
+  std::vector<RequestSpec> warmupBatch(uint32_t tokens) const {
+    RequestSpec r;
+    r.id = 0;
+    const auto prompt = ref_["prompts"][0]["input_ids"].get<std::vector<uint32_t>>();
+    for (uint32_t i = 0; i < tokens; ++i) r.inputIds.push_back(prompt[i % prompt.size()]);
+    r.stopping.maxNewTokens = 1;
+    for (uint32_t b = 0; b < (tokens + 1 + 15) / 16; ++b) r.blocks.push_back(b);
+    return {r};
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  nlohmann::json ref_;
+};
+
+TEST_F(CudaEngineTest, WarmupSizesTheKvPoolFromFreeDeviceMemory) {
+  const MemoryInfo before = *backend_->memoryInfo();
+  Engine engine(*model_, *tok_, *backend_, {.blockSize = 16, .kvCacheBytes = 0});
+  auto w = engine.warmup(0, warmupBatch(200), std::nullopt, 200, std::nullopt);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const MemoryInfo after = *backend_->memoryInfo();
+  const int64_t perToken = KvCache::bytesPerBlock(model_->config(), 16, kernels::DType::kF16) / 16;
+  const double expected = 0.93 * static_cast<double>(before.free) / static_cast<double>(perToken);
+  std::printf("free before %zu MiB, after %zu MiB, max_supported_total_tokens %u (%.0f expected)\n",
+              before.free >> 20, after.free >> 20, w->maxSupportedTotalTokens, expected);
+  // The pool takes ~93% of what was free (less the warmup's activations and block rounding).
+  EXPECT_GT(static_cast<double>(w->maxSupportedTotalTokens),
+            0.9 * std::min(expected, 4294967295.0));
+  EXPECT_LT(after.free, before.free / 8);
+  // It serves afterwards.
+  RequestSpec r = warmupBatch(5)[0];
+  r.id = 7;
+  r.stopping.maxNewTokens = 4;
+  r.stopping.ignoreEosToken = true;
+  auto out = engine.prefill(1, {r}, std::nullopt);
+  ASSERT_TRUE(out.ok()) << out.status();
+}
+
+TEST_F(CudaEngineTest, MemoryFractionTooSmallIsAClearError) {
+  Engine engine(*model_, *tok_, *backend_,
+                {.blockSize = 16, .kvCacheBytes = 0, .memoryFraction = 0.001});
+  auto w = engine.warmup(0, warmupBatch(64), std::nullopt, 64, std::nullopt);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted) << w.status();
+  EXPECT_NE(w.status().message().find("not enough device memory for the KV cache"),
+            std::string::npos)
+      << w.status();
+}
+
+TEST_F(CudaEngineTest, AnImpossibleAllocationIsResourceExhaustedAndTheDeviceStaysUsable) {
+  auto huge = backend_->allocate(size_t{1} << 50);  // a petabyte
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(huge.status().message().find("out of device memory"), std::string::npos);
+  // A KV budget larger than the device fails the same way, then a sane one works.
+  Engine engine(*model_, *tok_, *backend_, {.blockSize = 16, .kvCacheBytes = int64_t{1} << 46});
+  auto w = engine.warmup(0, warmupBatch(32), std::nullopt, 32, std::nullopt);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted) << w.status();
+  Engine ok(*model_, *tok_, *backend_, {.blockSize = 16, .kvCacheBytes = 64 << 20});
+  ASSERT_TRUE(ok.warmup(0, warmupBatch(32), std::nullopt, 32, std::nullopt).ok());
+}
+
+}  // namespace
+}  // namespace textgen::runtime

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Writes a random-weight Llama checkpoint with real shapes for the GPU benchmarks (real weights
+cannot be downloaded here): config.json and safetensors shards of ~2 GB with an index, as the hub
+stores them. Speed does not depend on the values; they are N(0, 0.02) like a fresh init.
+
+    python3 tools/bench/make_random_model.py OUT_DIR [--shape llama-2-7b] [--dtype bfloat16]
+"""
+import argparse
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+SHAPES = {
+    # hidden, layers, heads, kv heads, intermediate, vocab, max positions
+    "llama-2-7b": (4096, 32, 32, 32, 11008, 32000, 4096),
+    "llama-3-8b": (4096, 32, 32, 8, 14336, 128256, 8192),
+    "tiny": (256, 2, 4, 2, 512, 1000, 2048),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES))
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    args = ap.parse_args()
+    h, layers, heads, kv, inter, vocab, maxpos = SHAPES[args.shape]
+    dtype = getattr(torch, args.dtype)
+    hd = h // heads
+    os.makedirs(args.out, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+        "intermediate_size": inter, "vocab_size": vocab, "max_position_embeddings": maxpos,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "torch_dtype": args.dtype,
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+    }
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32) * 0.02).to(dtype).cpu()
+
+    def ones(n):
+        return torch.ones(n, dtype=dtype)
+
+    tensors = [("model.embed_tokens.weight", lambda: rand(vocab, h))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors += [
+            (p + "input_layernorm.weight", lambda: ones(h)),
+            (p + "self_attn.q_proj.weight", lambda: rand(heads * hd, h)),
+            (p + "self_attn.k_proj.weight", lambda: rand(kv * hd, h)),
+            (p + "self_attn.v_proj.weight", lambda: rand(kv * hd, h)),
+            (p + "self_attn.o_proj.weight", lambda: rand(h, heads * hd)),
+            (p + "post_attention_layernorm.weight", lambda: ones(h)),
+            (p + "mlp.gate_proj.weight", lambda: rand(inter, h)),
+            (p + "mlp.up_proj.weight", lambda: rand(inter, h)),
+            (p + "mlp.down_proj.weight", lambda: rand(h, inter)),
+        ]
+    tensors += [("model.norm.weight", lambda: ones(h)), ("lm_head.weight", lambda: rand(vocab, h))]
+
+    # Shards of at most ~2 GB, each written as soon as it is full (bounded host memory).
+    limit = 2 << 30
+    weight_map, total, files = {}, 0, 0
+    shard, shard_bytes = {}, 0
+
+    def write(tensors_of_shard):
+        nonlocal files
+        files += 1
+        fname = f"model-{files:05d}.safetensors"
+        save_file(tensors_of_shard, os.path.join(args.out, fname), metadata={"format": "pt"})
+        for k in tensors_of_shard:
+            weight_map[k] = fname
+
+    for name, make in tensors:
+        t = make()
+        size = t.numel() * t.element_size()
+        if shard and shard_bytes + size > limit:
+            write(shard)
+            shard, shard_bytes = {}, 0
+        shard[name] = t
+        shard_bytes += size
+        total += size
+    if shard:
+        write(shard)
+    with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    print(f"{args.shape} {args.dtype}: {total / 1e9:.2f} GB in {files} shards at {args.out}")
+
+
+if __name__ == "__main__":
+    main()
