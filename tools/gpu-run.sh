@@ -29,14 +29,18 @@ status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 
 if [ $tests -eq 1 ]; then
-  rm -rf "$out/models"
-  cp -r tests/reference/models "$out/models"
+  # The fixtures with the references recorded here; what was recorded comes back as one archive
+  # (reference-*.json and any new fixture) to be committed under tests/reference/models.
+  models=${TMPDIR:-/tmp}/textgen-models
+  rm -rf "$models"
+  cp -r tests/reference/models "$models"
   if python3 -c "import transformers, torch" 2>/dev/null; then
     echo "== half-precision references (transformers)"
-    python3 tools/reference/make_dtype_references.py "$out/models" tests/reference/tokenizers/llama2 2>&1 |
-      grep -v Warning | tee "$out/dtype_references.log"
+    python3 tools/reference/make_dtype_references.py "$models" tests/reference/tokenizers/llama2 2>&1 |
+      grep -v "Warning\|Loading weights\|Writing model" | tee "$out/dtype_references.log"
+    (cd "$models" && find . -newer "$out/device.txt" -type f | tar -czf "$out/recorded-references.tgz" -T -)
   fi
-  export TEXTGEN_MODEL_FIXTURES="$out/models"
+  export TEXTGEN_MODEL_FIXTURES="$models"
   export TEXTGEN_SHARD_BINARY="$here/bin/textgen-shard" TEXTGEN_TEST_DEVICE=cuda
   for t in "$here"/bin/*_test; do
     name=$(basename "$t")
