@@ -145,6 +145,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string modelDir, dtypeName = "bfloat16";
   int64_t prompt = 128, steps = 32;
+  std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -155,10 +156,19 @@ int main(int argc, char** argv) {
       prompt = std::atol(argv[++i]);
     } else if (a == "--steps" && i + 1 < argc) {
       steps = std::atol(argv[++i]);
+    } else if (a == "--cuda-graphs" && i + 1 < argc) {
+      graphs.clear();
+      for (const char* p = argv[++i]; *p;) {
+        char* end = nullptr;
+        const long v = std::strtol(p, &end, 10);
+        if (v > 0) graphs.push_back(v);
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *p) break;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
-                   "[--steps N]\n");
+                   "[--steps N] [--cuda-graphs 1,2,4,...|0]\n");
       return 2;
     }
   }
@@ -181,7 +191,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double tLoad = now();
-  auto model = loadModel(modelDir, **backend, {.dtype = dtype});
+  auto model = loadModel(modelDir, **backend, {.dtype = dtype, .graphBatchSizes = graphs});
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().toString().c_str());
     return 1;

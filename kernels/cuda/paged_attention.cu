@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float m = -INFINITY, l = 0.0f, acc[kEpl] = {};
   const T* kBase = static_cast<const T*>(p.kCache) + kvh * p.headDim;
   const T* vBase = static_cast<const T*>(p.vCache) + kvh * p.headDim;
-  constexpr int kKeys = 4;  // keys in flight per warp
+  constexpr int kKeys = 8;  // keys in flight per warp (memory-level parallelism)
   for (int j0 = begin + warp * kKeys; j0 < end; j0 += kWarps * kKeys) {
     float score[kKeys], kv[kKeys][kEpl];
 #pragma unroll
@@ -178,10 +178,10 @@ int multiprocessorCount() {
 
 template <typename T>
 Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
-  // Enough splits to give every SM two blocks, each split at least kMinPartition keys, and no
-  // more than the workspace holds.
+  // Enough splits for eight blocks per SM (decode is bound by how many loads are in flight), each
+  // split at least kMinPartition keys, and no more than the workspace holds.
   const int64_t blocks = p.rows * p.numHeads;
-  const int64_t target = 2 * static_cast<int64_t>(multiprocessorCount());
+  const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   int64_t splits = std::clamp<int64_t>((target + blocks - 1) / blocks, 1,
                                        (p.maxContext + kMinPartition - 1) / kMinPartition);
   const int64_t perSplit = blocks * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));

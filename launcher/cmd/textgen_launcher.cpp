@@ -71,7 +71,7 @@ const FlagSpec kFlags[] = {
     {"disable-custom-kernels", Kind::kUnsupported,
      "textgen's CUDA backend is built from its own kernels; there is no fallback to switch to"},
     {"cuda-memory-fraction", Kind::kValue},
-    {"cuda-graphs", Kind::kUnsupported, "CUDA graphs are not implemented yet"},
+    {"cuda-graphs", Kind::kValue},
     {"rope-scaling", Kind::kUnsupported,
      "overriding the model's RoPE scaling is not implemented yet"},
     {"rope-factor", Kind::kUnsupported,
@@ -237,7 +237,8 @@ int run(int argc, char** argv) {
   if (numShard != 1)
     return usage("--num-shard " + std::to_string(numShard) +
                  ": tensor parallelism is not implemented yet (use 1)");
-  const std::string dtype = get("dtype", ""), memoryFraction = get("cuda-memory-fraction", "");
+  const std::string dtype = get("dtype", ""), memoryFraction = get("cuda-memory-fraction", ""),
+                    cudaGraphs = get("cuda-graphs", "");
   const std::string uds = get("shard-uds-path", "/tmp/text-generation-server");
   const std::string masterAddr = get("master-addr", "localhost"),
                     masterPort = get("master-port", "29500");
@@ -269,6 +270,10 @@ int run(int argc, char** argv) {
     if (!dtype.empty()) {  // the shard checks it against its device
       args.push_back("--dtype");
       args.push_back(dtype);
+    }
+    if (!cudaGraphs.empty()) {
+      args.push_back("--cuda-graphs");
+      args.push_back(cudaGraphs);
     }
     if (!memoryFraction.empty()) {
       args.push_back("--cuda-memory-fraction");

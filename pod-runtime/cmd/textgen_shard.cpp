@@ -2,7 +2,8 @@
 //
 //   textgen-shard --model-id DIR [--uds-path PATH | --port N] [--block-size 16]
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
-//                 [--cuda-memory-fraction 1.0] [--kv-cache-memory BYTES|FRACTION] [--threads N]
+//                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
+//                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
 //                 [--json-output] [--log-level info]
 // The device defaults to CUDA where there is one. On CUDA the dtype defaults to the checkpoint's
 // (float16 for a float32 checkpoint, as TGI does) and the KV pool is sized at Warmup from free
@@ -41,6 +42,7 @@ struct Flags {
   int64_t blockSize = 16;
   std::string device = "auto";
   double cudaMemoryFraction = 1.0;
+  std::vector<int64_t> cudaGraphs{1, 2, 4, 8, 16, 32};  // TGI's default
   std::string kvCacheMemory;  // a fraction of available memory, or bytes; empty: the default
   int threads = 0;
   bool jsonOutput = false;
@@ -94,6 +96,17 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       f.cudaMemoryFraction = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(f.cudaMemoryFraction > 0 && f.cudaMemoryFraction <= 1))
         return invalidArgumentError("--cuda-memory-fraction must be a number in (0, 1]");
+    } else if (a == "--cuda-graphs") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      f.cudaGraphs.clear();
+      size_t pos = 0;
+      while (pos <= v.size()) {
+        const size_t comma = std::min(v.find(',', pos), v.size());
+        TG_ASSIGN_OR_RETURN(int64_t n, parseInt(a, v.substr(pos, comma - pos)));
+        if (n < 0) return invalidArgumentError("--cuda-graphs sizes must not be negative");
+        if (n > 0) f.cudaGraphs.push_back(n);  // "0" disables graphs, as in TGI
+        pos = comma + 1;
+      }
     } else if (a == "--kv-cache-memory") {
       TG_ASSIGN_OR_RETURN(f.kvCacheMemory, value());
     } else if (a == "--threads") {
@@ -205,8 +218,12 @@ int run(int argc, char** argv) {
   auto budget = f.kvCacheMemory.empty() ? StatusOr<int64_t>(cuda ? 0 : *kvBudget("0.25"))
                                         : kvBudget(f.kvCacheMemory);
   if (!budget.ok()) return fail(budget.status());
-  auto model = runtime::loadModel(f.modelId, **backend,
-                                  {.rank = f.rank, .worldSize = f.worldSize, .dtype = *dtype});
+  auto model =
+      runtime::loadModel(f.modelId, **backend,
+                         {.rank = f.rank,
+                          .worldSize = f.worldSize,
+                          .dtype = *dtype,
+                          .graphBatchSizes = cuda ? f.cudaGraphs : std::vector<int64_t>{}});
   if (!model.ok()) return fail(model.status().withContext("loading " + f.modelId));
   auto tok = tokenizer::Tokenizer::fromDirectory(f.modelId);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer of " + f.modelId));

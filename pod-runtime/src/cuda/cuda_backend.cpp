@@ -38,6 +38,18 @@ class DeviceBuffer final : public Buffer {
   size_t bytes_;
 };
 
+class CudaGraph final : public Graph {
+ public:
+  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
 class CudaBackend final : public Backend {
  public:
   ~CudaBackend() override {
@@ -103,6 +115,26 @@ class CudaBackend final : public Backend {
     MemoryInfo m;
     if (cudaMemGetInfo(&m.free, &m.total) != cudaSuccess) return std::nullopt;
     return m;
+  }
+
+  Status beginCapture() override {
+    return cudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                      "begin graph capture");
+  }
+
+  StatusOr<std::unique_ptr<Graph>> endCapture() override {
+    cudaGraph_t graph = nullptr;
+    TG_RETURN_IF_ERROR(cudaStatus(cudaStreamEndCapture(stream_, &graph), "end graph capture"));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TG_RETURN_IF_ERROR(cudaStatus(err, "instantiate graph"));
+    return std::unique_ptr<Graph>(std::make_unique<CudaGraph>(exec));
+  }
+
+  Status launch(Graph& graph) override {
+    return cudaStatus(cudaGraphLaunch(static_cast<CudaGraph&>(graph).exec(), stream_),
+                      "launch graph");
   }
 
   Status gatherRows(const kernels::GatherRowsParams& p) override {

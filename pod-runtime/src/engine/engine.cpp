@@ -56,9 +56,7 @@ Engine::Engine(Model& model, const tokenizer::Tokenizer& tokenizer, Backend& bac
 Engine::~Engine() = default;
 
 int64_t Engine::maxContext() const {
-  const ModelConfig& c = model_.config();
-  const double factor = c.rope.type == RopeType::kDefault ? 1.0 : c.rope.factor;
-  return static_cast<int64_t>(static_cast<double>(c.maxPositionEmbeddings) * factor);
+  return model_.config().maxContext();
 }
 
 Status Engine::validate(const RequestSpec& r) const {

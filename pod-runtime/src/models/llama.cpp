@@ -2,6 +2,7 @@
 // NTK, partial rotary), grouped-query attention over the paged cache, SiLU-gated MLP.
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "architectures.h"
 #include "textgen/kernels/half.h"
@@ -36,6 +37,11 @@ class LlamaModel final : public Model {
     }
     dtype_ = options.dtype;
     TG_RETURN_IF_ERROR(backend_.supports(dtype_));
+    graphSizes_ = options.graphBatchSizes;
+    std::sort(graphSizes_.begin(), graphSizes_.end());
+    if (!graphSizes_.empty() && graphSizes_.front() <= 0)
+      return invalidArgumentError("graph batch sizes must be positive");
+    graphContext_ = config_.maxContext();
     const ModelConfig& c = config_;
     const int64_t h = c.hiddenSize, qOut = c.numHeads * c.headDim, kvOut = c.numKvHeads * c.headDim;
     // Column-parallel weights split their output rows across ranks, row-parallel ones their input
@@ -73,16 +79,43 @@ class LlamaModel final : public Model {
   }
 
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override {
-    const ModelConfig& c = config_;
-    const auto rows = static_cast<int64_t>(b.tokenIds.size());
     TG_RETURN_IF_ERROR(validate(b, cache));
     if (cache.dtype() != dtype_) return invalidArgumentError("the KV cache has another dtype");
+    const auto n = static_cast<int64_t>(b.logitRows.size());
+    if (const int64_t bucket = graphBucket(b, cache); bucket > 0) {
+      TG_RETURN_IF_ERROR(runGraph(b, cache, bucket));
+    } else {
+      const Layout layout = eagerLayout(b);
+      TG_ASSIGN_OR_RETURN(const Metadata meta, uploadMetadata(b, layout, ws_.meta, ws_.invFreq));
+      TG_RETURN_IF_ERROR(reserve(layout.rows, n));
+      TG_RETURN_IF_ERROR(enqueue(meta, cache));
+    }
+    return downloadLogits(n * config_.vocabSize);
+  }
+
+ private:
+  // The shape of one forward's metadata: eager forwards use the batch's own; a decode graph
+  // fixes it for its batch size (padded rows, block tables as wide as the longest context).
+  struct Layout {
+    int64_t rows = 0, numSeqs = 0, maxBlocksPerSeq = 1, logitRows = 0;
+    int64_t maxNewRows = 0, maxContext = 0;
+  };
+
+  // Device views of one forward's batch description (see uploadMetadata).
+  struct Metadata {
+    const int32_t *ids, *positions, *slots, *seqStarts, *startPos, *blockTables, *logitRows;
+    const float* invFreq;
+    Layout layout;
+  };
+
+  // Enqueues the whole forward (no host synchronisation): embedding, the layers, the final norm
+  // of the logit rows and the head into ws_.logits.
+  Status enqueue(const Metadata& meta, KvCache& cache) {
+    const ModelConfig& c = config_;
+    const int64_t rows = meta.layout.rows, n = meta.layout.logitRows;
     const int64_t h = c.hiddenSize, hd = c.headDim, nh = c.numHeads, nkv = c.numKvHeads,
                   inter = c.intermediateSize, qkvOut = (nh + 2 * nkv) * hd;
     const DType dt = dtype_;
-    const auto n = static_cast<int64_t>(b.logitRows.size());
-    TG_ASSIGN_OR_RETURN(const Metadata meta, uploadMetadata(b));
-    TG_RETURN_IF_ERROR(reserve(rows, n));
     void* x = ws_.residual->data();
     void* hs = ws_.hidden->data();
     void* qkv = ws_.qkv->data();
@@ -143,16 +176,16 @@ class LlamaModel final : public Model {
            .startPos = meta.startPos,
            .blockTables = meta.blockTables,
            .rows = rows,
-           .numSeqs = meta.numSeqs,
-           .maxBlocksPerSeq = meta.maxBlocksPerSeq,
+           .numSeqs = meta.layout.numSeqs,
+           .maxBlocksPerSeq = meta.layout.maxBlocksPerSeq,
            .numHeads = nh,
            .numKvHeads = nkv,
            .headDim = hd,
            .blockSize = cache.blockSize(),
            .slidingWindow = spec_.slidingWindow ? c.slidingWindow.value_or(0) : 0,
            .scale = scale,
-           .maxNewRows = meta.maxNewRows,
-           .maxContext = meta.maxContext,
+           .maxNewRows = meta.layout.maxNewRows,
+           .maxContext = meta.layout.maxContext,
            .dtype = dt}));
       TG_RETURN_IF_ERROR(backend_.linear({attn, l.o->data(), hs, rows, nh * hd, h, dt}));
       TG_RETURN_IF_ERROR(backend_.rmsNorm({.input = hs,
@@ -182,18 +215,85 @@ class LlamaModel final : public Model {
                                          .hiddenSize = h,
                                          .eps = eps,
                                          .dtype = dt}));
-    TG_RETURN_IF_ERROR(
-        backend_.linear({pickedHs, lmHead_->data(), ws_.logits->data(), n, h, c.vocabSize, dt}));
-    return downloadLogits(n * c.vocabSize);
+    return backend_.linear({pickedHs, lmHead_->data(), ws_.logits->data(), n, h, c.vocabSize, dt});
   }
 
- private:
-  // Device views of one forward's batch description (see uploadMetadata).
-  struct Metadata {
-    const int32_t *ids, *positions, *slots, *seqStarts, *startPos, *blockTables, *logitRows;
-    const float* invFreq;
-    int64_t numSeqs, maxBlocksPerSeq, maxNewRows, maxContext;
-  };
+  Layout eagerLayout(const ForwardBatch& b) const {
+    Layout l;
+    l.rows = static_cast<int64_t>(b.tokenIds.size());
+    l.numSeqs = static_cast<int64_t>(b.sequences.size());
+    l.logitRows = static_cast<int64_t>(b.logitRows.size());
+    for (const SequenceRows& s : b.sequences) {
+      l.maxBlocksPerSeq =
+          std::max<int64_t>(l.maxBlocksPerSeq, static_cast<int64_t>(s.blocks.size()));
+      l.maxNewRows = std::max(l.maxNewRows, s.numRows);
+      l.maxContext = std::max(l.maxContext, s.startPos + s.numRows);
+    }
+    return l;
+  }
+
+  // The graph batch size for a decode step (one new row per sequence, every sequence's logits),
+  // or 0 to run eagerly.
+  int64_t graphBucket(const ForwardBatch& b, const KvCache& cache) const {
+    if (graphSizes_.empty()) return 0;
+    const auto n = static_cast<int64_t>(b.sequences.size());
+    if (static_cast<int64_t>(b.tokenIds.size()) != n ||
+        static_cast<int64_t>(b.logitRows.size()) != n)
+      return 0;
+    const int64_t maxBlocks = graphContext_ / cache.blockSize() + 1;
+    for (size_t i = 0; i < b.sequences.size(); ++i) {
+      const SequenceRows& s = b.sequences[i];
+      if (s.numRows != 1 || b.logitRows[i] != static_cast<int64_t>(i) ||
+          static_cast<int64_t>(s.blocks.size()) > maxBlocks || s.startPos + 1 > graphContext_)
+        return 0;
+    }
+    for (int64_t size : graphSizes_) {
+      if (size >= n) return size;
+    }
+    return 0;
+  }
+
+  Layout graphLayout(int64_t bucket, const KvCache& cache) const {
+    Layout l;
+    l.rows = l.numSeqs = l.logitRows = bucket;
+    l.maxBlocksPerSeq = graphContext_ / cache.blockSize() + 1;
+    l.maxNewRows = 1;
+    l.maxContext = graphContext_;
+    return l;
+  }
+
+  // A decode step through the captured graph of `bucket` sequences (captured on first use, and
+  // again when the KV cache or the activation buffers change).
+  Status runGraph(const ForwardBatch& b, KvCache& cache, int64_t bucket) {
+    if (cache.id() != graphCacheId_) {
+      graphs_.clear();
+      graphCacheId_ = cache.id();
+    }
+    const Layout layout = graphLayout(bucket, cache);
+    // Activations for the largest graph, so that eager forwards rarely move them.
+    TG_RETURN_IF_ERROR(reserve(graphSizes_.back(), graphSizes_.back()));
+    TG_ASSIGN_OR_RETURN(const Metadata meta,
+                        uploadMetadata(b, layout, graphMeta_, graphFreq_, graphMetaBytes()));
+    auto it = graphs_.find(bucket);
+    if (it == graphs_.end()) {
+      TG_RETURN_IF_ERROR(backend_.beginCapture());
+      const Status st = enqueue(meta, cache);
+      auto graph = backend_.endCapture();
+      TG_RETURN_IF_ERROR(st.withContext("capturing the decode graph of " + std::to_string(bucket)));
+      if (!graph.ok()) return graph.status();
+      it = graphs_.emplace(bucket, std::move(*graph)).first;
+    }
+    return backend_.launch(*it->second);
+  }
+
+  // Bytes of the graph metadata buffers, sized once for the largest graph (captured pointers must
+  // not move): int32 fields and RoPE frequencies.
+  std::pair<size_t, size_t> graphMetaBytes() const {
+    const int64_t bucket = graphSizes_.back();
+    const int64_t blocks = graphContext_ + 1;  // an upper bound on blocks per sequence
+    return {static_cast<size_t>(5 * bucket + 1 + bucket * blocks) * sizeof(int32_t),
+            static_cast<size_t>(bucket * config_.rotaryDim() / 2) * sizeof(float)};
+  }
 
   struct Workspace {
     int64_t rows = 0, logitRows = 0;
@@ -234,33 +334,34 @@ class LlamaModel final : public Model {
     return okStatus();
   }
 
-  // Builds the batch description on the host and uploads it in two copies: int32 fields, then
-  // each row's RoPE frequencies (dynamic NTK depends on each sequence's length).
-  StatusOr<Metadata> uploadMetadata(const ForwardBatch& b) {
-    const auto rows = static_cast<int64_t>(b.tokenIds.size());
-    const auto numSeqs = static_cast<int64_t>(b.sequences.size());
-    const auto n = static_cast<int64_t>(b.logitRows.size());
-    Metadata m{};
-    m.numSeqs = numSeqs;
-    for (const SequenceRows& s : b.sequences) {
-      m.maxBlocksPerSeq =
-          std::max<int64_t>(m.maxBlocksPerSeq, static_cast<int64_t>(s.blocks.size()));
-      m.maxNewRows = std::max(m.maxNewRows, s.numRows);
-      m.maxContext = std::max(m.maxContext, s.startPos + s.numRows);
-    }
-    m.maxBlocksPerSeq = std::max<int64_t>(m.maxBlocksPerSeq, 1);
+  // Builds the batch description on the host in `layout` (rows and sequences past the batch's are
+  // padding: token 0 at position 0, no KV slot) and uploads it in two copies, int32 fields and
+  // each row's RoPE frequencies (dynamic NTK depends on each sequence's length). `minBytes`
+  // presizes the buffers (graphs need them never to move).
+  StatusOr<Metadata> uploadMetadata(const ForwardBatch& b, const Layout& layout,
+                                    std::unique_ptr<Buffer>& metaBuf,
+                                    std::unique_ptr<Buffer>& freqBuf,
+                                    std::pair<size_t, size_t> minBytes = {0, 0}) {
+    const int64_t rows = layout.rows, numSeqs = layout.numSeqs, n = layout.logitRows,
+                  width = layout.maxBlocksPerSeq;
     // [ids | positions | slots | seqStarts | startPos | blockTables | logitRows]
     const int64_t oIds = 0, oPos = rows, oSlots = 2 * rows, oStarts = 3 * rows,
                   oStartPos = oStarts + numSeqs + 1, oTables = oStartPos + numSeqs,
-                  oLogits = oTables + numSeqs * m.maxBlocksPerSeq, total = oLogits + n;
+                  oLogits = oTables + numSeqs * width, total = oLogits + n;
     hostMeta_.assign(total, 0);
     const int64_t half = config_.rotaryDim() / 2;
-    hostFreq_.resize(rows * half);
+    hostFreq_.assign(rows * half, 0.0f);
+    const auto realRows = static_cast<int64_t>(b.tokenIds.size());
     for (int64_t r = 0; r < rows; ++r) {
-      hostMeta_[oIds + r] = static_cast<int32_t>(b.tokenIds[r]);
-      hostMeta_[oSlots + r] = static_cast<int32_t>(b.slots[r]);
+      hostMeta_[oIds + r] = r < realRows ? static_cast<int32_t>(b.tokenIds[r]) : 0;
+      hostMeta_[oSlots + r] = r < realRows ? static_cast<int32_t>(b.slots[r]) : -1;
     }
+    const auto realSeqs = static_cast<int64_t>(b.sequences.size());
     for (int64_t i = 0; i < numSeqs; ++i) {
+      if (i >= realSeqs) {  // padding: one row at position 0
+        hostMeta_[oStarts + i] = static_cast<int32_t>(realRows + (i - realSeqs));
+        continue;
+      }
       const SequenceRows& s = b.sequences[i];
       const std::vector<float> freq = ropeFrequencies(s.startPos + s.numRows);
       for (int64_t t = 0; t < s.numRows; ++t) {
@@ -270,19 +371,26 @@ class LlamaModel final : public Model {
       hostMeta_[oStarts + i] = static_cast<int32_t>(s.firstRow);
       hostMeta_[oStartPos + i] = static_cast<int32_t>(s.startPos);
       for (size_t j = 0; j < s.blocks.size(); ++j)
-        hostMeta_[oTables + i * m.maxBlocksPerSeq + static_cast<int64_t>(j)] =
+        hostMeta_[oTables + i * width + static_cast<int64_t>(j)] =
             static_cast<int32_t>(s.blocks[j]);
     }
     hostMeta_[oStarts + numSeqs] = static_cast<int32_t>(rows);
-    for (int64_t i = 0; i < n; ++i) hostMeta_[oLogits + i] = static_cast<int32_t>(b.logitRows[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      hostMeta_[oLogits + i] =
+          i < static_cast<int64_t>(b.logitRows.size()) ? static_cast<int32_t>(b.logitRows[i]) : 0;
+    }
 
-    TG_RETURN_IF_ERROR(ensure(backend_, ws_.meta, hostMeta_.size() * sizeof(int32_t)));
-    TG_RETURN_IF_ERROR(ensure(backend_, ws_.invFreq, std::max<size_t>(hostFreq_.size(), 1) * 4));
     TG_RETURN_IF_ERROR(
-        backend_.upload(*ws_.meta, hostMeta_.data(), hostMeta_.size() * sizeof(int32_t)));
+        ensure(backend_, metaBuf, std::max(minBytes.first, hostMeta_.size() * sizeof(int32_t))));
     TG_RETURN_IF_ERROR(
-        backend_.upload(*ws_.invFreq, hostFreq_.data(), hostFreq_.size() * sizeof(float)));
-    const auto* base = ws_.meta->as<const int32_t>();
+        ensure(backend_, freqBuf,
+               std::max({minBytes.second, hostFreq_.size() * sizeof(float), size_t{4}})));
+    TG_RETURN_IF_ERROR(
+        backend_.upload(*metaBuf, hostMeta_.data(), hostMeta_.size() * sizeof(int32_t)));
+    TG_RETURN_IF_ERROR(
+        backend_.upload(*freqBuf, hostFreq_.data(), hostFreq_.size() * sizeof(float)));
+    Metadata m{};
+    const auto* base = metaBuf->as<const int32_t>();
     m.ids = base + oIds;
     m.positions = base + oPos;
     m.slots = base + oSlots;
@@ -290,7 +398,8 @@ class LlamaModel final : public Model {
     m.startPos = base + oStartPos;
     m.blockTables = base + oTables;
     m.logitRows = base + oLogits;
-    m.invFreq = ws_.invFreq->as<const float>();
+    m.invFreq = freqBuf->as<const float>();
+    m.layout = layout;
     return m;
   }
 
@@ -300,6 +409,7 @@ class LlamaModel final : public Model {
     auto alloc = [&](std::unique_ptr<Buffer>& b, int64_t r, int64_t width) {
       return ensure(backend_, b, static_cast<size_t>(r * width) * es);
     };
+    if (rows > ws_.rows || logitRows > ws_.logitRows) graphs_.clear();  // their pointers move
     if (rows > ws_.rows) {
       TG_RETURN_IF_ERROR(alloc(ws_.residual, rows, c.hiddenSize));
       TG_RETURN_IF_ERROR(alloc(ws_.hidden, rows, c.hiddenSize));
@@ -394,6 +504,12 @@ class LlamaModel final : public Model {
   Buffer* lmHead_ = nullptr;
   std::vector<Layer> layers_;
   Workspace ws_;
+  // Decode graphs by batch size, bound to one KV cache and to the workspace's buffers.
+  std::vector<int64_t> graphSizes_;  // ascending
+  int64_t graphContext_ = 0;         // longest context a graph serves
+  std::map<int64_t, std::unique_ptr<Graph>> graphs_;
+  uint64_t graphCacheId_ = 0;
+  std::unique_ptr<Buffer> graphMeta_, graphFreq_;
   std::vector<int32_t> hostMeta_;
   std::vector<float> hostFreq_;
 };

@@ -1,4 +1,6 @@
 // Architecture registry: config.json's class name -> the forward that serves it.
+#include <atomic>
+
 #include "architectures.h"
 #include "textgen/runtime/model.h"
 #include "textgen/runtime/weights.h"
@@ -35,6 +37,8 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const Model
   cache->numBlocks_ = numBlocks;
   cache->blockSize_ = blockSize;
   cache->dtype_ = dtype;
+  static std::atomic<uint64_t> nextId{1};
+  cache->id_ = nextId++;
   const size_t bytes = static_cast<size_t>(numBlocks * blockSize * c.numKvHeads * c.headDim) *
                        kernels::dtypeSize(dtype);
   for (int64_t i = 0; i < c.numLayers; ++i) {

@@ -24,7 +24,8 @@ class CudaEngineTest : public ::testing::Test {
     auto b = makeCudaBackend(0);
     if (!b.ok()) GTEST_SKIP() << b.status();
     backend_ = std::move(*b);
-    auto m = loadModel(fixture(), *backend_, {.dtype = kernels::DType::kF16});
+    auto m = loadModel(fixture(), *backend_,
+                       {.dtype = kernels::DType::kF16, .graphBatchSizes = {1, 2, 4}});
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
     auto t = tokenizer::Tokenizer::fromDirectory(fixture());

@@ -153,7 +153,13 @@ class ModelFixtureTest : public ::testing::TestWithParam<FixtureParam> {
 #endif
     ref_ = readReference(dir, dtype_);
     if (ref_.is_null()) GTEST_SKIP() << "no " << dtypeName(dtype_) << " reference in " << dir;
-    auto model = loadModel(dir, *backend_, {.dtype = dtype_});
+#ifdef TEXTGEN_FIXTURE_CUDA
+    // Decode steps of up to 4 sequences replay CUDA graphs; larger and mixed steps run eagerly.
+    const std::vector<int64_t> graphs{1, 2, 4};
+#else
+    const std::vector<int64_t> graphs;
+#endif
+    auto model = loadModel(dir, *backend_, {.dtype = dtype_, .graphBatchSizes = graphs});
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     vocab_ = model_->config().vocabSize;

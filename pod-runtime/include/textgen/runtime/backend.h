@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "textgen/base/status_or.h"
 #include "textgen/kernels/gather_rows.h"
@@ -43,6 +44,13 @@ struct SequenceRows {
   std::span<const uint32_t> blocks;  // the sequence's KV-cache block table
 };
 
+// A recorded sequence of operations, replayed with one launch (CUDA graphs). Its pointers are
+// fixed at capture: replays see new data only through the same buffers.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+};
+
 struct MemoryInfo {
   size_t free = 0, total = 0;
 };
@@ -62,6 +70,14 @@ class Backend {
   virtual Status synchronize() = 0;
   // Device memory, where the backend has its own (the KV pool is sized from it at Warmup).
   virtual std::optional<MemoryInfo> memoryInfo() const { return std::nullopt; }
+
+  // Graph capture: operations enqueued between beginCapture and endCapture are recorded, not run.
+  // Backends without graphs return UNIMPLEMENTED from beginCapture.
+  virtual Status beginCapture() { return unimplementedError(std::string(name()) + ": no graphs"); }
+  virtual StatusOr<std::unique_ptr<Graph>> endCapture() {
+    return unimplementedError(std::string(name()) + ": no graphs");
+  }
+  virtual Status launch(Graph&) { return unimplementedError(std::string(name()) + ": no graphs"); }
 
   virtual Status gatherRows(const kernels::GatherRowsParams& p) = 0;
   virtual Status rmsNorm(const kernels::RmsNormParams& p) = 0;

@@ -27,11 +27,13 @@ class KvCache {
   int64_t blockSize() const { return blockSize_; }
   int64_t numSlots() const { return numBlocks_ * blockSize_; }
   kernels::DType dtype() const { return dtype_; }
+  uint64_t id() const { return id_; }  // unique per cache created (graphs are bound to one)
   void* keys(int64_t layer) { return keys_[layer]->data(); }
   void* values(int64_t layer) { return values_[layer]->data(); }
 
  private:
   int64_t numBlocks_ = 0, blockSize_ = 0;
+  uint64_t id_ = 0;
   kernels::DType dtype_ = kernels::DType::kF32;
   std::vector<std::unique_ptr<Buffer>> keys_, values_;
 };
@@ -47,6 +49,9 @@ struct ModelOptions {
   int rank = 0;                                 // tensor-parallel rank of this process
   int worldSize = 1;                            // tensor-parallel degree
   kernels::DType dtype = kernels::DType::kF32;  // weights, activations and KV cache
+  // Decode steps of up to these many sequences replay a captured graph (padded to the next
+  // size), on backends with graphs; empty: never (TGI's --cuda-graphs).
+  std::vector<int64_t> graphBatchSizes;
 };
 
 class Model {

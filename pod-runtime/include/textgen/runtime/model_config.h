@@ -44,6 +44,11 @@ struct ModelConfig {
   std::vector<uint32_t> eosTokenIds;  // config.json and generation_config.json, merged
 
   int64_t rotaryDim() const { return static_cast<int64_t>(headDim * rope.partialRotaryFactor); }
+  // Longest prompt + generation the model allows (RoPE scaling stretches the trained context).
+  int64_t maxContext() const {
+    const double factor = rope.type == RopeType::kDefault ? 1.0 : rope.factor;
+    return static_cast<int64_t>(static_cast<double>(maxPositionEmbeddings) * factor);
+  }
 };
 
 // `generationConfigJson` may be empty.
