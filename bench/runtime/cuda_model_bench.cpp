@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "textgen/kernels/gemm.h"
+#include "textgen/kernels/gemm_runner.h"
 #include "textgen/runtime/model.h"
 
 namespace {

@@ -1,14 +1,16 @@
-// GemmRunner on cuBLASLt. Row-major y = x·Wᵀ is, in cuBLAS's column-major terms,
-// yᵀ[out, rows] = op(W)[out, in] · xᵀ[in, rows] with op = transpose: the "TN" GEMM, cuBLAS's
-// fastest layout. Descriptors and the heuristic's choice are cached per (rows, in, out, dtype).
-#include "textgen/kernels/gemm.h"
-
+// GemmRunner: the gemv kernel for decode-sized problems (rows <= 8, 16-bit), cuBLASLt otherwise.
+// Row-major y = x·Wᵀ is, in cuBLAS's column-major terms, yᵀ[out, rows] = op(W)[out, in] · xᵀ[in,
+// rows] with op = transpose: the "TN" GEMM, cuBLAS's fastest layout. Descriptors and the
+// heuristic's choice are cached per (rows, in, out, dtype).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <map>
 #include <string>
 #include <tuple>
+
+#include "gemv.h"
+#include "textgen/kernels/gemm_runner.h"
 
 namespace textgen::kernels {
 namespace {
@@ -55,6 +57,7 @@ class LtRunner final : public GemmRunner {
   Status run(const GemmParams& p) override {
     TG_RETURN_IF_ERROR(validateGemm(p));
     if (p.rows == 0) return okStatus();
+    if (gemvApplies(p)) return invokeGemv(p, stream_);
     TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p));
     const float alpha = 1.0f, beta = 0.0f;
     TG_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,

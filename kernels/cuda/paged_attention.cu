@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float m = -INFINITY, l = 0.0f, acc[kEpl] = {};
   const T* kBase = static_cast<const T*>(p.kCache) + kvh * p.headDim;
   const T* vBase = static_cast<const T*>(p.vCache) + kvh * p.headDim;
-  constexpr int kKeys = 8;  // keys in flight per warp (memory-level parallelism)
+  constexpr int kKeys = 4;  // keys in flight per warp
   for (int j0 = begin + warp * kKeys; j0 < end; j0 += kWarps * kKeys) {
     float score[kKeys], kv[kKeys][kEpl];
 #pragma unroll

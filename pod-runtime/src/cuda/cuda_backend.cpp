@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "textgen/kernels/gemm_runner.h"
 #include "textgen/runtime/backend.h"
 
 namespace textgen::runtime {

@@ -4,9 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
-#include "textgen/base/status_or.h"
+#include "textgen/base/status.h"
 #include "textgen/kernels/dtype.h"
 #include "textgen/kernels/stream.h"
 
@@ -23,15 +22,5 @@ struct GemmParams {
 Status validateGemm(const GemmParams& p);
 // Plain loops, fp32 accumulation: the readable definition, for tests.
 Status gemmReference(const GemmParams& p);
-
-// cuBLASLt on one stream: a handle, a workspace, and the heuristic's algorithm cached per shape.
-// fp32 GEMMs use fp32 math (no TF32), so they match the reference to rounding. Defined only in
-// builds with CUDA.
-class GemmRunner {
- public:
-  static StatusOr<std::unique_ptr<GemmRunner>> create(Stream stream, size_t workspaceBytes);
-  virtual ~GemmRunner() = default;
-  virtual Status run(const GemmParams& p) = 0;
-};
 
 }  // namespace textgen::kernels

@@ -1,0 +1,23 @@
+// GemmRunner: the GEMMs of gemm.h on the device, enqueued on one stream.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "textgen/base/status_or.h"
+#include "textgen/kernels/gemm.h"
+
+namespace textgen::kernels {
+
+// cuBLASLt on one stream (a handle, a workspace, and the heuristic's algorithm cached per shape),
+// with the gemv kernel for decode-sized 16-bit problems (rows <= 8).
+// fp32 GEMMs use fp32 math (no TF32), so they match the reference to rounding. Defined only in
+// builds with CUDA.
+class GemmRunner {
+ public:
+  static StatusOr<std::unique_ptr<GemmRunner>> create(Stream stream, size_t workspaceBytes);
+  virtual ~GemmRunner() = default;
+  virtual Status run(const GemmParams& p) = 0;
+};
+
+}  // namespace textgen::kernels
