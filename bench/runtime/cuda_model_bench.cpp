@@ -76,6 +76,51 @@ double gemmPeakTflops(kernels::DType dtype) {
   return 2.0 * static_cast<double>(n) * n * n * iters / s / 1e12;
 }
 
+// Decode-shaped GEMMs (the layer shapes of the model, `rows` rows): weight bytes streamed per
+// second by the gemv kernel and by cuBLASLt, to see how close each comes to the copy bandwidth.
+void gemvTable(const ModelConfig& c, kernels::DType dtype, double copyGBs) {
+  const int64_t h = c.hiddenSize, qkv = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shapes[] = {
+      {"qkv", {h, qkv}},
+      {"o", {c.numHeads * c.headDim, h}},
+      {"gate_up", {h, 2 * c.intermediateSize}},
+      {"down", {c.intermediateSize, h}},
+      {"lm_head", {h, c.vocabSize}}};
+  auto gemv = kernels::GemmRunner::create(nullptr, 32u << 20, true);
+  auto lt = kernels::GemmRunner::create(nullptr, 32u << 20, false);
+  if (!gemv.ok() || !lt.ok()) return;
+  std::printf("\n%-10s %5s %14s %14s   (GB/s of weights; copy %.0f)\n", "GEMM", "rows", "gemv",
+              "cuBLASLt", copyGBs);
+  for (const auto& [name, shape] : shapes) {
+    const auto [in, out] = shape;
+    void *x = nullptr, *w = nullptr, *y = nullptr;
+    const size_t wBytes = static_cast<size_t>(in * out) * 2;
+    cudaMalloc(&x, static_cast<size_t>(8 * in) * 2);
+    cudaMalloc(&w, wBytes);
+    cudaMalloc(&y, static_cast<size_t>(8 * out) * 2);
+    cudaMemset(x, 0, static_cast<size_t>(8 * in) * 2);
+    cudaMemset(w, 0, wBytes);
+    for (int64_t rows : {1, 4}) {
+      double gbs[2];
+      for (int k = 0; k < 2; ++k) {
+        kernels::GemmRunner& r = k == 0 ? **gemv : **lt;
+        const kernels::GemmParams p{x, w, y, rows, in, out, dtype};
+        (void)r.run(p);
+        cudaDeviceSynchronize();
+        const int iters = 50;
+        const double t0 = now();
+        for (int i = 0; i < iters; ++i) (void)r.run(p);
+        cudaDeviceSynchronize();
+        gbs[k] = static_cast<double>(wBytes) * iters / (now() - t0) / 1e9;
+      }
+      std::printf("%-10s %5ld %14.0f %14.0f\n", name, static_cast<long>(rows), gbs[0], gbs[1]);
+    }
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(y);
+  }
+}
+
 // Sequences over a shared KV cache; each forward appends `rows` tokens to every listed sequence.
 class Driver {
  public:
@@ -146,6 +191,8 @@ int main(int argc, char** argv) {
   std::string modelDir, dtypeName = "bfloat16";
   int64_t prompt = 128, steps = 32;
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
+  int64_t profileBatch = 0;  // > 0: one short prefill and two decode steps, for a profiler
+  bool gemv = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -156,6 +203,10 @@ int main(int argc, char** argv) {
       prompt = std::atol(argv[++i]);
     } else if (a == "--steps" && i + 1 < argc) {
       steps = std::atol(argv[++i]);
+    } else if (a == "--profile" && i + 1 < argc) {
+      profileBatch = std::atol(argv[++i]);
+    } else if (a == "--no-gemv") {
+      gemv = false;
     } else if (a == "--cuda-graphs" && i + 1 < argc) {
       graphs.clear();
       for (const char* p = argv[++i]; *p;) {
@@ -180,12 +231,12 @@ int main(int argc, char** argv) {
       dtypeName == "float16" ? kernels::DType::kF16 : kernels::DType::kBF16;
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const double copyGBs = copyBandwidthGBs();
-  const double peak = gemmPeakTflops(dtype);
+  const double copyGBs = profileBatch > 0 ? 1.0 : copyBandwidthGBs();
+  const double peak = profileBatch > 0 ? 1.0 : gemmPeakTflops(dtype);
   std::printf("device %s: copy bandwidth %.0f GB/s, %s GEMM (8192^3, cuBLASLt) %.0f TFLOP/s\n",
               prop.name, copyGBs, dtypeName.c_str(), peak);
 
-  auto backend = makeCudaBackend(0);
+  auto backend = makeCudaBackend(0, gemv);
   if (!backend.ok()) {
     std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
     return 1;
@@ -206,6 +257,7 @@ int main(int argc, char** argv) {
       2.0 * static_cast<double>(c.numLayers * layerParams + c.vocabSize * h);
   std::printf("loaded %s in %.1f s: %.2f GB of weights\n", modelDir.c_str(), now() - tLoad,
               weightBytes / 1e9);
+  if (profileBatch == 0) gemvTable(c, dtype, copyGBs);
 
   // One KV pool for every scenario: what the device has left, less 4 GiB for activations.
   size_t freeBytes = 0, total = 0;
@@ -222,6 +274,13 @@ int main(int argc, char** argv) {
   std::printf("KV pool: %ld blocks of %ld tokens (%.1f GB)\n", static_cast<long>(numBlocks),
               static_cast<long>(bs), static_cast<double>(numBlocks * perBlock) / 1e9);
   Driver d(**model, **cache);
+  if (profileBatch > 0) {
+    for (int64_t i = 0; i < profileBatch; ++i) d.add(256);
+    d.step(0, profileBatch, 16);
+    for (int i = 0; i < 2; ++i)
+      std::printf("decode step: %.3f ms\n", d.step(0, profileBatch, 1) * 1e3);
+    return 0;
+  }
   json results = json::object();
   results["device"] = prop.name;
   results["copy_GBps"] = copyGBs;

@@ -46,8 +46,13 @@ struct Plan {
 
 class LtRunner final : public GemmRunner {
  public:
-  LtRunner(cublasLtHandle_t handle, void* workspace, size_t workspaceBytes, cudaStream_t stream)
-      : handle_(handle), workspace_(workspace), workspaceBytes_(workspaceBytes), stream_(stream) {}
+  LtRunner(cublasLtHandle_t handle, void* workspace, size_t workspaceBytes, cudaStream_t stream,
+           bool gemv)
+      : handle_(handle),
+        workspace_(workspace),
+        workspaceBytes_(workspaceBytes),
+        stream_(stream),
+        gemv_(gemv) {}
   ~LtRunner() override {
     plans_.clear();
     cudaFree(workspace_);
@@ -57,7 +62,7 @@ class LtRunner final : public GemmRunner {
   Status run(const GemmParams& p) override {
     TG_RETURN_IF_ERROR(validateGemm(p));
     if (p.rows == 0) return okStatus();
-    if (gemvApplies(p)) return invokeGemv(p, stream_);
+    if (gemv_ && gemvApplies(p)) return invokeGemv(p, stream_);
     TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p));
     const float alpha = 1.0f, beta = 0.0f;
     TG_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
@@ -112,12 +117,14 @@ class LtRunner final : public GemmRunner {
   void* workspace_;
   size_t workspaceBytes_;
   cudaStream_t stream_;
+  bool gemv_;
   std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::create(Stream stream, size_t workspaceBytes) {
+StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::create(Stream stream, size_t workspaceBytes,
+                                                         bool smallBatchGemv) {
   cublasLtHandle_t handle = nullptr;
   TG_CUBLAS(cublasLtCreate(&handle));
   void* workspace = nullptr;
@@ -130,7 +137,7 @@ StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::create(Stream stream, size_t w
     }
   }
   return std::unique_ptr<GemmRunner>(
-      std::make_unique<LtRunner>(handle, workspace, workspaceBytes, stream));
+      std::make_unique<LtRunner>(handle, workspace, workspaceBytes, stream, smallBatchGemv));
 }
 
 }  // namespace textgen::kernels

@@ -87,10 +87,9 @@ Status launch(const GemmParams& p, cudaStream_t stream) {
             out = static_cast<int>(p.out);
   if (p.rows == 1) {
     gemvKernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
-  } else if (p.rows <= 4) {
-    gemvKernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
   } else {
-    gemvKernel<T, 8><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
+    static_assert(kMaxGemvRows == 4);
+    gemvKernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
   }
   return cuda::launchStatus("gemv");
 }

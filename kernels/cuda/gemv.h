@@ -5,7 +5,7 @@
 
 namespace textgen::kernels {
 
-constexpr int64_t kMaxGemvRows = 8;
+constexpr int64_t kMaxGemvRows = 4;
 
 // float16/bfloat16, rows <= kMaxGemvRows, `in` a multiple of 8, x and W 16-byte aligned.
 bool gemvApplies(const GemmParams& p);

@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int pos = p.startPos[s] + (row - p.seqStarts[s]);
   const int lo = p.slidingWindow > 0 ? max(0, pos - static_cast<int>(p.slidingWindow) + 1) : 0;
   const int begin = max(lo, split * partition), end = min(pos + 1, (split + 1) * partition);
+  if (numSplits > 1 && begin >= end) return;  // nothing here: the merge skips this split
   const int kvh = head / static_cast<int>(p.numHeads / p.numKvHeads);
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
@@ -141,24 +142,29 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// One block per (row, head): combines the splits' partial results.
+// One block per (row, head): combines the partial results of the splits that hold the row's
+// keys (splits lo/partition .. pos/partition; the others wrote nothing).
 template <typename T>
-__global__ void mergeKernel(PagedAttentionParams p, int numSplits) {
+__global__ void mergeKernel(PagedAttentionParams p, int partition, int numSplits) {
   const int row = blockIdx.x, head = blockIdx.y;
   const int hd = static_cast<int>(p.headDim);
+  const int s = sequenceOf(p.seqStarts, static_cast<int>(p.numSeqs), row);
+  const int pos = p.startPos[s] + (row - p.seqStarts[s]);
+  const int lo = p.slidingWindow > 0 ? max(0, pos - static_cast<int>(p.slidingWindow) + 1) : 0;
+  const int first = lo / partition, last = min(pos / partition, numSplits - 1);
   const float* ws = static_cast<const float*>(p.workspace) +
                     (static_cast<int64_t>(row) * p.numHeads + head) * numSplits * (hd + 2);
   float mAll = -INFINITY;
-  for (int sp = 0; sp < numSplits; ++sp) mAll = fmaxf(mAll, ws[sp * (hd + 2)]);
+  for (int sp = first; sp <= last; ++sp) mAll = fmaxf(mAll, ws[sp * (hd + 2)]);
   float lAll = 0.0f;
-  for (int sp = 0; sp < numSplits; ++sp) {
+  for (int sp = first; sp <= last; ++sp) {
     const float msp = ws[sp * (hd + 2)];
     if (msp != -INFINITY) lAll += ws[sp * (hd + 2) + 1] * __expf(msp - mAll);
   }
   T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.numHeads + head) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
-    for (int sp = 0; sp < numSplits; ++sp) {
+    for (int sp = first; sp <= last; ++sp) {
       const float msp = ws[sp * (hd + 2)];
       if (msp != -INFINITY) o += ws[sp * (hd + 2) + 2 + d] * __expf(msp - mAll);
     }
@@ -178,17 +184,17 @@ int multiprocessorCount() {
 
 template <typename T>
 Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
-  // Enough splits for eight blocks per SM (decode is bound by how many loads are in flight), each
-  // split at least kMinPartition keys, and no more than the workspace holds.
+  // With (rows x heads) blocks too few to keep eight per SM busy (decode is bound by the loads
+  // in flight), split every context into partitions of kMinPartition keys: a block per split
+  // holding keys, so short and long contexts alike spread over the device even when maxContext is
+  // a graph's bound rather than the batch's. Fewer, larger partitions when the workspace is small.
   const int64_t blocks = p.rows * p.numHeads;
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
-  int64_t splits = std::clamp<int64_t>((target + blocks - 1) / blocks, 1,
-                                       (p.maxContext + kMinPartition - 1) / kMinPartition);
+  int64_t splits = blocks >= target ? 1 : (p.maxContext + kMinPartition - 1) / kMinPartition;
   const int64_t perSplit = blocks * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
   splits = std::min<int64_t>(splits, static_cast<int64_t>(p.workspaceBytes) / perSplit);
   if (splits < 1 || !p.workspace) splits = 1;
-  int64_t partition = (p.maxContext + splits - 1) / splits;
-  partition = (partition + kMinPartition - 1) / kMinPartition * kMinPartition;
+  const int64_t partition = (p.maxContext + splits - 1) / splits;
   splits = (p.maxContext + partition - 1) / partition;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads),
                   static_cast<unsigned>(splits));
@@ -205,7 +211,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   TG_RETURN_IF_ERROR(cuda::launchStatus("paged_attention (split)"));
   if (splits > 1) {
     const dim3 mergeGrid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads));
-    mergeKernel<T><<<mergeGrid, 128, 0, stream>>>(p, s);
+    mergeKernel<T><<<mergeGrid, 128, 0, stream>>>(p, part, s);
     TG_RETURN_IF_ERROR(cuda::launchStatus("paged_attention (merge)"));
   }
   return okStatus();

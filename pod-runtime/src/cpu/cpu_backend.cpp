@@ -114,7 +114,7 @@ std::unique_ptr<Backend> makeCpuBackend(int threads) {
 }
 
 #ifndef TEXTGEN_HAVE_CUDA
-StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int) {
+StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int, bool) {
   return failedPreconditionError("this build of textgen has no CUDA (nvcc was not found)");
 }
 #endif

@@ -59,7 +59,7 @@ class CudaBackend final : public Backend {
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  Status init(int device) {
+  Status init(int device, bool smallBatchGemv) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
       return failedPreconditionError("cuda: no CUDA device is visible");
@@ -71,7 +71,8 @@ class CudaBackend final : public Backend {
     TG_RETURN_IF_ERROR(cudaStatus(cudaSetDevice(device), "set device"));
     TG_RETURN_IF_ERROR(
         cudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream"));
-    TG_ASSIGN_OR_RETURN(gemm_, kernels::GemmRunner::create(stream_, kGemmWorkspaceBytes));
+    TG_ASSIGN_OR_RETURN(gemm_,
+                        kernels::GemmRunner::create(stream_, kGemmWorkspaceBytes, smallBatchGemv));
     TG_ASSIGN_OR_RETURN(attentionWorkspace_, allocate(kAttentionWorkspaceBytes));
     return okStatus();
   }
@@ -167,9 +168,9 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int device) {
+StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int device, bool smallBatchGemv) {
   auto backend = std::make_unique<CudaBackend>();
-  TG_RETURN_IF_ERROR(backend->init(device));
+  TG_RETURN_IF_ERROR(backend->init(device, smallBatchGemv));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

@@ -15,7 +15,8 @@ namespace textgen::kernels {
 // builds with CUDA.
 class GemmRunner {
  public:
-  static StatusOr<std::unique_ptr<GemmRunner>> create(Stream stream, size_t workspaceBytes);
+  static StatusOr<std::unique_ptr<GemmRunner>> create(Stream stream, size_t workspaceBytes,
+                                                      bool smallBatchGemv = true);
   virtual ~GemmRunner() = default;
   virtual Status run(const GemmParams& p) = 0;
 };

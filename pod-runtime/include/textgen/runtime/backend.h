@@ -94,6 +94,7 @@ std::unique_ptr<Backend> makeCpuBackend(int threads = 0);
 
 // The CUDA backend on `device`: FAILED_PRECONDITION when this build has no CUDA or there is no such
 // device.
-StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int device = 0);
+// smallBatchGemv: the gemv kernel for decode-sized GEMMs (off: cuBLASLt for every shape).
+StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int device = 0, bool smallBatchGemv = true);
 
 }  // namespace textgen::runtime
