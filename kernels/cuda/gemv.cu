@@ -85,12 +85,8 @@ Status launch(const GemmParams& p, cudaStream_t stream) {
   auto* y = static_cast<T*>(p.y);
   const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
             out = static_cast<int>(p.out);
-  if (p.rows == 1) {
-    gemvKernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
-  } else {
-    static_assert(kMaxGemvRows == 4);
-    gemvKernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
-  }
+  static_assert(kMaxGemvRows == 1);
+  gemvKernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
   return cuda::launchStatus("gemv");
 }
 

@@ -5,7 +5,9 @@
 
 namespace textgen::kernels {
 
-constexpr int64_t kMaxGemvRows = 4;
+// One row only: at 4 rows re-reading x per weight vector makes it slower than cuBLASLt
+// (bench_cuda_model's GEMM table).
+constexpr int64_t kMaxGemvRows = 1;
 
 // float16/bfloat16, rows <= kMaxGemvRows, `in` a multiple of 8, x and W 16-byte aligned.
 bool gemvApplies(const GemmParams& p);

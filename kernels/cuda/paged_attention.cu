@@ -1,8 +1,9 @@
 // Paged attention on CUDA (see paged_attention.h). Two kernels:
 //  - splitKernel: one block per (row, head, split of the context); each warp walks keys with an
 //    online softmax and the block merges its warps. With more than one split the partial
-//    (max, sum, unnormalised output) go to the workspace and mergeKernel combines them
-//    ("flash-decoding"). Used for decode rows and whatever the tensor-core kernel does not cover.
+//    (max, sum, unnormalised output) go to the workspace and the last split block of each
+//    (row, head) to finish combines them ("flash-decoding", without a second kernel). Used for
+//    decode rows and whatever the tensor-core kernel does not cover.
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
 #include <mma.h>
@@ -21,6 +22,9 @@ using cuda::Convert;
 
 constexpr int kWarps = 4;
 constexpr int kMinPartition = 64;  // fewest keys per split
+// The split-K workspace starts with one arrival counter per (row, head) (zero at rest: the merging
+// block resets its own), then the partial results.
+constexpr size_t kCounterBytes = 1u << 20;
 
 __device__ __forceinline__ int sequenceOf(const int32_t* seqStarts, int numSeqs, int row) {
   int lo = 0, hi = numSeqs - 1;
@@ -67,15 +71,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   const T* vBase = static_cast<const T*>(p.vCache) + kvh * p.headDim;
   constexpr int kKeys = 4;  // keys in flight per warp
   for (int j0 = begin + warp * kKeys; j0 < end; j0 += kWarps * kKeys) {
-    float score[kKeys], kv[kKeys][kEpl];
+    // Keys and values of kKeys positions loaded together: one memory round trip per iteration.
+    float score[kKeys], kv[kKeys][kEpl], vv[kKeys][kEpl];
 #pragma unroll
     for (int u = 0; u < kKeys; ++u) {
       const int j = j0 + u;
-      const T* k =
-          kBase + (j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth;
+      const int64_t off =
+          (j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth + d0;
 #pragma unroll
-      for (int e = 0; e < kEpl; ++e)
-        kv[u][e] = j < end && d0 + e < hd ? C::toFloat(k[d0 + e]) : 0.0f;
+      for (int e = 0; e < kEpl; ++e) {
+        const bool in = j < end && d0 + e < hd;
+        kv[u][e] = in ? C::toFloat(kBase[off + e]) : 0.0f;
+        vv[u][e] = in ? C::toFloat(vBase[off + e]) : 0.0f;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kKeys; ++u) {
@@ -95,14 +103,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int e = 0; e < kEpl; ++e) acc[e] *= corr;
 #pragma unroll
     for (int u = 0; u < kKeys; ++u) {
-      const int j = j0 + u;
-      const float w = __expf(score[u] - mNew);
+      const float w = __expf(score[u] - mNew);  // 0 past the end
       l += w;
-      const T* v =
-          vBase + (j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth;
 #pragma unroll
-      for (int e = 0; e < kEpl; ++e)
-        if (j < end && d0 + e < hd) acc[e] += w * C::toFloat(v[d0 + e]);
+      for (int e = 0; e < kEpl; ++e) acc[e] += w * vv[u][e];
     }
     m = mNew;
   }
@@ -124,52 +128,51 @@ __global__ void __launch_bounds__(kWarps * 32)
     scaleOf[w] = sM[w] == -INFINITY ? 0.0f : __expf(sM[w] - mAll);
     lAll += sL[w] * scaleOf[w];
   }
+  const int64_t rowHead = static_cast<int64_t>(row) * p.numHeads + head;
+  T* out = static_cast<T*>(p.out) + rowHead * hd;
+  if (numSplits == 1) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.0f;
+      for (int w = 0; w < kWarps; ++w) o += sAcc[w][d] * scaleOf[w];
+      out[d] = C::fromFloat(lAll > 0.0f ? o / lAll : 0.0f);
+    }
+    return;
+  }
+  // Partial result of this split: [max, sum, unnormalised output].
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kCounterBytes);
+  float* ws = partials + (rowHead * numSplits + split) * (hd + 2);
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
     for (int w = 0; w < kWarps; ++w) o += sAcc[w][d] * scaleOf[w];
-    if (numSplits == 1) {
-      T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.numHeads + head) * hd;
-      out[d] = C::fromFloat(lAll > 0.0f ? o / lAll : 0.0f);
-    } else {
-      float* ws = static_cast<float*>(p.workspace) +
-                  ((static_cast<int64_t>(row) * p.numHeads + head) * numSplits + split) * (hd + 2);
-      ws[2 + d] = o;
-      if (d == 0) {
-        ws[0] = mAll;
-        ws[1] = lAll;
-      }
-    }
+    ws[2 + d] = o;
   }
-}
-
-// One block per (row, head): combines the partial results of the splits that hold the row's
-// keys (splits lo/partition .. pos/partition; the others wrote nothing).
-template <typename T>
-__global__ void mergeKernel(PagedAttentionParams p, int partition, int numSplits) {
-  const int row = blockIdx.x, head = blockIdx.y;
-  const int hd = static_cast<int>(p.headDim);
-  const int s = sequenceOf(p.seqStarts, static_cast<int>(p.numSeqs), row);
-  const int pos = p.startPos[s] + (row - p.seqStarts[s]);
-  const int lo = p.slidingWindow > 0 ? max(0, pos - static_cast<int>(p.slidingWindow) + 1) : 0;
+  if (threadIdx.x == 0) {
+    ws[0] = mAll;
+    ws[1] = lAll;
+  }
+  // The last split of this (row, head) to finish merges them all (no second kernel), then resets
+  // the counter for the next call.
+  __threadfence();
+  __shared__ bool isLast;
+  unsigned int* counter = static_cast<unsigned int*>(p.workspace) + rowHead;
   const int first = lo / partition, last = min(pos / partition, numSplits - 1);
-  const float* ws = static_cast<const float*>(p.workspace) +
-                    (static_cast<int64_t>(row) * p.numHeads + head) * numSplits * (hd + 2);
-  float mAll = -INFINITY;
-  for (int sp = first; sp <= last; ++sp) mAll = fmaxf(mAll, ws[sp * (hd + 2)]);
-  float lAll = 0.0f;
-  for (int sp = first; sp <= last; ++sp) {
-    const float msp = ws[sp * (hd + 2)];
-    if (msp != -INFINITY) lAll += ws[sp * (hd + 2) + 1] * __expf(msp - mAll);
-  }
-  T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(row) * p.numHeads + head) * hd;
+  if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(last - first);
+  __syncthreads();
+  if (!isLast) return;
+  __threadfence();
+  const float* mine = partials + rowHead * numSplits * (hd + 2);
+  float mMax = -INFINITY;
+  for (int sp = first; sp <= last; ++sp) mMax = fmaxf(mMax, __ldcg(mine + sp * (hd + 2)));
+  float lSum = 0.0f;
+  for (int sp = first; sp <= last; ++sp)
+    lSum += __ldcg(mine + sp * (hd + 2) + 1) * __expf(__ldcg(mine + sp * (hd + 2)) - mMax);
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
-    for (int sp = first; sp <= last; ++sp) {
-      const float msp = ws[sp * (hd + 2)];
-      if (msp != -INFINITY) o += ws[sp * (hd + 2) + 2 + d] * __expf(msp - mAll);
-    }
-    out[d] = Convert<T>::fromFloat(lAll > 0.0f ? o / lAll : 0.0f);
+    for (int sp = first; sp <= last; ++sp)
+      o += __ldcg(mine + sp * (hd + 2) + 2 + d) * __expf(__ldcg(mine + sp * (hd + 2)) - mMax);
+    out[d] = C::fromFloat(lSum > 0.0f ? o / lSum : 0.0f);
   }
+  if (threadIdx.x == 0) *counter = 0;
 }
 
 int multiprocessorCount() {
@@ -192,8 +195,14 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   int64_t splits = blocks >= target ? 1 : (p.maxContext + kMinPartition - 1) / kMinPartition;
   const int64_t perSplit = blocks * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
-  splits = std::min<int64_t>(splits, static_cast<int64_t>(p.workspaceBytes) / perSplit);
-  if (splits < 1 || !p.workspace) splits = 1;
+  if (p.workspace && p.workspaceBytes > kCounterBytes &&
+      blocks * 4 <= static_cast<int64_t>(kCounterBytes)) {
+    splits = std::min<int64_t>(splits,
+                               static_cast<int64_t>(p.workspaceBytes - kCounterBytes) / perSplit);
+  } else {
+    splits = 1;
+  }
+  if (splits < 1) splits = 1;
   const int64_t partition = (p.maxContext + splits - 1) / splits;
   splits = (p.maxContext + partition - 1) / partition;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads),
@@ -208,13 +217,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   } else {
     splitKernel<T, 8><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
   }
-  TG_RETURN_IF_ERROR(cuda::launchStatus("paged_attention (split)"));
-  if (splits > 1) {
-    const dim3 mergeGrid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads));
-    mergeKernel<T><<<mergeGrid, 128, 0, stream>>>(p, part, s);
-    TG_RETURN_IF_ERROR(cuda::launchStatus("paged_attention (merge)"));
-  }
-  return okStatus();
+  return cuda::launchStatus("paged_attention (split)");
 }
 
 // ---- Tensor-core prefill ----

@@ -74,6 +74,9 @@ class CudaBackend final : public Backend {
     TG_ASSIGN_OR_RETURN(gemm_,
                         kernels::GemmRunner::create(stream_, kGemmWorkspaceBytes, smallBatchGemv));
     TG_ASSIGN_OR_RETURN(attentionWorkspace_, allocate(kAttentionWorkspaceBytes));
+    // Split-K arrival counters must start at zero (kernels leave them zero).
+    TG_RETURN_IF_ERROR(cudaStatus(
+        cudaMemset(attentionWorkspace_->data(), 0, kAttentionWorkspaceBytes), "clear workspace"));
     return okStatus();
   }
 

@@ -36,7 +36,8 @@ struct PagedAttentionParams {
   // (startPos + new rows). Both are upper bounds; larger values only cost idle blocks.
   int64_t maxNewRows = 0, maxContext = 0;
   DType dtype = DType::kF32;
-  // Device scratch for split-K partial results; the launcher uses fewer splits when it is small.
+  // Device scratch for split-K partial results, zero-filled once before first use (it holds
+  // arrival counters that every call leaves at zero); fewer splits when it is small.
   void* workspace = nullptr;
   size_t workspaceBytes = 0;
 };
