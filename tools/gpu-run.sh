@@ -2,12 +2,14 @@
 # Runs on the GPU machine from the repository root (docs/gpu.md). Logs and JUnit XML go to $OUT
 # (default ./gpu-out). Exits non-zero when any test or memcheck run fails; benchmarks never fail it.
 #
-#   bash .gpu/gpu-run.sh [--tests] [--bench] [--no-memcheck]     (default: tests and benchmarks)
+#   bash .gpu/gpu-run.sh [--tests] [--bench] [--no-memcheck] [--record]
+#   (default: tests and benchmarks)
 #
-# Tests: half-precision references are recorded first with transformers
-# (tools/reference/make_dtype_references.py, into $OUT/models, which the tests then read); then every
-# packed *_test, the shard's gRPC integration test on the CUDA backend, and the kernel tests again
-# under compute-sanitizer memcheck. Benchmarks: bench_rms_norm, bench_tokenizer beside HF tokenizers,
+# Tests: every packed *_test against the committed fixtures (the shard's gRPC integration test on
+# the CUDA backend among them), then the kernel tests again under compute-sanitizer memcheck. With
+# --record, the half-precision references are first recorded again with transformers
+# (tools/reference/make_dtype_references.py) and the tests read those; they come back in
+# $OUT/recorded-references.tgz, to be committed under tests/reference/models. Benchmarks: bench_rms_norm, bench_tokenizer beside HF tokenizers,
 # and bench_cuda_model on a random-weight Llama-2-7B-shape checkpoint written by
 # tools/bench/make_random_model.py.
 set -uo pipefail
@@ -15,12 +17,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-tests=0 bench=0 memcheck=1
+tests=0 bench=0 memcheck=1 record=0
 for a in "$@"; do
   case $a in
     --tests) tests=1 ;;
     --bench) bench=1 ;;
     --no-memcheck) memcheck=0 ;;
+    --record) record=1 ;;
     *) echo "gpu-run: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -34,7 +37,7 @@ if [ $tests -eq 1 ]; then
   models=${TMPDIR:-/tmp}/textgen-models
   rm -rf "$models"
   cp -r tests/reference/models "$models"
-  if python3 -c "import transformers, torch" 2>/dev/null; then
+  if [ $record -eq 1 ] && python3 -c "import transformers, torch" 2>/dev/null; then
     echo "== half-precision references (transformers)"
     python3 tools/reference/make_dtype_references.py "$models" tests/reference/tokenizers/llama2 2>&1 |
       grep -v "Warning\|Loading weights\|Writing model" | tee "$out/dtype_references.log"

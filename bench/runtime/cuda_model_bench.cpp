@@ -77,7 +77,8 @@ double gemmPeakTflops(kernels::DType dtype) {
 }
 
 // Decode-shaped GEMMs (the layer shapes of the model, `rows` rows): weight bytes streamed per
-// second by the gemv kernel and by cuBLASLt, to see how close each comes to the copy bandwidth.
+// second by the backend's GEMM runner (the gemv kernel for one row, cuBLASLt otherwise) and by
+// cuBLASLt alone, to see how close each comes to the copy bandwidth.
 void gemvTable(const ModelConfig& c, kernels::DType dtype, double copyGBs) {
   const int64_t h = c.hiddenSize, qkv = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
   const std::pair<const char*, std::pair<int64_t, int64_t>> shapes[] = {
@@ -89,7 +90,7 @@ void gemvTable(const ModelConfig& c, kernels::DType dtype, double copyGBs) {
   auto gemv = kernels::GemmRunner::create(nullptr, 32u << 20, true);
   auto lt = kernels::GemmRunner::create(nullptr, 32u << 20, false);
   if (!gemv.ok() || !lt.ok()) return;
-  std::printf("\n%-10s %5s %14s %14s   (GB/s of weights; copy %.0f)\n", "GEMM", "rows", "gemv",
+  std::printf("\n%-10s %5s %14s %14s   (GB/s of weights; copy %.0f)\n", "GEMM", "rows", "textgen",
               "cuBLASLt", copyGBs);
   for (const auto& [name, shape] : shapes) {
     const auto [in, out] = shape;
