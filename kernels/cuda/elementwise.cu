@@ -6,6 +6,7 @@
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/kv_write.h"
 #include "textgen/kernels/rope.h"
+#include "textgen/kernels/rope_kv_write.h"
 #include "textgen/kernels/silu_mul.h"
 
 namespace textgen::kernels {
@@ -51,6 +52,49 @@ __global__ void ropeKernel(RopeParams p) {
     const float x1 = C::toFloat(head[i]), x2 = C::toFloat(head[i + half]);
     head[i] = C::fromFloat(roundTo<T>(x1 * c) - roundTo<T>(x2 * s));
     head[i + half] = C::fromFloat(roundTo<T>(x2 * c) + roundTo<T>(x1 * s));
+  }
+}
+
+// One block per row: rotates q in place and k in place, writing the rotated k (and the
+// non-rotary part of k, and v) to the cache at the row's slot.
+template <typename T>
+__global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv) {
+  using C = Convert<T>;
+  const int64_t r = blockIdx.x;
+  const int half = static_cast<int>(p.rotaryDim / 2);
+  const int hd = static_cast<int>(p.headDim);
+  const auto pos = static_cast<float>(p.positions[r]);
+  const int heads = static_cast<int>(p.numHeads + p.numKvHeads);
+  const int32_t slot = kv.slots[r];
+  const bool write = slot >= 0 && slot < kv.numSlots;
+  const int64_t kvWidth = p.numKvHeads * p.headDim;
+  T* q = static_cast<T*>(p.q) + r * p.qRowStride;
+  T* k = static_cast<T*>(p.k) + r * p.kRowStride;
+  T* kc = static_cast<T*>(kv.kCache) + static_cast<int64_t>(slot) * kvWidth;
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    const bool isKey = h >= p.numHeads;
+    T* head = isKey ? k + (h - p.numHeads) * hd : q + h * hd;
+    const float angle = pos * p.invFreq[r * half + i];
+    const float c = roundTo<T>(cosf(angle) * p.attentionScaling);
+    const float s = roundTo<T>(sinf(angle) * p.attentionScaling);
+    const float x1 = C::toFloat(head[i]), x2 = C::toFloat(head[i + half]);
+    const T o1 = C::fromFloat(roundTo<T>(x1 * c) - roundTo<T>(x2 * s));
+    const T o2 = C::fromFloat(roundTo<T>(x2 * c) + roundTo<T>(x1 * s));
+    head[i] = o1;
+    head[i + half] = o2;
+    if (isKey && write) {
+      T* dst = kc + (h - p.numHeads) * hd;
+      dst[i] = o1;
+      dst[i + half] = o2;
+    }
+  }
+  if (!write) return;
+  const T* v = static_cast<const T*>(kv.v) + r * kv.kvRowStride;
+  T* vc = static_cast<T*>(kv.vCache) + static_cast<int64_t>(slot) * kvWidth;
+  for (int64_t idx = threadIdx.x; idx < kvWidth; idx += blockDim.x) {
+    vc[idx] = v[idx];
+    if (idx % hd >= p.rotaryDim) kc[idx] = k[idx];  // partial rotary: the part left as it is
   }
 }
 
@@ -104,6 +148,15 @@ Status launchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
 }
 
 template <typename T>
+Status launchRopeKvWrite(const RopeKvWriteParams& p, cudaStream_t stream) {
+  const int64_t pairs = (p.rope.numHeads + p.rope.numKvHeads) * (p.rope.rotaryDim / 2);
+  const int64_t work = std::max(pairs, p.kv.numKvHeads * p.kv.headDim);
+  ropeKvWriteKernel<T>
+      <<<static_cast<unsigned>(p.rope.rows), threadsFor(work), 0, stream>>>(p.rope, p.kv);
+  return cuda::launchStatus("rope_kv_write");
+}
+
+template <typename T>
 Status launchRope(const RopeParams& p, cudaStream_t stream) {
   const int64_t pairs = (p.numHeads + p.numKvHeads) * (p.rotaryDim / 2);
   ropeKernel<T><<<static_cast<unsigned>(p.rows), threadsFor(pairs), 0, stream>>>(p);
@@ -134,6 +187,12 @@ Status invokeRope(const RopeParams& p, Stream stream) {
   TG_RETURN_IF_ERROR(validateRope(p));
   if (p.rows == 0) return okStatus();
   TG_DISPATCH_DTYPE(p.dtype, launchRope, p, stream);
+}
+
+Status invokeRopeKvWrite(const RopeKvWriteParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validateRopeKvWrite(p));
+  if (p.rope.rows == 0) return okStatus();
+  TG_DISPATCH_DTYPE(p.rope.dtype, launchRopeKvWrite, p, stream);
 }
 
 Status invokeKvWrite(const KvWriteParams& p, Stream stream) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 #include "textgen/kernels/kv_write.h"
 #include "textgen/kernels/paged_attention.h"
 #include "textgen/kernels/rope.h"
+#include "textgen/kernels/rope_kv_write.h"
 #include "textgen/kernels/silu_mul.h"
 
 namespace textgen::kernels {
@@ -170,6 +172,87 @@ TEST_F(OpsCudaTest, RopeMatchesReference) {
       ASSERT_TRUE(invokeRope(p, nullptr).ok());
       EXPECT_TRUE(testing::allClose(decode(fromDevice(*dQkv, qkv.size()), dt), decode(qkv, dt),
                                     toleranceFor(dt), stride));
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, FusedRopeKvWriteMatchesRopeThenKvWrite) {
+  struct Shape {
+    int64_t heads, kvHeads, headDim, rotaryDim;
+  };
+  for (DType dt : kDtypes) {
+    for (const Shape& s : {Shape{32, 32, 128, 128}, Shape{8, 2, 64, 64}, Shape{4, 2, 80, 32}}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " heads " + std::to_string(s.heads) + "/" +
+                   std::to_string(s.kvHeads) + " rotary " + std::to_string(s.rotaryDim));
+      const int64_t rows = 37, numSlots = 128, half = s.rotaryDim / 2,
+                    stride = (s.heads + 2 * s.kvHeads) * s.headDim, kvWidth = s.kvHeads * s.headDim;
+      const size_t es = dtypeSize(dt);
+      auto qkv = encode(randomValues(rows * stride, rng_), dt);
+      std::vector<int32_t> positions(rows), slots(numSlots);
+      for (auto& p : positions) p = static_cast<int32_t>(rng_() % 4096);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng_);
+      slots.resize(rows);
+      slots[5] = -1;  // a padding row: nothing written
+      std::vector<float> invFreq(rows * half);
+      for (int64_t i = 0; i < rows * half; ++i)
+        invFreq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * (i % half)) / s.rotaryDim);
+      const size_t cacheBytes = numSlots * kvWidth * es;
+      std::vector<uint8_t> kWant(cacheBytes, 0), vWant(cacheBytes, 0);
+      auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq),
+           dSlots = toDevice(slots);
+      DeviceBuffer dk(cacheBytes), dv(cacheBytes);
+      TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
+      TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
+      // Reference: rope then kv_write on the host (the padding row skipped, as the device does).
+      RopeKvWriteParams p{.rope = {.q = qkv.data(),
+                                   .k = qkv.data() + s.heads * s.headDim * es,
+                                   .qRowStride = stride,
+                                   .kRowStride = stride,
+                                   .invFreq = invFreq.data(),
+                                   .positions = positions.data(),
+                                   .rows = rows,
+                                   .numHeads = s.heads,
+                                   .numKvHeads = s.kvHeads,
+                                   .headDim = s.headDim,
+                                   .rotaryDim = s.rotaryDim,
+                                   .dtype = dt},
+                          .kv = {.k = qkv.data() + s.heads * s.headDim * es,
+                                 .v = qkv.data() + (s.heads + s.kvHeads) * s.headDim * es,
+                                 .kvRowStride = stride,
+                                 .kCache = kWant.data(),
+                                 .vCache = vWant.data(),
+                                 .slots = slots.data(),
+                                 .rows = rows,
+                                 .numKvHeads = s.kvHeads,
+                                 .headDim = s.headDim,
+                                 .numSlots = numSlots,
+                                 .dtype = dt}};
+      ASSERT_TRUE(ropeReference(p.rope).ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        if (slots[r] < 0) continue;
+        std::memcpy(kWant.data() + slots[r] * kvWidth * es,
+                    qkv.data() + (r * stride + s.heads * s.headDim) * es, kvWidth * es);
+        std::memcpy(vWant.data() + slots[r] * kvWidth * es,
+                    qkv.data() + (r * stride + (s.heads + s.kvHeads) * s.headDim) * es,
+                    kvWidth * es);
+      }
+      RopeKvWriteParams d = p;
+      d.rope.q = dQkv->get();
+      d.rope.k = dQkv->as<uint8_t>(s.heads * s.headDim * es);
+      d.kv.k = d.rope.k;
+      d.kv.v = dQkv->as<uint8_t>((s.heads + s.kvHeads) * s.headDim * es);
+      d.rope.invFreq = dFreq->as<float>();
+      d.rope.positions = dPos->as<int32_t>();
+      d.kv.kCache = dk.get();
+      d.kv.vCache = dv.get();
+      d.kv.slots = dSlots->as<int32_t>();
+      ASSERT_TRUE(invokeRopeKvWrite(d, nullptr).ok());
+      EXPECT_TRUE(testing::allClose(decode(fromDevice(*dQkv, qkv.size()), dt), decode(qkv, dt),
+                                    toleranceFor(dt), stride));
+      EXPECT_TRUE(testing::allClose(decode(fromDevice(dk, cacheBytes), dt), decode(kWant, dt),
+                                    toleranceFor(dt), kvWidth));
+      EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
     }
   }
 }

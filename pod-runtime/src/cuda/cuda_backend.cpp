@@ -153,6 +153,9 @@ class CudaBackend final : public Backend {
   Status writeKv(const kernels::KvWriteParams& p) override {
     return kernels::invokeKvWrite(p, stream_);
   }
+  Status ropeWriteKv(const kernels::RopeKvWriteParams& p) override {
+    return kernels::invokeRopeKvWrite(p, stream_);
+  }
   Status attention(kernels::PagedAttentionParams p) override {
     p.workspace = attentionWorkspace_->data();
     p.workspaceBytes = attentionWorkspace_->bytes();

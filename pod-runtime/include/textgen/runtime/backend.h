@@ -20,6 +20,7 @@
 #include "textgen/kernels/paged_attention.h"
 #include "textgen/kernels/rms_norm.h"
 #include "textgen/kernels/rope.h"
+#include "textgen/kernels/rope_kv_write.h"
 #include "textgen/kernels/silu_mul.h"
 
 namespace textgen::runtime {
@@ -84,6 +85,12 @@ class Backend {
   virtual Status linear(const kernels::GemmParams& p) = 0;
   virtual Status rope(const kernels::RopeParams& p) = 0;
   virtual Status writeKv(const kernels::KvWriteParams& p) = 0;
+  // rope then writeKv in one pass where the backend has a fused kernel.
+  virtual Status ropeWriteKv(const kernels::RopeKvWriteParams& p) {
+    TG_RETURN_IF_ERROR(kernels::validateRopeKvWrite(p));
+    TG_RETURN_IF_ERROR(rope(p.rope));
+    return writeKv(p.kv);
+  }
   // The backend supplies the split-K workspace.
   virtual Status attention(kernels::PagedAttentionParams p) = 0;
   virtual Status siluMul(const kernels::SiluMulParams& p) = 0;
