@@ -3,7 +3,9 @@
 // (ms/token and the fraction of the weight-streaming roofline), prefill of 512 and 2048 tokens
 // (tokens/s and the fraction of the GEMM peak), and a TGI-benchmark-style table over batch sizes
 // (prefill latency, decode step latency, decode tokens/s). Each forward includes the host work of a
-// step: building and uploading the batch metadata, and downloading the logits for sampling.
+// step: building and uploading the batch metadata, and the greedy choice (arg-max on the device and
+// the chosen ids downloaded, the engine's path for greedy requests; --host-logits downloads every
+// logit row instead, the path of requests that sample on the host).
 // Prints a table and one JSON line. Usage:
 //   bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt 128] [--steps 32]
 #include <cuda_runtime.h>
@@ -125,7 +127,8 @@ void gemvTable(const ModelConfig& c, kernels::DType dtype, double copyGBs) {
 // Sequences over a shared KV cache; each forward appends `rows` tokens to every listed sequence.
 class Driver {
  public:
-  Driver(Model& model, KvCache& cache) : model_(model), cache_(cache) {}
+  Driver(Model& model, KvCache& cache, bool hostLogits)
+      : model_(model), cache_(cache), hostLogits_(hostLogits) {}
 
   // A new sequence with room for `capacity` tokens; returns its index.
   int64_t add(int64_t capacity) {
@@ -160,10 +163,11 @@ class Driver {
       fb.logitRows.push_back(static_cast<int64_t>(fb.tokenIds.size()) - 1);
     }
     const double t0 = now();
-    auto r = model_.forward(fb, cache_);
+    const Status st = hostLogits_ ? model_.forward(fb, cache_).status()
+                                  : model_.forwardGreedy(fb, cache_).status();
     const double t = now() - t0;
-    if (!r.ok()) {
-      std::fprintf(stderr, "forward failed: %s\n", r.status().toString().c_str());
+    if (!st.ok()) {
+      std::fprintf(stderr, "forward failed: %s\n", st.toString().c_str());
       std::exit(1);
     }
     for (int64_t i = first; i < first + count; ++i) seqs_[i].len += rows;
@@ -177,6 +181,7 @@ class Driver {
   };
   Model& model_;
   KvCache& cache_;
+  bool hostLogits_;
   std::vector<Seq> seqs_;
   uint32_t nextBlock_ = 0;
 };
@@ -193,7 +198,7 @@ int main(int argc, char** argv) {
   int64_t prompt = 128, steps = 32;
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
   int64_t profileBatch = 0;  // > 0: one short prefill and two decode steps, for a profiler
-  bool gemv = true;
+  bool gemv = true, hostLogits = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -206,6 +211,8 @@ int main(int argc, char** argv) {
       steps = std::atol(argv[++i]);
     } else if (a == "--profile" && i + 1 < argc) {
       profileBatch = std::atol(argv[++i]);
+    } else if (a == "--host-logits") {
+      hostLogits = true;
     } else if (a == "--no-gemv") {
       gemv = false;
     } else if (a == "--cuda-graphs" && i + 1 < argc) {
@@ -218,9 +225,10 @@ int main(int argc, char** argv) {
         if (end == p && *p) break;
       }
     } else {
-      std::fprintf(stderr,
-                   "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
-                   "[--steps N] [--cuda-graphs 1,2,4,...|0]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
+          "[--steps N] [--cuda-graphs 1,2,4,...|0] [--host-logits] [--no-gemv] [--profile B]\n");
       return 2;
     }
   }
@@ -274,7 +282,7 @@ int main(int argc, char** argv) {
   }
   std::printf("KV pool: %ld blocks of %ld tokens (%.1f GB)\n", static_cast<long>(numBlocks),
               static_cast<long>(bs), static_cast<double>(numBlocks * perBlock) / 1e9);
-  Driver d(**model, **cache);
+  Driver d(**model, **cache, hostLogits);
   if (profileBatch > 0) {
     for (int64_t i = 0; i < profileBatch; ++i) d.add(256);
     d.step(0, profileBatch, 16);

@@ -15,6 +15,7 @@
 
 #include "kernels/device_buffer.h"
 #include "support/tolerance.h"
+#include "textgen/kernels/argmax.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm_runner.h"
 #include "textgen/kernels/kv_write.h"
@@ -253,6 +254,41 @@ TEST_F(OpsCudaTest, FusedRopeKvWriteMatchesRopeThenKvWrite) {
       EXPECT_TRUE(testing::allClose(decode(fromDevice(dk, cacheBytes), dt), decode(kWant, dt),
                                     toleranceFor(dt), kvWidth));
       EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, ArgmaxPicksTheLowestIndexOfTheMaximumAndItsLogprob) {
+  for (DType dt : kDtypes) {
+    for (int64_t vocab : {7, 1000, 32000, 128256}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " vocab " + std::to_string(vocab));
+      const int64_t rows = 5;
+      auto values = randomValues(rows * vocab, rng_, 3.0f);
+      // Row 1: a tie for the maximum (the lower index wins); row 2: the maximum last.
+      values[vocab + 3] = values[vocab + vocab - 1] = 50.0f;
+      values[2 * vocab + vocab - 1] = 60.0f;
+      const auto logits = encode(values, dt);
+      std::vector<int32_t> wantIds(rows);
+      std::vector<float> wantLp(rows);
+      ASSERT_TRUE(
+          argmaxReference({logits.data(), wantIds.data(), wantLp.data(), rows, vocab, dt}).ok());
+      auto dLogits = toDevice(logits);
+      DeviceBuffer dIds(rows * 4), dLp(rows * 4);
+      ASSERT_TRUE(
+          invokeArgmax({dLogits->get(), dIds.as<int32_t>(), dLp.as<float>(), rows, vocab, dt},
+                       nullptr)
+              .ok());
+      const auto ids = fromDevice(dIds, rows * 4), lp = fromDevice(dLp, rows * 4);
+      for (int64_t r = 0; r < rows; ++r) {
+        int32_t id;
+        float l;
+        std::memcpy(&id, ids.data() + 4 * r, 4);
+        std::memcpy(&l, lp.data() + 4 * r, 4);
+        EXPECT_EQ(id, wantIds[r]) << "row " << r;
+        EXPECT_NEAR(l, wantLp[r], 1e-5 + 1e-5 * std::fabs(wantLp[r])) << "row " << r;
+      }
+      EXPECT_EQ(wantIds[1], 3);
+      EXPECT_EQ(wantIds[2], vocab - 1);
     }
   }
 }

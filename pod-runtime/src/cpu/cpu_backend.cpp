@@ -105,6 +105,7 @@ class CpuBackend final : public Backend {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));
     return kernels::siluMulReference(p);
   }
+  Status argmax(const kernels::ArgmaxParams& p) override { return kernels::argmaxReference(p); }
 };
 
 }  // namespace

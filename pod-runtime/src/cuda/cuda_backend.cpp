@@ -164,6 +164,9 @@ class CudaBackend final : public Backend {
   Status siluMul(const kernels::SiluMulParams& p) override {
     return kernels::invokeSiluMul(p, stream_);
   }
+  Status argmax(const kernels::ArgmaxParams& p) override {
+    return kernels::invokeArgmax(p, stream_);
+  }
 
  private:
   int device_ = 0;

@@ -36,6 +36,14 @@ struct Engine::Request {
         detok(tok, false, spec.inputIds) {}
 
   bool prefilling() const { return computed < static_cast<int64_t>(spec.inputIds.size()); }
+  // Arg-max of the raw logits is the whole choice: no sampling, penalty, bias, top-n or prefill
+  // log-probabilities.
+  bool plainGreedy() const {
+    const SamplingParams& p = spec.sampling;
+    return !p.doSample && (p.repetitionPenalty == 0.0f || p.repetitionPenalty == 1.0f) &&
+           p.frequencyPenalty == 0.0f && p.logitBias.empty() && p.topNTokens == 0 &&
+           !(prefilling() && spec.prefillLogprobs);
+  }
   int64_t nextRows() const {
     if (!prefilling()) return 1;
     const int64_t remaining = static_cast<int64_t>(spec.inputIds.size()) - computed;
@@ -135,11 +143,28 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
       fb.logitRows.push_back(rows.firstRow + n - 1);
     }
   }
-  auto logits = model_.forward(fb, *cache_);
-  if (!logits.ok()) {
-    batches_.emplace(batch->id, std::move(batch));  // keep the batch: the router decides
-    return logits.status();
+  // When every request decodes greedily with no logit processor, the model picks the tokens where
+  // the logits are and only the choices come back; otherwise the logits do, for the samplers.
+  const bool greedy =
+      std::all_of(batch->requests.begin(), batch->requests.end(),
+                  [](const std::unique_ptr<Request>& r) { return r->plainGreedy(); });
+  std::vector<float> logitsHost;
+  std::vector<GreedyToken> picks;
+  Status forwardStatus;
+  if (greedy) {
+    auto g = model_.forwardGreedy(fb, *cache_);
+    forwardStatus = g.status();
+    if (g.ok()) picks = std::move(*g);
+  } else {
+    auto l = model_.forward(fb, *cache_);
+    forwardStatus = l.status();
+    if (l.ok()) logitsHost = std::move(*l);
   }
+  if (!forwardStatus.ok()) {
+    batches_.emplace(batch->id, std::move(batch));  // keep the batch: the router decides
+    return forwardStatus;
+  }
+  std::vector<float>* logits = &logitsHost;
   const uint64_t forwardDone = nowNs();
   const int64_t vocab = model_.config().vocabSize;
   StepResult result;
@@ -173,8 +198,14 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
     }
     const int64_t lastRow =
         wasPrefilling && r.spec.prefillLogprobs ? logitStart[i] + n - 1 : logitStart[i];
-    std::span<float> row(logits->data() + lastRow * vocab, vocab);
-    const TokenChoice choice = r.sampler.choose(row, r.tokens);
+    TokenChoice choice;
+    if (greedy) {
+      choice.id = picks[lastRow].id;
+      choice.logprob = picks[lastRow].logprob;
+    } else {
+      choice =
+          r.sampler.choose(std::span<float>(logits->data() + lastRow * vocab, vocab), r.tokens);
+    }
     GenerationResult g;
     g.requestId = r.spec.id;
     if (wasPrefilling && r.spec.prefillLogprobs) {

@@ -2,6 +2,7 @@
 // NTK, partial rotary), grouped-query attention over the paged cache, SiLU-gated MLP.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "architectures.h"
@@ -79,18 +80,30 @@ class LlamaModel final : public Model {
   }
 
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override {
-    TG_RETURN_IF_ERROR(validate(b, cache));
-    if (cache.dtype() != dtype_) return invalidArgumentError("the KV cache has another dtype");
+    TG_RETURN_IF_ERROR(run(b, cache));
+    return downloadLogits(static_cast<int64_t>(b.logitRows.size()) * config_.vocabSize);
+  }
+
+  StatusOr<std::vector<GreedyToken>> forwardGreedy(const ForwardBatch& b, KvCache& cache) override {
+    TG_RETURN_IF_ERROR(run(b, cache));
     const auto n = static_cast<int64_t>(b.logitRows.size());
-    if (const int64_t bucket = graphBucket(b, cache); bucket > 0) {
-      TG_RETURN_IF_ERROR(runGraph(b, cache, bucket));
-    } else {
-      const Layout layout = eagerLayout(b);
-      TG_ASSIGN_OR_RETURN(const Metadata meta, uploadMetadata(b, layout, ws_.meta, ws_.invFreq));
-      TG_RETURN_IF_ERROR(reserve(layout.rows, n));
-      TG_RETURN_IF_ERROR(enqueue(meta, cache));
+    // [ids (int32) | logprobs (float)] in one buffer: one download.
+    TG_RETURN_IF_ERROR(ensure(backend_, ws_.greedy, static_cast<size_t>(2 * n) * 4));
+    auto* ids = ws_.greedy->as<int32_t>();
+    TG_RETURN_IF_ERROR(backend_.argmax({.logits = ws_.logits->data(),
+                                        .ids = ids,
+                                        .logprobs = reinterpret_cast<float*>(ids + n),
+                                        .rows = n,
+                                        .vocab = config_.vocabSize,
+                                        .dtype = dtype_}));
+    std::vector<int32_t> raw(2 * n);
+    TG_RETURN_IF_ERROR(backend_.download(raw.data(), *ws_.greedy, raw.size() * 4));
+    std::vector<GreedyToken> out(n);
+    for (int64_t i = 0; i < n; ++i) {
+      out[i].id = static_cast<uint32_t>(raw[i]);
+      std::memcpy(&out[i].logprob, &raw[n + i], 4);
     }
-    return downloadLogits(n * config_.vocabSize);
+    return out;
   }
 
  private:
@@ -107,6 +120,19 @@ class LlamaModel final : public Model {
     const float* invFreq;
     Layout layout;
   };
+
+  // Validates the batch and enqueues its forward, through a decode graph where one applies; the
+  // logits land in ws_.logits.
+  Status run(const ForwardBatch& b, KvCache& cache) {
+    TG_RETURN_IF_ERROR(validate(b, cache));
+    if (cache.dtype() != dtype_) return invalidArgumentError("the KV cache has another dtype");
+    const auto n = static_cast<int64_t>(b.logitRows.size());
+    if (const int64_t bucket = graphBucket(b, cache); bucket > 0) return runGraph(b, cache, bucket);
+    const Layout layout = eagerLayout(b);
+    TG_ASSIGN_OR_RETURN(const Metadata meta, uploadMetadata(b, layout, ws_.meta, ws_.invFreq));
+    TG_RETURN_IF_ERROR(reserve(layout.rows, n));
+    return enqueue(meta, cache);
+  }
 
   // Enqueues the whole forward (no host synchronisation): embedding, the layers, the final norm
   // of the logit rows and the head into ws_.logits.
@@ -299,7 +325,7 @@ class LlamaModel final : public Model {
     int64_t rows = 0, logitRows = 0;
     std::unique_ptr<Buffer> residual, hidden, qkv, attn, gateUp, act;
     std::unique_ptr<Buffer> pickedHidden, pickedResidual, logits;
-    std::unique_ptr<Buffer> meta, invFreq;
+    std::unique_ptr<Buffer> meta, invFreq, greedy;
   };
 
   struct Part {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "textgen/base/status_or.h"
+#include "textgen/kernels/argmax.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm.h"
 #include "textgen/kernels/kv_write.h"
@@ -94,6 +95,7 @@ class Backend {
   // The backend supplies the split-K workspace.
   virtual Status attention(kernels::PagedAttentionParams p) = 0;
   virtual Status siluMul(const kernels::SiluMulParams& p) = 0;
+  virtual Status argmax(const kernels::ArgmaxParams& p) = 0;
 };
 
 // Threads: 0 uses every core.

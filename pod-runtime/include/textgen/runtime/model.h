@@ -45,6 +45,12 @@ struct ForwardBatch {
   std::vector<int64_t> logitRows;       // rows whose logits are wanted
 };
 
+// A greedy choice made where the logits are: the arg-max and its log-probability.
+struct GreedyToken {
+  uint32_t id = 0;
+  float logprob = 0.0f;
+};
+
 struct ModelOptions {
   int rank = 0;                                 // tensor-parallel rank of this process
   int worldSize = 1;                            // tensor-parallel degree
@@ -62,6 +68,9 @@ class Model {
   // Logits [logitRows.size(), vocab] on the host. INVALID_ARGUMENT for an inconsistent batch
   // (a slot or token id out of range, rows not covered by the sequences).
   virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;
+  // The same forward, returning only each logit row's greedy token (no logits cross to the host).
+  virtual StatusOr<std::vector<GreedyToken>> forwardGreedy(const ForwardBatch& batch,
+                                                           KvCache& cache) = 0;
 };
 
 // Loads a Hugging Face model directory (config.json, generation_config.json, safetensors).
