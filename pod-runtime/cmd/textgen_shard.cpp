@@ -261,11 +261,12 @@ int run(int argc, char** argv) {
   }
   spdlog::info("serving {} ({} layers, vocab {}) on {}", f.modelId, (*model)->config().numLayers,
                (*model)->config().vocabSize, listen);
+  // Handlers first: a SIGTERM sent as soon as the readiness line is read must stop us cleanly.
+  std::signal(SIGTERM, [](int) { gStop = true; });
+  std::signal(SIGINT, [](int) { gStop = true; });
   // Readiness line for launchers and tests: the address, once it accepts connections.
   std::printf("textgen-shard ready %s\n", listen.c_str());
   std::fflush(stdout);
-  std::signal(SIGTERM, [](int) { gStop = true; });
-  std::signal(SIGINT, [](int) { gStop = true; });
   while (!gStop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   spdlog::info("shutting down");
   // In-flight RPCs get a moment to finish; idle client connections must not hold the exit.

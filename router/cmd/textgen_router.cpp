@@ -310,10 +310,11 @@ int run(int argc, char** argv) {
   if (!server.ok()) return fail(server.status());
   spdlog::info("serving {} on {}:{} (max_input_tokens {}, max_total_tokens {})", f.modelId,
                f.hostname, (*server)->port(), maxInput, maxTotal);
-  std::printf("textgen-router ready http://%s:%d\n", f.hostname.c_str(), (*server)->port());
-  std::fflush(stdout);
+  // Handlers before the readiness line: a SIGTERM sent as soon as it is read stops us cleanly.
   std::signal(SIGTERM, [](int) { gStop = true; });
   std::signal(SIGINT, [](int) { gStop = true; });
+  std::printf("textgen-router ready http://%s:%d\n", f.hostname.c_str(), (*server)->port());
+  std::fflush(stdout);
   while (!gStop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   spdlog::info("shutting down");
   (*server)->stop();
