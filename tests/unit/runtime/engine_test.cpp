@@ -81,6 +81,33 @@ TEST_F(EngineTest, DecodesSeveralCachedBatchesAsOne) {
   EXPECT_EQ(out[2], greedy(1, 12));
 }
 
+TEST_F(EngineTest, GreedyOnTheModelEqualsTheHostSampler) {
+  // A plain greedy request takes the model's arg-max path (no logits to the host); asking for top-n
+  // tokens sends the same request through the host sampler. Tokens and log-probabilities agree.
+  auto run = [&](uint64_t id, uint32_t topN) {
+    RequestSpec r = spec(id, 3, 10, static_cast<uint32_t>(id) * 20);
+    r.sampling.topNTokens = topN;
+    std::vector<std::pair<uint32_t, float>> out;
+    auto s = engine_->prefill(id, {r}, std::nullopt);
+    while (true) {
+      EXPECT_TRUE(s.ok()) << s.status();
+      if (!s.ok()) break;
+      for (const auto& g : s->generations) out.emplace_back(g.tokens.ids[0], g.tokens.logprobs[0]);
+      if (!s->batch) break;
+      s = engine_->decode({id});
+    }
+    return out;
+  };
+  const auto onModel = run(1, 0), onHost = run(2, 1);
+  ASSERT_EQ(onModel.size(), 10u);
+  ASSERT_EQ(onHost.size(), 10u);
+  for (size_t i = 0; i < onModel.size(); ++i) {
+    EXPECT_EQ(onModel[i].first, onHost[i].first) << "token " << i;
+    EXPECT_NEAR(onModel[i].second, onHost[i].second, 1e-5) << "logprob " << i;
+    EXPECT_EQ(onModel[i].first, greedy(3, 10)[i]);
+  }
+}
+
 TEST_F(EngineTest, CacheLenReusesAPrefixAlreadyInTheBlocks) {
   // Request 1 fills its blocks with the prompt; request 2 reuses those blocks and declares all but
   // the last prompt token cached: only one token is computed, and the output is the same.
