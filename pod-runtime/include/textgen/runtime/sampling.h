@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "textgen/base/status.h"
+#include "textgen/kernels/sample.h"
 
 namespace textgen::runtime {
 
@@ -45,6 +46,17 @@ class Sampler {
   // penalties.
   TokenChoice choose(std::span<float> logits, std::span<const uint32_t> history);
   const SamplingParams& params() const { return params_; }
+
+  // The inputs of kernels::sample for this step: distinct history tokens with counts, the bias, and
+  // (when sampling) this step's draw from the request's generator, which advances.
+  struct SampleInputs {
+    std::vector<int32_t> historyTokens, historyCounts, biasTokens;
+    std::vector<float> biasValues;
+    double uniform = 0.0;
+  };
+  SampleInputs sampleInputs(std::span<const uint32_t> history, uint32_t vocab);
+  // The row parameters for those inputs (history and bias ranges start at 0).
+  kernels::SampleRow sampleRow(const SampleInputs& in) const;
 
  private:
   SamplingParams params_;
