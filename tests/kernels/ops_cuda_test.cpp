@@ -22,6 +22,7 @@
 #include "textgen/kernels/paged_attention.h"
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
+#include "textgen/kernels/sample.h"
 #include "textgen/kernels/silu_mul.h"
 
 namespace textgen::kernels {
@@ -289,6 +290,122 @@ TEST_F(OpsCudaTest, ArgmaxPicksTheLowestIndexOfTheMaximumAndItsLogprob) {
       }
       EXPECT_EQ(wantIds[1], 3);
       EXPECT_EQ(wantIds[2], vocab - 1);
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
+  // Rows covering every processor alone and together, greedy and sampled, with top-n; logits
+  // rounded to each dtype (bfloat16 makes many exact ties, which the top-p/typical-p searches must
+  // settle in the host's order).
+  std::vector<SampleRow> kinds;
+  auto row = [](float temp, int k, float topP, float typ, bool sample, float rep, float freq,
+                int n) {
+    SampleRow r;
+    r.temperature = temp;
+    r.topK = k;
+    r.topP = topP;
+    r.typicalP = typ;
+    r.doSample = sample ? 1 : 0;
+    r.repetitionPenalty = rep;
+    r.frequencyPenalty = freq;
+    r.topN = n;
+    return r;
+  };
+  kinds.push_back(row(1, 0, 1, 1, false, 1, 0, 0));                  // greedy
+  kinds.push_back(row(1, 0, 1, 1, false, 1.3f, 0.4f, 3));            // greedy with penalties, top-n
+  kinds.push_back(row(0.7f, 0, 1, 1, true, 1, 0, 0));                // temperature
+  kinds.push_back(row(1, 40, 1, 1, true, 1, 0, 2));                  // top-k
+  kinds.push_back(row(1, 0, 0.9f, 1, true, 1, 0, 0));                // top-p
+  kinds.push_back(row(1, 0, 1, 0.8f, true, 1, 0, 5));                // typical-p
+  kinds.push_back(row(0.8f, 50, 0.95f, 0.9f, true, 1.2f, 0.3f, 4));  // everything
+  constexpr int64_t kMaxTopN = 5;
+  for (DType dt : kDtypes) {
+    for (int64_t vocab : {1000, 32000}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " vocab " + std::to_string(vocab));
+      const int64_t reps = 6;  // each kind several times with other logits and draws
+      const auto rows = static_cast<int64_t>(kinds.size()) * reps;
+      const auto logits = encode(randomValues(rows * vocab, rng_, 2.5f), dt);
+      std::vector<SampleRow> params;
+      std::vector<int32_t> hist, counts, biasTok;
+      std::vector<float> biasVal;
+      std::uniform_real_distribution<double> u01(0.0, 1.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        SampleRow p = kinds[r % kinds.size()];
+        p.uniform = u01(rng_);
+        p.historyBegin = static_cast<int32_t>(hist.size());
+        for (int i = 0; i < 20; ++i) {  // distinct tokens
+          hist.push_back(static_cast<int32_t>((r * 131 + i * 37) % vocab));
+          counts.push_back(1 + i % 3);
+        }
+        p.historyEnd = static_cast<int32_t>(hist.size());
+        p.biasBegin = static_cast<int32_t>(biasTok.size());
+        if (r % 2 == 0) {
+          biasTok.push_back(static_cast<int32_t>((r * 7) % vocab));
+          biasVal.push_back(2.0f);
+        }
+        p.biasEnd = static_cast<int32_t>(biasTok.size());
+        params.push_back(p);
+      }
+      std::vector<float> work(rows * vocab);
+      std::vector<int32_t> ids(rows), topIds(rows * kMaxTopN, -1);
+      std::vector<float> lps(rows), topLps(rows * kMaxTopN);
+      SampleParams ref{.logits = logits.data(),
+                       .rowParams = params.data(),
+                       .historyTokens = hist.data(),
+                       .historyCounts = counts.data(),
+                       .biasTokens = biasTok.data(),
+                       .biasValues = biasVal.data(),
+                       .work = work.data(),
+                       .ids = ids.data(),
+                       .logprobs = lps.data(),
+                       .topIds = topIds.data(),
+                       .topLogprobs = topLps.data(),
+                       .rows = rows,
+                       .vocab = vocab,
+                       .maxTopN = kMaxTopN,
+                       .dtype = dt};
+      ASSERT_TRUE(sampleReference(ref).ok());
+      auto dLogits = toDevice(logits),
+           dParams = toDevice(params.data(), params.size() * sizeof(SampleRow)),
+           dHist = toDevice(hist), dCounts = toDevice(counts),
+           dBiasTok = toDevice(biasTok.empty() ? std::vector<int32_t>{0} : biasTok),
+           dBiasVal = toDevice(biasVal.empty() ? std::vector<float>{0} : biasVal);
+      DeviceBuffer dWork(rows * vocab * 4), dProbs(rows * vocab * 8), dIds(rows * 4),
+          dLps(rows * 4), dTopIds(rows * kMaxTopN * 4), dTopLps(rows * kMaxTopN * 4);
+      SampleParams dev = ref;
+      dev.logits = dLogits->get();
+      dev.rowParams = dParams->as<SampleRow>();
+      dev.historyTokens = dHist->as<int32_t>();
+      dev.historyCounts = dCounts->as<int32_t>();
+      dev.biasTokens = dBiasTok->as<int32_t>();
+      dev.biasValues = dBiasVal->as<float>();
+      dev.work = dWork.as<float>();
+      dev.probs = dProbs.as<double>();
+      dev.ids = dIds.as<int32_t>();
+      dev.logprobs = dLps.as<float>();
+      dev.topIds = dTopIds.as<int32_t>();
+      dev.topLogprobs = dTopLps.as<float>();
+      ASSERT_TRUE(invokeSample(dev, nullptr).ok());
+      std::vector<int32_t> gotIds(rows), gotTop(rows * kMaxTopN);
+      std::vector<float> gotLps(rows), gotTopLps(rows * kMaxTopN);
+      auto copyBack = [](void* dst, const DeviceBuffer& b, size_t bytes) {
+        const auto v = fromDevice(b, bytes);
+        std::memcpy(dst, v.data(), bytes);
+      };
+      copyBack(gotIds.data(), dIds, rows * 4);
+      copyBack(gotLps.data(), dLps, rows * 4);
+      copyBack(gotTop.data(), dTopIds, rows * kMaxTopN * 4);
+      copyBack(gotTopLps.data(), dTopLps, rows * kMaxTopN * 4);
+      for (int64_t r = 0; r < rows; ++r) {
+        SCOPED_TRACE("row " + std::to_string(r) + " kind " + std::to_string(r % kinds.size()));
+        EXPECT_EQ(gotIds[r], ids[r]);
+        EXPECT_NEAR(gotLps[r], lps[r], 1e-4 + 1e-5 * std::fabs(lps[r]));
+        for (int j = 0; j < params[r].topN; ++j) {
+          EXPECT_EQ(gotTop[r * kMaxTopN + j], topIds[r * kMaxTopN + j]) << "top " << j;
+          EXPECT_NEAR(gotTopLps[r * kMaxTopN + j], topLps[r * kMaxTopN + j], 1e-4) << "top " << j;
+        }
+      }
     }
   }
 }

@@ -106,6 +106,7 @@ class CpuBackend final : public Backend {
     return kernels::siluMulReference(p);
   }
   Status argmax(const kernels::ArgmaxParams& p) override { return kernels::argmaxReference(p); }
+  Status sample(const kernels::SampleParams& p) override { return kernels::sampleReference(p); }
 };
 
 }  // namespace

@@ -167,6 +167,9 @@ class CudaBackend final : public Backend {
   Status argmax(const kernels::ArgmaxParams& p) override {
     return kernels::invokeArgmax(p, stream_);
   }
+  Status sample(const kernels::SampleParams& p) override {
+    return kernels::invokeSample(p, stream_);
+  }
 
  private:
   int device_ = 0;

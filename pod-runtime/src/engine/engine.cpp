@@ -148,13 +148,48 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
   const bool greedy =
       std::all_of(batch->requests.begin(), batch->requests.end(),
                   [](const std::unique_ptr<Request>& r) { return r->plainGreedy(); });
+  // Otherwise, unless a request wants prefill log-probabilities (whole rows of logits), the model
+  // applies every request's processors and draws where the logits are; the draws come from each
+  // request's own generator here, so seeded requests give the same tokens either way.
+  const bool wholeRows = std::any_of(
+      batch->requests.begin(), batch->requests.end(),
+      [](const std::unique_ptr<Request>& r) { return r->prefilling() && r->spec.prefillLogprobs; });
+  const auto vocabU = static_cast<uint32_t>(model_.config().vocabSize);
   std::vector<float> logitsHost;
   std::vector<GreedyToken> picks;
+  std::vector<SampledToken> sampled;
   Status forwardStatus;
   if (greedy) {
     auto g = model_.forwardGreedy(fb, *cache_);
     forwardStatus = g.status();
     if (g.ok()) picks = std::move(*g);
+  } else if (!wholeRows) {
+    SampleBatch sb;
+    for (const auto& owner : batch->requests) {
+      Request& r = *owner;
+      kernels::SampleRow row;  // a prompt chunk with more to come: chooses nothing, draws nothing
+      const bool choosesNow = !r.prefilling() || r.computed + r.nextRows() >=
+                                                     static_cast<int64_t>(r.spec.inputIds.size());
+      if (choosesNow) {
+        Sampler::SampleInputs in = r.sampler.sampleInputs(r.tokens, vocabU);
+        row = r.sampler.sampleRow(in);
+        row.historyBegin = static_cast<int32_t>(sb.historyTokens.size());
+        row.historyEnd += row.historyBegin;
+        row.biasBegin = static_cast<int32_t>(sb.biasTokens.size());
+        row.biasEnd += row.biasBegin;
+        sb.historyTokens.insert(sb.historyTokens.end(), in.historyTokens.begin(),
+                                in.historyTokens.end());
+        sb.historyCounts.insert(sb.historyCounts.end(), in.historyCounts.begin(),
+                                in.historyCounts.end());
+        sb.biasTokens.insert(sb.biasTokens.end(), in.biasTokens.begin(), in.biasTokens.end());
+        sb.biasValues.insert(sb.biasValues.end(), in.biasValues.begin(), in.biasValues.end());
+        sb.maxTopN = std::max<int64_t>(sb.maxTopN, row.topN);
+      }
+      sb.rows.push_back(row);
+    }
+    auto s = model_.forwardSample(fb, *cache_, sb);
+    forwardStatus = s.status();
+    if (s.ok()) sampled = std::move(*s);
   } else {
     auto l = model_.forward(fb, *cache_);
     forwardStatus = l.status();
@@ -202,6 +237,10 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
     if (greedy) {
       choice.id = picks[lastRow].id;
       choice.logprob = picks[lastRow].logprob;
+    } else if (!wholeRows) {
+      choice.id = sampled[lastRow].id;
+      choice.logprob = sampled[lastRow].logprob;
+      choice.top = std::move(sampled[lastRow].top);
     } else {
       choice =
           r.sampler.choose(std::span<float>(logits->data() + lastRow * vocab, vocab), r.tokens);

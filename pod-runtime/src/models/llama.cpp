@@ -106,6 +106,74 @@ class LlamaModel final : public Model {
     return out;
   }
 
+  StatusOr<std::vector<SampledToken>> forwardSample(const ForwardBatch& b, KvCache& cache,
+                                                    const SampleBatch& sb) override {
+    const auto n = static_cast<int64_t>(b.logitRows.size());
+    if (static_cast<int64_t>(sb.rows.size()) != n)
+      return invalidArgumentError("one sampling row per logit row is required");
+    TG_RETURN_IF_ERROR(run(b, cache));
+    const int64_t vocab = config_.vocabSize, topN = sb.maxTopN;
+    // Inputs in one upload: [rows | history tokens | counts | bias tokens | bias values].
+    auto bytesOf = [](const auto& v) { return v.size() * sizeof(v[0]); };
+    const size_t oRows = 0, oHist = oRows + bytesOf(sb.rows),
+                 oCounts = oHist + bytesOf(sb.historyTokens),
+                 oBiasTok = oCounts + bytesOf(sb.historyCounts),
+                 oBiasVal = oBiasTok + bytesOf(sb.biasTokens),
+                 total = oBiasVal + bytesOf(sb.biasValues);
+    std::vector<unsigned char> host(std::max<size_t>(total, 16));
+    auto put = [&](size_t at, const auto& v) {
+      if (!v.empty()) std::memcpy(host.data() + at, v.data(), bytesOf(v));
+    };
+    put(oRows, sb.rows);
+    put(oHist, sb.historyTokens);
+    put(oCounts, sb.historyCounts);
+    put(oBiasTok, sb.biasTokens);
+    put(oBiasVal, sb.biasValues);
+    TG_RETURN_IF_ERROR(ensure(backend_, ws_.sampleIn, host.size()));
+    TG_RETURN_IF_ERROR(backend_.upload(*ws_.sampleIn, host.data(), host.size()));
+    TG_RETURN_IF_ERROR(ensure(backend_, ws_.sampleWork, static_cast<size_t>(n * vocab) * 4));
+    TG_RETURN_IF_ERROR(ensure(backend_, ws_.sampleProbs, static_cast<size_t>(n * vocab) * 8));
+    // Outputs in one download: [ids | logprobs | top ids | top logprobs].
+    const size_t outWords = static_cast<size_t>(2 * n + 2 * n * topN);
+    TG_RETURN_IF_ERROR(ensure(backend_, ws_.sampleOut, std::max<size_t>(outWords, 1) * 4));
+    auto* base = static_cast<unsigned char*>(ws_.sampleIn->data());
+    auto* out = ws_.sampleOut->as<int32_t>();
+    TG_RETURN_IF_ERROR(
+        backend_.sample({.logits = ws_.logits->data(),
+                         .rowParams = reinterpret_cast<const kernels::SampleRow*>(base + oRows),
+                         .historyTokens = reinterpret_cast<const int32_t*>(base + oHist),
+                         .historyCounts = reinterpret_cast<const int32_t*>(base + oCounts),
+                         .biasTokens = reinterpret_cast<const int32_t*>(base + oBiasTok),
+                         .biasValues = reinterpret_cast<const float*>(base + oBiasVal),
+                         .work = ws_.sampleWork->as<float>(),
+                         .probs = ws_.sampleProbs->as<double>(),
+                         .ids = out,
+                         .logprobs = reinterpret_cast<float*>(out + n),
+                         .topIds = out + 2 * n,
+                         .topLogprobs = reinterpret_cast<float*>(out + 2 * n + n * topN),
+                         .rows = n,
+                         .vocab = vocab,
+                         .maxTopN = topN,
+                         .dtype = dtype_}));
+    std::vector<int32_t> raw(outWords);
+    TG_RETURN_IF_ERROR(backend_.download(raw.data(), *ws_.sampleOut, outWords * 4));
+    std::vector<SampledToken> result(n);
+    auto asFloat = [](int32_t bits) {
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      result[i].id = static_cast<uint32_t>(raw[i]);
+      result[i].logprob = asFloat(raw[n + i]);
+      for (int32_t j = 0; j < sb.rows[i].topN; ++j) {
+        result[i].top.emplace_back(static_cast<uint32_t>(raw[2 * n + i * topN + j]),
+                                   asFloat(raw[2 * n + n * topN + i * topN + j]));
+      }
+    }
+    return result;
+  }
+
  private:
   // The shape of one forward's metadata: eager forwards use the batch's own; a decode graph
   // fixes it for its batch size (padded rows, block tables as wide as the longest context).
@@ -326,6 +394,8 @@ class LlamaModel final : public Model {
     std::unique_ptr<Buffer> residual, hidden, qkv, attn, gateUp, act;
     std::unique_ptr<Buffer> pickedHidden, pickedResidual, logits;
     std::unique_ptr<Buffer> meta, invFreq, greedy;
+    // kernels::sample: inputs, float32/float64 scratch, outputs.
+    std::unique_ptr<Buffer> sampleIn, sampleWork, sampleProbs, sampleOut;
   };
 
   struct Part {

@@ -276,8 +276,10 @@ TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {
   std::vector<std::shared_ptr<Collector>> running;
   std::shared_ptr<Collector> late = std::make_shared<Collector>();
   for (uint64_t id = 1; id <= 4; ++id) running.push_back(std::make_shared<Collector>());
-  // Installed before any submit: the batcher thread reads it. Request 10 arrives after 2 tokens.
-  running[0]->onToken = [&](size_t n) {
+  // Installed before any submit: the batcher thread reads it. Request 10 arrives once the last of
+  // the four has 2 tokens: all four are running then (FIFO), however they were batched, so 1
+  // waiting request is below the ratio and only the wait limit lets it in.
+  running[3]->onToken = [&](size_t n) {
     if (n == 2) b.submit(10, request(4, 3), std::make_shared<RequestControl>(), late);
   };
   for (uint64_t id = 1; id <= 4; ++id)

@@ -100,5 +100,45 @@ TEST_F(CudaEngineTest, AnImpossibleAllocationIsResourceExhaustedAndTheDeviceStay
   ASSERT_TRUE(ok.warmup(0, warmupBatch(32), std::nullopt, 32, std::nullopt).ok());
 }
 
+// Sampling with every processor on the device gives the tokens the CPU backend gives for the same
+// seed (float32 on both: the draws are the request's own, the logits equal to a few ulps).
+TEST_F(CudaEngineTest, SeededSamplingOnTheDeviceEqualsTheCpu) {
+  auto run = [&](Backend& backend) -> std::vector<uint32_t> {
+    auto m = loadModel(fixture(), backend, {.dtype = kernels::DType::kF32, .graphBatchSizes = {1}});
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return {};
+    Engine engine(**m, *tok_, backend, {.blockSize = 16, .kvCacheBytes = 64 << 20});
+    EXPECT_TRUE(engine.warmup(0, {}, std::nullopt, 64, std::nullopt).ok());
+    std::vector<uint32_t> out;
+    for (uint64_t id = 1; id <= 3; ++id) {
+      RequestSpec r = warmupBatch(6)[0];
+      r.id = id;
+      r.stopping.maxNewTokens = 24;
+      r.stopping.ignoreEosToken = true;
+      r.sampling.doSample = true;
+      r.sampling.seed = 1000 + id;
+      r.sampling.temperature = 0.9f;
+      r.sampling.topK = id == 1 ? 0 : 40;
+      r.sampling.topP = id == 2 ? 0.9f : 1.0f;
+      r.sampling.typicalP = id == 3 ? 0.95f : 1.0f;
+      r.sampling.repetitionPenalty = 1.1f;
+      r.sampling.frequencyPenalty = 0.2f;
+      r.sampling.topNTokens = 2;
+      auto s = engine.prefill(id, {r}, std::nullopt);
+      while (s.ok()) {
+        for (const auto& g : s->generations) out.push_back(g.tokens.ids[0]);
+        if (!s->batch) break;
+        s = engine.decode({id});
+      }
+      EXPECT_TRUE(s.ok()) << s.status();
+    }
+    return out;
+  };
+  auto cpu = makeCpuBackend(1);
+  const std::vector<uint32_t> onCpu = run(*cpu), onGpu = run(*backend_);
+  ASSERT_EQ(onCpu.size(), 72u);
+  EXPECT_EQ(onGpu, onCpu);
+}
+
 }  // namespace
 }  // namespace textgen::runtime

@@ -82,8 +82,9 @@ TEST_F(EngineTest, DecodesSeveralCachedBatchesAsOne) {
 }
 
 TEST_F(EngineTest, GreedyOnTheModelEqualsTheHostSampler) {
-  // A plain greedy request takes the model's arg-max path (no logits to the host); asking for top-n
-  // tokens sends the same request through the host sampler. Tokens and log-probabilities agree.
+  // A plain greedy request takes the model's arg-max path; asking for top-n tokens sends the same
+  // request through the model's sampling path (kernels::sample, the host sampler's code on the
+  // CPU). Tokens and log-probabilities agree.
   auto run = [&](uint64_t id, uint32_t topN) {
     RequestSpec r = spec(id, 3, 10, static_cast<uint32_t>(id) * 20);
     r.sampling.topNTokens = topN;

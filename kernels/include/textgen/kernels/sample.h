@@ -43,6 +43,7 @@ struct SampleParams {
   const int32_t* biasTokens = nullptr;
   const float* biasValues = nullptr;
   float* work = nullptr;         // [rows, vocab] float32 scratch; may equal logits for float32
+  double* probs = nullptr;       // [rows, vocab] float64 scratch (device top-p/typical-p searches)
   int32_t* ids = nullptr;        // [rows]
   float* logprobs = nullptr;     // [rows]: of the chosen token, after processing
   int32_t* topIds = nullptr;     // [rows, maxTopN], best first

@@ -22,6 +22,7 @@
 #include "textgen/kernels/rms_norm.h"
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
+#include "textgen/kernels/sample.h"
 #include "textgen/kernels/silu_mul.h"
 
 namespace textgen::runtime {
@@ -96,6 +97,7 @@ class Backend {
   virtual Status attention(kernels::PagedAttentionParams p) = 0;
   virtual Status siluMul(const kernels::SiluMulParams& p) = 0;
   virtual Status argmax(const kernels::ArgmaxParams& p) = 0;
+  virtual Status sample(const kernels::SampleParams& p) = 0;
 };
 
 // Threads: 0 uses every core.

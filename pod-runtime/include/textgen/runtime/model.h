@@ -51,6 +51,21 @@ struct GreedyToken {
   float logprob = 0.0f;
 };
 
+// Per logit row, what kernels::sample needs (row ranges index the shared arrays).
+struct SampleBatch {
+  std::vector<kernels::SampleRow> rows;
+  std::vector<int32_t> historyTokens, historyCounts, biasTokens;
+  std::vector<float> biasValues;
+  int64_t maxTopN = 0;
+};
+
+// A token chosen where the logits are, with its top-n alternatives (best first).
+struct SampledToken {
+  uint32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<uint32_t, float>> top;
+};
+
 struct ModelOptions {
   int rank = 0;                                 // tensor-parallel rank of this process
   int worldSize = 1;                            // tensor-parallel degree
@@ -71,6 +86,10 @@ class Model {
   // The same forward, returning only each logit row's greedy token (no logits cross to the host).
   virtual StatusOr<std::vector<GreedyToken>> forwardGreedy(const ForwardBatch& batch,
                                                            KvCache& cache) = 0;
+  // The same forward, then each logit row's token chosen by kernels::sample where the logits are.
+  virtual StatusOr<std::vector<SampledToken>> forwardSample(const ForwardBatch& batch,
+                                                            KvCache& cache,
+                                                            const SampleBatch& sampling) = 0;
 };
 
 // Loads a Hugging Face model directory (config.json, generation_config.json, safetensors).
