@@ -115,6 +115,7 @@ TEST_F(CudaEngineTest, SeededSamplingOnTheDeviceEqualsTheCpu) {
       r.id = id;
       r.stopping.maxNewTokens = 24;
       r.stopping.ignoreEosToken = true;
+      r.blocks = {static_cast<uint32_t>(2 * id), static_cast<uint32_t>(2 * id + 1)};  // 32 slots
       r.sampling.doSample = true;
       r.sampling.seed = 1000 + id;
       r.sampling.temperature = 0.9f;
