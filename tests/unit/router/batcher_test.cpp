@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <mutex>
 
@@ -17,6 +18,9 @@ class FakeShards final : public ShardGroup {
  public:
   std::atomic<int> failDecodes{0};
   std::atomic<int> filters{0}, prefills{0}, decodes{0};
+  // When set, prefills wait for it: a test fills the queue before the first step runs (these
+  // shards answer instantly, so one request could otherwise finish before the next is submitted).
+  std::shared_future<void> gate;
 
   StatusOr<ShardInfo> info() override { return ShardInfo{}; }
   Status health() override { return okStatus(); }
@@ -35,6 +39,7 @@ class FakeShards final : public ShardGroup {
   }
   StatusOr<StepOutput> prefill(uint64_t id, const std::vector<BatchEntry>& batch,
                                const std::optional<CachedBatch>& cached) override {
+    if (gate.valid()) gate.wait();
     ++prefills;
     std::lock_guard lock(mu_);
     std::vector<Req> reqs;
@@ -216,11 +221,14 @@ TEST(BatcherTest, RequestsJoinTheRunningBatchWithChunking) {
   MetricsRegistry metrics;
   Batcher b(shards, options(256, true, 8), &metrics);
   std::vector<std::shared_ptr<Collector>> sinks;
+  std::promise<void> open;  // all six queued before the first step, so later ones must join
+  shards.gate = open.get_future().share();
   for (uint64_t id = 1; id <= 6; ++id) {
     sinks.push_back(std::make_shared<Collector>());
     b.submit(id, request(static_cast<uint32_t>(3 + 2 * id), static_cast<uint32_t>(4 + id)),
              std::make_shared<RequestControl>(), sinks.back());
   }
+  open.set_value();
   for (uint64_t id = 1; id <= 6; ++id) {
     ASSERT_TRUE(sinks[id - 1]->wait()) << id;
     EXPECT_EQ(sinks[id - 1]->tokens, expected(id, static_cast<uint32_t>(4 + id))) << id;
@@ -239,8 +247,11 @@ TEST(BatcherTest, DisconnectIsDroppedWithinAStepAndFreesItsBlocks) {
   leaving->onToken = [&](size_t n) {
     if (n == 3) control->cancelled = true;
   };
+  std::promise<void> open;  // both in the first batch, so dropping request 1 is a filter
+  shards.gate = open.get_future().share();
   b.submit(1, request(4, 50), control, leaving);
   b.submit(2, request(4, 20), std::make_shared<RequestControl>(), staying);
+  open.set_value();
   ASSERT_TRUE(staying->wait());
   EXPECT_EQ(staying->tokens, expected(2, 20));
   EXPECT_EQ(leaving->tokens, expected(1, 3));  // nothing after the disconnect
@@ -282,8 +293,11 @@ TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {
   running[3]->onToken = [&](size_t n) {
     if (n == 2) b.submit(10, request(4, 3), std::make_shared<RequestControl>(), late);
   };
+  std::promise<void> open;
+  shards.gate = open.get_future().share();
   for (uint64_t id = 1; id <= 4; ++id)
     b.submit(id, request(4, 30), std::make_shared<RequestControl>(), running[id - 1]);
+  open.set_value();
   ASSERT_TRUE(late->wait());
   for (auto& r : running) ASSERT_TRUE(r->wait());
   EXPECT_EQ(late->tokens, expected(10, 3));
