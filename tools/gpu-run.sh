@@ -70,6 +70,14 @@ if [ $bench -eq 1 ]; then
       python3 tools/bench/make_random_model.py "$model" --shape llama-2-7b --dtype bfloat16
     echo "== bench_cuda_model (Llama-2-7B shape, bfloat16)"
     "$here/bin/bench_cuda_model" --model "$model" 2>&1 | tee "$out/bench_cuda_model.log" || true
+    # The same without programmatic dependent launch, and kernel timelines of one decode step (CUPTI;
+    # without it, since kernels launched early count their wait as running time).
+    echo "== bench_cuda_model --no-pdl"
+    "$here/bin/bench_cuda_model" --model "$model" --no-pdl 2>&1 | tee "$out/bench_cuda_model.no-pdl.log" || true
+    for args in "--profile 1 --no-pdl" "--profile 64 --no-pdl"; do
+      echo "== bench_cuda_model $args"
+      "$here/bin/bench_cuda_model" --model "$model" $args 2>&1 | tee -a "$out/bench_cuda_profile.log" || true
+    done
   fi
   # Tokenizer encode throughput beside Hugging Face tokenizers on the same documents and machine.
   if [ -x "$here/bin/bench_tokenizer" ] && python3 -c "import tokenizers" 2>/dev/null &&

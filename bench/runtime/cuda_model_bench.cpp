@@ -8,6 +8,7 @@
 // logit row instead, the path of requests that sample on the host).
 // Prints a table and one JSON line. Usage:
 //   bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt 128] [--steps 32]
+//   bench_cuda_model --model DIR --profile B   (the kernels of one decode step of B sequences)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "kernel_trace.h"
 #include "textgen/kernels/gemm_runner.h"
+#include "textgen/kernels/launch.h"
 #include "textgen/runtime/model.h"
 
 namespace {
@@ -197,7 +200,7 @@ int main(int argc, char** argv) {
   std::string modelDir, dtypeName = "bfloat16";
   int64_t prompt = 128, steps = 32;
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
-  int64_t profileBatch = 0;  // > 0: one short prefill and two decode steps, for a profiler
+  int64_t profileBatch = 0;  // > 0: a short prefill and a traced decode step of this batch
   bool gemv = true, hostLogits = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -215,6 +218,8 @@ int main(int argc, char** argv) {
       hostLogits = true;
     } else if (a == "--no-gemv") {
       gemv = false;
+    } else if (a == "--no-pdl") {
+      kernels::setProgrammaticLaunch(false);
     } else if (a == "--cuda-graphs" && i + 1 < argc) {
       graphs.clear();
       for (const char* p = argv[++i]; *p;) {
@@ -225,10 +230,10 @@ int main(int argc, char** argv) {
         if (end == p && *p) break;
       }
     } else {
-      std::fprintf(
-          stderr,
-          "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
-          "[--steps N] [--cuda-graphs 1,2,4,...|0] [--host-logits] [--no-gemv] [--profile B]\n");
+      std::fprintf(stderr,
+                   "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
+                   "[--steps N] [--cuda-graphs 1,2,4,...|0] [--host-logits] [--no-gemv] [--no-pdl] "
+                   "[--profile B]\n");
       return 2;
     }
   }
@@ -244,6 +249,7 @@ int main(int argc, char** argv) {
   const double peak = profileBatch > 0 ? 1.0 : gemmPeakTflops(dtype);
   std::printf("device %s: copy bandwidth %.0f GB/s, %s GEMM (8192^3, cuBLASLt) %.0f TFLOP/s\n",
               prop.name, copyGBs, dtypeName.c_str(), peak);
+  std::printf("programmatic dependent launch: %s\n", kernels::programmaticLaunch() ? "on" : "off");
 
   auto backend = makeCudaBackend(0, gemv);
   if (!backend.ok()) {
@@ -284,14 +290,24 @@ int main(int argc, char** argv) {
               static_cast<long>(bs), static_cast<double>(numBlocks * perBlock) / 1e9);
   Driver d(**model, **cache, hostLogits);
   if (profileBatch > 0) {
+    // A short prefill, warm decode steps, then one traced decode step: the kernel table, and the
+    // step's wall time against its span on the device (the rest is host work).
     for (int64_t i = 0; i < profileBatch; ++i) d.add(256);
     d.step(0, profileBatch, 16);
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 3; ++i)
       std::printf("decode step: %.3f ms\n", d.step(0, profileBatch, 1) * 1e3);
+    bench::KernelTrace trace;
+    if (!trace.start()) return 1;
+    const double wall = d.step(0, profileBatch, 1);
+    const std::vector<bench::KernelSpan> spans = trace.stop();
+    std::printf("traced decode step of %ld sequences: %.1f us wall\n",
+                static_cast<long>(profileBatch), wall * 1e6);
+    bench::printKernelTable(spans, 1);
     return 0;
   }
   json results = json::object();
   results["device"] = prop.name;
+  results["programmatic_launch"] = kernels::programmaticLaunch();
   results["copy_GBps"] = copyGBs;
   results["gemm_peak_TFLOPs"] = peak;
   results["weight_GB"] = weightBytes / 1e9;

@@ -10,20 +10,46 @@ namespace {
 
 constexpr int kThreads = 512;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) argmaxKernel(ArgmaxParams p) {
+// Calls f(index, value) for the row's elements this thread owns, in increasing index order:
+// 16-byte vectors (kVec elements) when the row allows, single elements otherwise.
+template <typename T, int kVec, typename F>
+__device__ __forceinline__ void forEachOwned(const T* row, int64_t vocab, F&& f) {
   using C = cuda::Convert<T>;
+  using V = cuda::Vec<T, kVec>;
+  const int64_t vecs = vocab / kVec;
+  const V* rowV = reinterpret_cast<const V*>(row);
+  constexpr int kLoads = 4;  // vectors in flight per thread
+  for (int64_t v0 = threadIdx.x; v0 < vecs; v0 += kLoads * kThreads) {
+    V buf[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t v = v0 + u * kThreads;
+      if (v < vecs) buf[u] = rowV[v];
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t v = v0 + u * kThreads;
+      if (v >= vecs) break;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) f(v * kVec + e, C::toFloat(buf[u].v[e]));
+    }
+  }
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) argmaxKernel(ArgmaxParams p) {
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t r = blockIdx.x;
   const T* row = static_cast<const T*>(p.logits) + r * p.vocab;
   float best = -INFINITY;
   int64_t bestId = p.vocab;
-  for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) {
-    const float v = C::toFloat(row[i]);
-    if (v > best) {  // strided: the first hit per thread is its lowest index
+  forEachOwned<T, kVec>(row, p.vocab, [&](int64_t i, float v) {
+    if (v > best) {  // increasing order: the first hit per thread is its lowest index
       best = v;
       bestId = i;
     }
-  }
+  });
   __shared__ float sBest[kThreads / 32];
   __shared__ int64_t sId[kThreads / 32];
   __shared__ float sSum[kThreads / 32];
@@ -50,8 +76,7 @@ __global__ void __launch_bounds__(kThreads) argmaxKernel(ArgmaxParams p) {
     }
   }
   float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x)
-    sum += __expf(C::toFloat(row[i]) - best);
+  forEachOwned<T, kVec>(row, p.vocab, [&](int64_t, float v) { sum += __expf(v - best); });
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (lane == 0) sSum[warp] = sum;
   __syncthreads();
@@ -65,8 +90,10 @@ __global__ void __launch_bounds__(kThreads) argmaxKernel(ArgmaxParams p) {
 
 template <typename T>
 Status launch(const ArgmaxParams& p, cudaStream_t stream) {
-  argmaxKernel<T><<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  return cuda::launchStatus("argmax");
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = p.vocab % kVec == 0 && cuda::aligned16(p.logits);
+  return cuda::launch("argmax", vec ? argmaxKernel<T, kVec> : argmaxKernel<T, 1>,
+                      static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
 }
 
 }  // namespace

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "textgen/base/status.h"
 #include "textgen/kernels/dtype.h"
+#include "textgen/kernels/launch.h"
 
 namespace textgen::kernels::cuda {
 
@@ -49,11 +51,47 @@ inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
-// OK, or INTERNAL naming the kernel when its launch failed.
-inline Status launchStatus(const char* kernel) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return okStatus();
-  return internalError(std::string(kernel) + ": kernel launch failed: " + cudaGetErrorString(err));
+// Programmatic dependent launch (Hopper; no-ops before sm_90). Kernels are launched so that they
+// may start while the kernel before them in the stream is still running: every kernel calls
+// waitForPrimary() in every block before it reads anything an earlier kernel wrote or writes
+// anything an earlier kernel reads (it returns once those kernels have completed and their writes
+// are visible), and before it exits, so that its completion implies theirs. Only reads of memory
+// no kernel writes (weights) may come before it. allowDependents() lets the next kernel's blocks be
+// scheduled (they then wait in their own waitForPrimary) once every block of this one has called
+// it.
+__device__ __forceinline__ void waitForPrimary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allowDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` on `stream`, with programmatic dependent launch when it is on (launch.h), and
+// reports a failed launch naming `what`.
+template <typename... Params, typename... Args>
+Status launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+              cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = programmaticLaunch() ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it
+    return internalError(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
+  }
+  return okStatus();
 }
 
 }  // namespace textgen::kernels::cuda

@@ -19,6 +19,8 @@ using cuda::roundTo;
 template <typename U>
 __global__ void gatherRowsKernel(const U* table, const int32_t* ids, U* out, int64_t units,
                                  int64_t tableRows) {
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t r = blockIdx.x;
   const int32_t id = ids[r];
   U* dst = out + r * units;
@@ -37,6 +39,8 @@ int threadsFor(int64_t units) {
 template <typename T>
 __global__ void ropeKernel(RopeParams p) {
   using C = Convert<T>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t r = blockIdx.x;
   const int half = static_cast<int>(p.rotaryDim / 2);
   const auto pos = static_cast<float>(p.positions[r]);
@@ -55,26 +59,31 @@ __global__ void ropeKernel(RopeParams p) {
   }
 }
 
-// One block per row: rotates q in place and k in place, writing the rotated k (and the
-// non-rotary part of k, and v) to the cache at the row's slot.
+// Block (row, group of heads): rotates the group's q and k heads in place, one thread per rotary
+// pair, writing rotated keys to the cache at the row's slot straight from registers; the value
+// rows and the non-rotary part of the keys of the group go to the cache as they are. Decode steps
+// are one row: spreading its heads over blocks keeps each thread to a single round trip.
 template <typename T>
-__global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv) {
+__global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv, int headsPerBlock) {
   using C = Convert<T>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t r = blockIdx.x;
   const int half = static_cast<int>(p.rotaryDim / 2);
-  const int hd = static_cast<int>(p.headDim);
+  const int hd = static_cast<int>(p.headDim), nh = static_cast<int>(p.numHeads);
+  const int h0 = static_cast<int>(blockIdx.y) * headsPerBlock;
+  const int hEnd = min(static_cast<int>(p.numHeads + p.numKvHeads), h0 + headsPerBlock);
   const auto pos = static_cast<float>(p.positions[r]);
-  const int heads = static_cast<int>(p.numHeads + p.numKvHeads);
   const int32_t slot = kv.slots[r];
   const bool write = slot >= 0 && slot < kv.numSlots;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   T* q = static_cast<T*>(p.q) + r * p.qRowStride;
   T* k = static_cast<T*>(p.k) + r * p.kRowStride;
   T* kc = static_cast<T*>(kv.kCache) + static_cast<int64_t>(slot) * kvWidth;
-  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
-    const int h = idx / half, i = idx % half;
-    const bool isKey = h >= p.numHeads;
-    T* head = isKey ? k + (h - p.numHeads) * hd : q + h * hd;
+  for (int idx = threadIdx.x; idx < (hEnd - h0) * half; idx += blockDim.x) {
+    const int h = h0 + idx / half, i = idx % half;
+    const bool isKey = h >= nh;
+    T* head = isKey ? k + (h - nh) * hd : q + h * hd;
     const float angle = pos * p.invFreq[r * half + i];
     const float c = roundTo<T>(cosf(angle) * p.attentionScaling);
     const float s = roundTo<T>(sinf(angle) * p.attentionScaling);
@@ -84,23 +93,31 @@ __global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv) {
     head[i] = o1;
     head[i + half] = o2;
     if (isKey && write) {
-      T* dst = kc + (h - p.numHeads) * hd;
+      T* dst = kc + (h - nh) * hd;
       dst[i] = o1;
       dst[i + half] = o2;
     }
   }
   if (!write) return;
-  const T* v = static_cast<const T*>(kv.v) + r * kv.kvRowStride;
-  T* vc = static_cast<T*>(kv.vCache) + static_cast<int64_t>(slot) * kvWidth;
-  for (int64_t idx = threadIdx.x; idx < kvWidth; idx += blockDim.x) {
+  // The group's key heads: values, and keys past rotaryDim (partial rotary), which the rotation
+  // above does not touch.
+  const int kFirst = max(h0, nh);
+  if (kFirst >= hEnd) return;
+  const T* v = static_cast<const T*>(kv.v) + r * kv.kvRowStride + (kFirst - nh) * hd;
+  T* vc = static_cast<T*>(kv.vCache) + static_cast<int64_t>(slot) * kvWidth + (kFirst - nh) * hd;
+  const T* kRest = k + (kFirst - nh) * hd;
+  T* kcRest = kc + (kFirst - nh) * hd;
+  for (int idx = threadIdx.x; idx < (hEnd - kFirst) * hd; idx += blockDim.x) {
     vc[idx] = v[idx];
-    if (idx % hd >= p.rotaryDim) kc[idx] = k[idx];  // partial rotary: the part left as it is
+    if (idx % hd >= p.rotaryDim) kcRest[idx] = kRest[idx];
   }
 }
 
 template <typename U>
 __global__ void kvWriteKernel(const U* k, const U* v, int64_t rowStride, U* kCache, U* vCache,
                               const int32_t* slots, int64_t units, int64_t numSlots) {
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t r = blockIdx.x;
   const int32_t slot = slots[r];
   if (slot < 0 || slot >= numSlots) return;
@@ -114,6 +131,8 @@ template <typename T, int kVec>
 __global__ void siluMulKernel(const T* gateUp, T* out, int64_t rows, int64_t n) {
   using C = Convert<T>;
   using V = cuda::Vec<T, kVec>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t vecsPerRow = n / kVec;
   const int64_t total = rows * vecsPerRow;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -139,28 +158,26 @@ Status launchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   const bool vec = p.n % kVec == 0 && cuda::aligned16(g) && cuda::aligned16(o);
   const int64_t units = p.rows * (vec ? p.n / kVec : p.n);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65536));
-  if (vec) {
-    siluMulKernel<T, kVec><<<blocks, 256, 0, stream>>>(g, o, p.rows, p.n);
-  } else {
-    siluMulKernel<T, 1><<<blocks, 256, 0, stream>>>(g, o, p.rows, p.n);
-  }
-  return cuda::launchStatus("silu_mul");
+  return cuda::launch("silu_mul", vec ? siluMulKernel<T, kVec> : siluMulKernel<T, 1>, blocks, 256,
+                      0, stream, g, o, p.rows, p.n);
 }
 
 template <typename T>
 Status launchRopeKvWrite(const RopeKvWriteParams& p, cudaStream_t stream) {
-  const int64_t pairs = (p.rope.numHeads + p.rope.numKvHeads) * (p.rope.rotaryDim / 2);
-  const int64_t work = std::max(pairs, p.kv.numKvHeads * p.kv.headDim);
-  ropeKvWriteKernel<T>
-      <<<static_cast<unsigned>(p.rope.rows), threadsFor(work), 0, stream>>>(p.rope, p.kv);
-  return cuda::launchStatus("rope_kv_write");
+  // Heads per block: about 256 rotary pairs.
+  const int64_t half = p.rope.rotaryDim / 2, heads = p.rope.numHeads + p.rope.numKvHeads;
+  const int64_t perBlock = std::clamp<int64_t>(256 / half, 1, heads);
+  const dim3 grid(static_cast<unsigned>(p.rope.rows),
+                  static_cast<unsigned>((heads + perBlock - 1) / perBlock));
+  return cuda::launch("rope_kv_write", ropeKvWriteKernel<T>, grid, threadsFor(perBlock * half), 0,
+                      stream, p.rope, p.kv, static_cast<int>(perBlock));
 }
 
 template <typename T>
 Status launchRope(const RopeParams& p, cudaStream_t stream) {
   const int64_t pairs = (p.numHeads + p.numKvHeads) * (p.rotaryDim / 2);
-  ropeKernel<T><<<static_cast<unsigned>(p.rows), threadsFor(pairs), 0, stream>>>(p);
-  return cuda::launchStatus("rope");
+  return cuda::launch("rope", ropeKernel<T>, static_cast<unsigned>(p.rows), threadsFor(pairs), 0,
+                      stream, p);
 }
 
 }  // namespace
@@ -172,15 +189,14 @@ Status invokeGatherRows(const GatherRowsParams& p, Stream stream) {
   const auto grid = static_cast<unsigned>(p.rows);
   if (rowBytes % 16 == 0 && cuda::aligned16(p.table) && cuda::aligned16(p.out)) {
     const int64_t units = rowBytes / 16;
-    gatherRowsKernel<uint4><<<grid, threadsFor(units), 0, stream>>>(
-        static_cast<const uint4*>(p.table), p.ids, static_cast<uint4*>(p.out), units, p.tableRows);
-  } else {
-    const int64_t units = rowBytes / 2;  // every dtype is a whole number of 2-byte units
-    gatherRowsKernel<uint16_t>
-        <<<grid, threadsFor(units), 0, stream>>>(static_cast<const uint16_t*>(p.table), p.ids,
-                                                 static_cast<uint16_t*>(p.out), units, p.tableRows);
+    return cuda::launch("gather_rows", gatherRowsKernel<uint4>, grid, threadsFor(units), 0, stream,
+                        static_cast<const uint4*>(p.table), p.ids, static_cast<uint4*>(p.out),
+                        units, p.tableRows);
   }
-  return cuda::launchStatus("gather_rows");
+  const int64_t units = rowBytes / 2;  // every dtype is a whole number of 2-byte units
+  return cuda::launch("gather_rows", gatherRowsKernel<uint16_t>, grid, threadsFor(units), 0, stream,
+                      static_cast<const uint16_t*>(p.table), p.ids, static_cast<uint16_t*>(p.out),
+                      units, p.tableRows);
 }
 
 Status invokeRope(const RopeParams& p, Stream stream) {
@@ -204,17 +220,16 @@ Status invokeKvWrite(const KvWriteParams& p, Stream stream) {
   if (rowBytes % 16 == 0 && strideBytes % 16 == 0 && cuda::aligned16(p.k) && cuda::aligned16(p.v) &&
       cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache)) {
     const int64_t units = rowBytes / 16;
-    kvWriteKernel<uint4><<<grid, threadsFor(units), 0, stream>>>(
-        static_cast<const uint4*>(p.k), static_cast<const uint4*>(p.v), strideBytes / 16,
-        static_cast<uint4*>(p.kCache), static_cast<uint4*>(p.vCache), p.slots, units, p.numSlots);
-  } else {
-    const int64_t units = rowBytes / 2;
-    kvWriteKernel<uint16_t><<<grid, threadsFor(units), 0, stream>>>(
-        static_cast<const uint16_t*>(p.k), static_cast<const uint16_t*>(p.v), strideBytes / 2,
-        static_cast<uint16_t*>(p.kCache), static_cast<uint16_t*>(p.vCache), p.slots, units,
-        p.numSlots);
+    return cuda::launch("kv_write", kvWriteKernel<uint4>, grid, threadsFor(units), 0, stream,
+                        static_cast<const uint4*>(p.k), static_cast<const uint4*>(p.v),
+                        strideBytes / 16, static_cast<uint4*>(p.kCache),
+                        static_cast<uint4*>(p.vCache), p.slots, units, p.numSlots);
   }
-  return cuda::launchStatus("kv_write");
+  const int64_t units = rowBytes / 2;
+  return cuda::launch("kv_write", kvWriteKernel<uint16_t>, grid, threadsFor(units), 0, stream,
+                      static_cast<const uint16_t*>(p.k), static_cast<const uint16_t*>(p.v),
+                      strideBytes / 2, static_cast<uint16_t*>(p.kCache),
+                      static_cast<uint16_t*>(p.vCache), p.slots, units, p.numSlots);
 }
 
 Status invokeSiluMul(const SiluMulParams& p, Stream stream) {

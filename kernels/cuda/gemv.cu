@@ -10,7 +10,7 @@ namespace textgen::kernels {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane (8 measured no better)
+constexpr int kUnroll = 4;  // 16-byte weight loads per lane and step (8 measured no better)
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
@@ -34,38 +34,55 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
 }
 
 template <typename T, int kRows>
+__device__ __forceinline__ void accumulate(const uint4& wv, const T* __restrict__ x, int in, int v,
+                                           int rows, float (&acc)[kRows]) {
+  float wf[8];
+  unpack8<T>(wv, wf);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= rows) break;
+    const uint4 xv = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(r) * in)[v];
+    float xf[8];
+    unpack8<T>(xv, xf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r] += wf[e] * xf[e];
+  }
+}
+
+// kUnroll 16-byte weight loads of one lane starting at vector v0 (zeros past the row's end).
+__device__ __forceinline__ void loadWeights(const uint4* __restrict__ wRow, int v0, int vecs,
+                                            uint4 (&wv)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int v = v0 + 32 * u;
+    wv[u] = v < vecs ? __ldcs(wRow + v) : make_uint4(0, 0, 0, 0);  // streamed once: evict first
+  }
+}
+
+template <typename T, int kRows>
 __global__ void __launch_bounds__(kWarps * 32)
     gemvKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int rows,
                int in, int out) {
+  constexpr int kStep = 32 * kUnroll;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int o = blockIdx.x * kWarps + warp;
-  if (o >= out) return;
+  const int vecs = o < out ? in / 8 : 0;
   const uint4* wRow = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(o) * in);
-  const int vecs = in / 8;
+  // The first weights are requested before waiting for the kernel that writes x: weights are
+  // written by no kernel, and their latency then overlaps that kernel's end (launch.h).
+  uint4 cur[kUnroll];
+  loadWeights(wRow, lane, vecs, cur);
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  if (o >= out) return;
   float acc[kRows] = {};
-  for (int v0 = lane; v0 < vecs; v0 += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+  for (int v0 = lane; v0 < vecs; v0 += kStep) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int v = v0 + 32 * u;
-      wv[u] = v < vecs ? __ldcs(wRow + v) : make_uint4(0, 0, 0, 0);  // streamed once: evict first
+      if (v0 + 32 * u >= vecs) break;
+      accumulate<T, kRows>(cur[u], x, in, v0 + 32 * u, rows, acc);
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = v0 + 32 * u;
-      if (v >= vecs) break;
-      float wf[8];
-      unpack8<T>(wv[u], wf);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= rows) break;
-        const uint4 xv = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(r) * in)[v];
-        float xf[8];
-        unpack8<T>(xv, xf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r] += wf[e] * xf[e];
-      }
-    }
+    if (v0 + kStep < vecs) loadWeights(wRow, v0 + kStep, vecs, cur);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -86,8 +103,8 @@ Status launch(const GemmParams& p, cudaStream_t stream) {
   const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
             out = static_cast<int>(p.out);
   static_assert(kMaxGemvRows == 1);
-  gemvKernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(x, w, y, rows, in, out);
-  return cuda::launchStatus("gemv");
+  return cuda::launch("gemv", gemvKernel<T, 1>, grid, kWarps * 32, 0, stream, x, w, y, rows, in,
+                      out);
 }
 
 }  // namespace

@@ -48,6 +48,8 @@ template <typename T, int kEpl>
 __global__ void __launch_bounds__(kWarps * 32)
     splitKernel(PagedAttentionParams p, int partition, int numSplits) {
   using C = Convert<T>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hd = static_cast<int>(p.headDim);
@@ -130,7 +132,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const int64_t rowHead = static_cast<int64_t>(row) * p.numHeads + head;
   T* out = static_cast<T*>(p.out) + rowHead * hd;
-  if (numSplits == 1) {
+  // Splits holding this row's keys (the others returned above). A lone one writes the output
+  // itself: merging one partial would give the same bits after two more round trips.
+  const int first = lo / partition, last = min(pos / partition, numSplits - 1);
+  if (first == last) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
       float o = 0.0f;
       for (int w = 0; w < kWarps; ++w) o += sAcc[w][d] * scaleOf[w];
@@ -155,7 +160,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   __threadfence();
   __shared__ bool isLast;
   unsigned int* counter = static_cast<unsigned int*>(p.workspace) + rowHead;
-  const int first = lo / partition, last = min(pos / partition, numSplits - 1);
   if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(last - first);
   __syncthreads();
   if (!isLast) return;
@@ -208,16 +212,11 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads),
                   static_cast<unsigned>(splits));
   const int s = static_cast<int>(splits), part = static_cast<int>(partition);
-  if (p.headDim <= 32) {
-    splitKernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
-  } else if (p.headDim <= 64) {
-    splitKernel<T, 2><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
-  } else if (p.headDim <= 128) {
-    splitKernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
-  } else {
-    splitKernel<T, 8><<<grid, kWarps * 32, 0, stream>>>(p, part, s);
-  }
-  return cuda::launchStatus("paged_attention (split)");
+  auto* kernel = p.headDim <= 32    ? splitKernel<T, 1>
+                 : p.headDim <= 64  ? splitKernel<T, 2>
+                 : p.headDim <= 128 ? splitKernel<T, 4>
+                                    : splitKernel<T, 8>;
+  return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, part, s);
 }
 
 // ---- Tensor-core prefill ----
@@ -259,6 +258,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   float* sL = sM + kTileRows;
   float* sAlpha = sL + kTileRows;
   int64_t* sSlot = reinterpret_cast<int64_t*>(smem + L::kSlots);
+  cuda::waitForPrimary();
+  cuda::allowDependents();
 
   const int s = blockIdx.x / tilesPerSeq, tile = blockIdx.x % tilesPerSeq, head = blockIdx.y;
   const int seqRows = p.seqStarts[s + 1] - p.seqStarts[s];
@@ -425,8 +426,8 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t tilesPerSeq = (p.maxNewRows + kTileRows - 1) / kTileRows;
   const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq),
                   static_cast<unsigned>(p.numHeads));
-  flashKernel<T, kD><<<grid, kWarps * 32, L::kBytes, stream>>>(p, static_cast<int>(tilesPerSeq));
-  return cuda::launchStatus("paged_attention (flash)");
+  return cuda::launch("paged_attention (flash)", flashKernel<T, kD>, grid, kWarps * 32, L::kBytes,
+                      stream, p, static_cast<int>(tilesPerSeq));
 }
 
 template <typename T>

@@ -1,40 +1,14 @@
 // RMSNorm (+ fused residual add) on CUDA. One block per token row; 16-byte vector loads when the
 // row and every pointer allow it, scalar loads otherwise. Statistics in fp32. See rms_norm.h for
 // the exact rounding contract, and cpu/rms_norm.cpp for the reference.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstdint>
-#include <string>
-
+#include "common.cuh"
 #include "textgen/kernels/rms_norm.h"
 
 namespace textgen::kernels {
 namespace {
 
-template <typename T>
-struct Convert;
-template <>
-struct Convert<float> {
-  static __device__ float toFloat(float v) { return v; }
-  static __device__ float fromFloat(float v) { return v; }
-};
-template <>
-struct Convert<__half> {
-  static __device__ float toFloat(__half v) { return __half2float(v); }
-  static __device__ __half fromFloat(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Convert<__nv_bfloat16> {
-  static __device__ float toFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __nv_bfloat16 fromFloat(float v) { return __float2bfloat16_rn(v); }
-};
-
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Vec {
-  T v[kVec];
-};
+using cuda::Convert;
+using cuda::Vec;
 
 template <typename T>
 struct RmsNormArgs {
@@ -69,6 +43,8 @@ template <typename T, int kVec>
 __global__ void rmsNormKernel(RmsNormArgs<T> args) {
   using C = Convert<T>;
   using V = Vec<T, kVec>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t rowOffset = static_cast<int64_t>(blockIdx.x) * args.hiddenSize;
   const int numVecs = args.hiddenSize / kVec;
   const V* input = reinterpret_cast<const V*>(args.input + rowOffset);
@@ -115,10 +91,6 @@ __global__ void rmsNormKernel(RmsNormArgs<T> args) {
   }
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
-
 template <typename T>
 Status launch(const RmsNormParams& p, cudaStream_t stream) {
   RmsNormArgs<T> args{static_cast<const T*>(p.input),
@@ -129,22 +101,15 @@ Status launch(const RmsNormParams& p, cudaStream_t stream) {
                       static_cast<int>(p.hiddenSize),
                       p.eps};
   constexpr int kVec = 16 / sizeof(T);
+  using cuda::aligned16;
   const bool vectorized = p.hiddenSize % kVec == 0 && aligned16(p.input) && aligned16(p.output) &&
                           aligned16(p.weight) &&
                           (!p.residual || (aligned16(p.residual) && aligned16(p.residualOut)));
   const int64_t units = vectorized ? p.hiddenSize / kVec : p.hiddenSize;
   const int threads = static_cast<int>(units >= 1024 ? 1024 : (units + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(p.numTokens));
-  if (vectorized) {
-    rmsNormKernel<T, kVec><<<grid, threads, 0, stream>>>(args);
-  } else {
-    rmsNormKernel<T, 1><<<grid, threads, 0, stream>>>(args);
-  }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return internalError(std::string("rms_norm: kernel launch failed: ") + cudaGetErrorString(err));
-  }
-  return okStatus();
+  return cuda::launch("rms_norm", vectorized ? rmsNormKernel<T, kVec> : rmsNormKernel<T, 1>, grid,
+                      threads, 0, stream, args);
 }
 
 }  // namespace
@@ -152,12 +117,7 @@ Status launch(const RmsNormParams& p, cudaStream_t stream) {
 Status invokeRmsNorm(const RmsNormParams& params, Stream stream) {
   TG_RETURN_IF_ERROR(validateRmsNorm(params));
   if (params.numTokens == 0) return okStatus();
-  switch (params.dtype) {
-    case DType::kF32: return launch<float>(params, stream);
-    case DType::kF16: return launch<__half>(params, stream);
-    case DType::kBF16: return launch<__nv_bfloat16>(params, stream);
-  }
-  return invalidArgumentError("rms_norm: unknown dtype");
+  TG_DISPATCH_DTYPE(params.dtype, launch, params, stream);
 }
 
 }  // namespace textgen::kernels

@@ -136,6 +136,8 @@ __device__ void softmax64(const float* w, double* probs, int64_t vocab, Shared& 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) sampleKernel(SampleParams sp) {
   __shared__ Shared s;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
   const int64_t r = blockIdx.x, vocab = sp.vocab;
   const SampleRow p = sp.rowParams[r];
   float* w = sp.work + r * vocab;
@@ -308,8 +310,8 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleParams sp) {
 
 template <typename T>
 Status launch(const SampleParams& p, cudaStream_t stream) {
-  sampleKernel<T><<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  return cuda::launchStatus("sample");
+  return cuda::launch("sample", sampleKernel<T>, static_cast<unsigned>(p.rows), kThreads, 0, stream,
+                      p);
 }
 
 }  // namespace

@@ -183,7 +183,9 @@ TEST_F(OpsCudaTest, FusedRopeKvWriteMatchesRopeThenKvWrite) {
     int64_t heads, kvHeads, headDim, rotaryDim;
   };
   for (DType dt : kDtypes) {
-    for (const Shape& s : {Shape{32, 32, 128, 128}, Shape{8, 2, 64, 64}, Shape{4, 2, 80, 32}}) {
+    // Blocks take groups of heads: all query, all key, both (6/3 at 64), one head (256).
+    for (const Shape& s : {Shape{32, 32, 128, 128}, Shape{8, 2, 64, 64}, Shape{4, 2, 80, 32},
+                           Shape{6, 3, 64, 64}, Shape{4, 4, 256, 256}}) {
       SCOPED_TRACE(std::string(dtypeName(dt)) + " heads " + std::to_string(s.heads) + "/" +
                    std::to_string(s.kvHeads) + " rotary " + std::to_string(s.rotaryDim));
       const int64_t rows = 37, numSlots = 128, half = s.rotaryDim / 2,
