@@ -11,8 +11,8 @@ It first adds one fixture, llama-hd128 (head size 128, GQA, prompts longer than 
 that the tensor-core prefill kernel runs inside the whole model; its float32 reference comes from
 make_model_fixtures.py's own code.
 
-Run on the GPU machine:
-    python3 tools/reference/make_dtype_references.py MODELS_DIR TOKENIZER_DIR
+Run on the GPU machine; NAMES (comma-separated) records only those fixtures (and adds none):
+    python3 tools/reference/make_dtype_references.py MODELS_DIR TOKENIZER_DIR [NAMES]
 """
 import json
 import os
@@ -74,10 +74,12 @@ def dtype_reference(model_dir, dtype):
 
 def main():
     models_dir, tokenizer_dir = sys.argv[1], sys.argv[2]
-    add_hd128_fixture(models_dir, tokenizer_dir)
+    only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
+    if only is None:
+        add_hd128_fixture(models_dir, tokenizer_dir)
     for name in sorted(os.listdir(models_dir)):
         d = os.path.join(models_dir, name)
-        if not os.path.exists(os.path.join(d, "reference.json")):
+        if not os.path.exists(os.path.join(d, "reference.json")) or (only and name not in only):
             continue
         for dtype in (torch.float16, torch.bfloat16):
             out = dtype_reference(d, dtype)

@@ -13,9 +13,14 @@ Fixtures:
   llama-tied-linear  tied embeddings, linear RoPE scaling (factor 2), rope_theta 500000
   llama-dynamic      dynamic-NTK RoPE scaling with max_position_embeddings 16 (exceeded while generating)
   mistral-sharded    MistralForCausalLM, sliding window 24 (exceeded), saved in several safetensors shards
+  llama-rope-llama3  Llama 3.1 RoPE scaling: high, medium (smoothed) and low frequencies all present
+  llama-rope-yarn    YaRN RoPE scaling: blended frequencies and the attention factor on cos/sin
 
-Run on the GPU machine (transformers, torch):
-    python3 tools/reference/make_model_fixtures.py TOKENIZER_DIR OUT_DIR
+reference.json also holds the model's RoPE inverse frequencies and attention scaling as transformers
+computes them ("rope"), to compare textgen's with before any logits.
+
+Run on the GPU machine (transformers, torch); NAMES (comma-separated) builds only those fixtures:
+    python3 tools/reference/make_model_fixtures.py TOKENIZER_DIR OUT_DIR [NAMES]
 """
 import json
 import math
@@ -105,7 +110,10 @@ def build(name, outdir, tokenizer_dir, cls, config, seed, shard=None):
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
     rows = reference(model, tokenizer_dir, PROMPTS)
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "prompts": rows}
+    rotary = model.model.rotary_emb
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "prompts": rows,
+            "rope": {"inv_freq": rotary.inv_freq.float().tolist(),
+                     "attention_scaling": float(rotary.attention_scaling)}}
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(meta, f)
     gaps = [r["min_greedy_gap"] for r in rows]
@@ -115,6 +123,7 @@ def build(name, outdir, tokenizer_dir, cls, config, seed, shard=None):
 
 def main():
     tokenizer_dir, outdir = sys.argv[1], sys.argv[2]
+    only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
     vocab = Tokenizer_vocab(tokenizer_dir)
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, bos_token_id=1,
@@ -140,7 +149,19 @@ def main():
         ("mistral-sharded", MistralForCausalLM,
          lambda: rope(MistralConfig, 10000.0, None, max_position_embeddings=256, sliding_window=24,
                       tie_word_embeddings=False), 4, "400KB"),
+        # head_dim 16: wavelengths 6.3, 19.9, 62.8, 199, ... against 8 (high) and 64 (low).
+        ("llama-rope-llama3", LlamaForCausalLM,
+         lambda: rope(LlamaConfig, 10000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 8.0, "original_max_position_embeddings": 64},
+                      max_position_embeddings=512, tie_word_embeddings=False), 6, None),
+        # factor = max_position_embeddings / original, as transformers versions differ on which wins.
+        ("llama-rope-yarn", LlamaForCausalLM,
+         lambda: rope(LlamaConfig, 10000.0, {"rope_type": "yarn", "factor": 4.0,
+                                            "original_max_position_embeddings": 32},
+                      max_position_embeddings=128, tie_word_embeddings=False), 7, None),
     ]
+    if only is not None:
+        jobs = [j for j in jobs if j[0] in only]
     failed = []
     for name, cls, make_config, seed, shard in jobs:
         try:

@@ -1,5 +1,6 @@
 #include "textgen/runtime/model_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -59,15 +60,72 @@ Status addTokenIds(const json& j, const char* key, std::vector<uint32_t>& out, c
   return add(*it);
 }
 
-// rope_scaling (transformers 4: {"type"|"rope_type", "factor"} beside a top-level rope_theta) or
-// rope_parameters (transformers 5: {"rope_type", "rope_theta", "factor", "partial_rotary_factor"}).
-StatusOr<RopeConfig> parseRope(const json& j) {
+// yarn's attention factor when the config gives none: 0.1 * mscale * ln(factor) + 1 (1 below 1).
+double yarnMscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// The llama3 and yarn fields (transformers' names and defaults; maxPositions is the config's
+// max_position_embeddings).
+Status parseRopeExtension(const json& r, const std::string& key, int64_t maxPositions,
+                          RopeConfig& rope) {
+  auto need = [&](const char* field) -> Status {
+    if (!r.contains(field) || r[field].is_null())
+      return fieldError(key + "." + field,
+                        "is missing (rope_type " +
+                            std::string(rope.type == RopeType::kYarn ? "yarn" : "llama3") + ")");
+    return okStatus();
+  };
+  if (rope.type == RopeType::kLlama3) {
+    for (const char* f :
+         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      TG_RETURN_IF_ERROR(need(f));
+    TG_ASSIGN_OR_RETURN(rope.factor, positiveNumber(r, "factor", 1.0));
+    TG_ASSIGN_OR_RETURN(rope.lowFreqFactor, positiveNumber(r, "low_freq_factor", 1.0));
+    TG_ASSIGN_OR_RETURN(rope.highFreqFactor, positiveNumber(r, "high_freq_factor", 4.0));
+    TG_ASSIGN_OR_RETURN(rope.originalMaxPositionEmbeddings,
+                        positiveInt(r, "original_max_position_embeddings"));
+    if (rope.highFreqFactor <= rope.lowFreqFactor)
+      return fieldError(key + ".high_freq_factor", "must be greater than low_freq_factor");
+    return okStatus();
+  }
+  TG_ASSIGN_OR_RETURN(rope.originalMaxPositionEmbeddings,
+                      positiveInt(r, "original_max_position_embeddings", maxPositions));
+  // transformers derives a missing factor from the two contexts.
+  TG_ASSIGN_OR_RETURN(rope.factor,
+                      positiveNumber(r, "factor",
+                                     static_cast<double>(maxPositions) /
+                                         static_cast<double>(rope.originalMaxPositionEmbeddings)));
+  TG_ASSIGN_OR_RETURN(rope.betaFast, positiveNumber(r, "beta_fast", 32.0));
+  TG_ASSIGN_OR_RETURN(rope.betaSlow, positiveNumber(r, "beta_slow", 1.0));
+  TG_ASSIGN_OR_RETURN(rope.truncate, boolean(r, "truncate", true));
+  // mscale and mscale_all_dim (DeepSeek's): used when both are non-zero, as transformers does.
+  double mscales[2] = {0.0, 0.0};
+  const char* mscaleKeys[2] = {"mscale", "mscale_all_dim"};
+  for (int i = 0; i < 2; ++i) {
+    auto m = r.find(mscaleKeys[i]);
+    if (m == r.end() || m->is_null()) continue;
+    if (!m->is_number() || m->get<double>() < 0)
+      return fieldError(key + "." + mscaleKeys[i], "must be a non-negative number");
+    mscales[i] = m->get<double>();
+  }
+  const double derived =
+      mscales[0] != 0.0 && mscales[1] != 0.0
+          ? yarnMscale(rope.factor, mscales[0]) / yarnMscale(rope.factor, mscales[1])
+          : yarnMscale(rope.factor, 1.0);
+  TG_ASSIGN_OR_RETURN(rope.attentionFactor, positiveNumber(r, "attention_factor", derived));
+  return okStatus();
+}
+
+// rope_scaling (transformers 4: {"type"|"rope_type", "factor", ...} beside a top-level rope_theta)
+// or rope_parameters (transformers 5: the same with "rope_theta" and "partial_rotary_factor").
+StatusOr<RopeConfig> parseRope(const json& j, int64_t maxPositions) {
   RopeConfig rope;
   TG_ASSIGN_OR_RETURN(rope.theta, positiveNumber(j, "rope_theta", 10000.0));
   TG_ASSIGN_OR_RETURN(rope.partialRotaryFactor, positiveNumber(j, "partial_rotary_factor", 1.0));
-  const char* key = j.contains("rope_parameters") && !j["rope_parameters"].is_null()
-                        ? "rope_parameters"
-                        : "rope_scaling";
+  const std::string key = j.contains("rope_parameters") && !j["rope_parameters"].is_null()
+                              ? "rope_parameters"
+                              : "rope_scaling";
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return rope;
   if (!it->is_object()) return fieldError(key, "must be an object");
@@ -86,11 +144,14 @@ StatusOr<RopeConfig> parseRope(const json& j) {
     rope.type = RopeType::kDefault;
   } else if (type == "linear" || type == "dynamic") {
     rope.type = type == "linear" ? RopeType::kLinear : RopeType::kDynamic;
-    if (!r.contains("factor")) return fieldError(std::string(key) + ".factor", "is missing");
+    if (!r.contains("factor")) return fieldError(key + ".factor", "is missing");
     TG_ASSIGN_OR_RETURN(rope.factor, positiveNumber(r, "factor", 1.0));
+  } else if (type == "llama3" || type == "yarn") {
+    rope.type = type == "llama3" ? RopeType::kLlama3 : RopeType::kYarn;
+    TG_RETURN_IF_ERROR(parseRopeExtension(r, key, maxPositions, rope));
   } else {
-    return fieldError(std::string(key) + ".rope_type",
-                      "'" + type + "' is not supported (default, linear, dynamic)");
+    return fieldError(key + ".rope_type",
+                      "'" + type + "' is not supported (default, linear, dynamic, llama3, yarn)");
   }
   if (rope.partialRotaryFactor > 1.0)
     return fieldError("partial_rotary_factor", "must be at most 1");
@@ -132,7 +193,7 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
   TG_ASSIGN_OR_RETURN(c.headDim, positiveInt(j, "head_dim", c.hiddenSize / c.numHeads));
   TG_ASSIGN_OR_RETURN(c.maxPositionEmbeddings, positiveInt(j, "max_position_embeddings", 2048));
   TG_ASSIGN_OR_RETURN(c.rmsNormEps, positiveNumber(j, "rms_norm_eps", 1e-6));
-  TG_ASSIGN_OR_RETURN(c.rope, parseRope(j));
+  TG_ASSIGN_OR_RETURN(c.rope, parseRope(j, c.maxPositionEmbeddings));
   if (c.rotaryDim() % 2 != 0 || c.rotaryDim() <= 0)
     return fieldError("partial_rotary_factor", "must give an even rotary dimension");
   TG_ASSIGN_OR_RETURN(c.tieWordEmbeddings, boolean(j, "tie_word_embeddings", false));

@@ -8,6 +8,7 @@
 #include "architectures.h"
 #include "textgen/kernels/half.h"
 #include "textgen/runtime/model.h"
+#include "textgen/runtime/rope.h"
 #include "textgen/runtime/weights.h"
 
 namespace textgen::runtime {
@@ -43,6 +44,7 @@ class LlamaModel final : public Model {
     if (!graphSizes_.empty() && graphSizes_.front() <= 0)
       return invalidArgumentError("graph batch sizes must be positive");
     graphContext_ = config_.maxContext();
+    ropeScaling_ = ropeAttentionScaling(config_);
     const ModelConfig& c = config_;
     const int64_t h = c.hiddenSize, qOut = c.numHeads * c.headDim, kvOut = c.numKvHeads * c.headDim;
     // Column-parallel weights split their output rows across ranks, row-parallel ones their input
@@ -247,7 +249,7 @@ class LlamaModel final : public Model {
                                                         .numKvHeads = nkv,
                                                         .headDim = hd,
                                                         .rotaryDim = c.rotaryDim(),
-                                                        .attentionScaling = 1.0f,
+                                                        .attentionScaling = ropeScaling_,
                                                         .dtype = dt},
                                                .kv = {.k = kPart,
                                                       .v = vPart,
@@ -459,7 +461,7 @@ class LlamaModel final : public Model {
         continue;
       }
       const SequenceRows& s = b.sequences[i];
-      const std::vector<float> freq = ropeFrequencies(s.startPos + s.numRows);
+      const std::vector<float> freq = ropeInverseFrequencies(config_, s.startPos + s.numRows);
       for (int64_t t = 0; t < s.numRows; ++t) {
         hostMeta_[oPos + s.firstRow + t] = static_cast<int32_t>(s.startPos + t);
         std::copy(freq.begin(), freq.end(), hostFreq_.begin() + (s.firstRow + t) * half);
@@ -572,30 +574,11 @@ class LlamaModel final : public Model {
     return okStatus();
   }
 
-  // inv_freq as Hugging Face computes it, for a sequence whose length after this forward is seqLen.
-  std::vector<float> ropeFrequencies(int64_t seqLen) const {
-    const RopeConfig& r = config_.rope;
-    const int64_t dim = config_.rotaryDim();
-    double base = r.theta;
-    if (r.type == RopeType::kDynamic && seqLen > config_.maxPositionEmbeddings) {
-      const double ratio = r.factor * static_cast<double>(seqLen) /
-                           static_cast<double>(config_.maxPositionEmbeddings);
-      base = r.theta * std::pow(ratio - (r.factor - 1.0),
-                                static_cast<double>(dim) / static_cast<double>(dim - 2));
-    }
-    std::vector<float> f(dim / 2);
-    for (int64_t i = 0; i < dim / 2; ++i) {
-      const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
-      f[i] = 1.0f / std::pow(static_cast<float>(base), exponent);
-      if (r.type == RopeType::kLinear) f[i] /= static_cast<float>(r.factor);
-    }
-    return f;
-  }
-
   ModelConfig config_;
   ArchitectureSpec spec_;
   Backend& backend_;
   DType dtype_ = DType::kF32;
+  float ropeScaling_ = 1.0f;  // multiplies cos and sin
   std::unique_ptr<Buffer> embed_, finalNorm_, ownLmHead_;
   Buffer* lmHead_ = nullptr;
   std::vector<Layer> layers_;

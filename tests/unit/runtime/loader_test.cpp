@@ -2,6 +2,7 @@
 // reads), dtypes convert exactly, tensor-parallel slices cut the right rows and columns.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -174,6 +175,34 @@ TEST(ModelConfigTest, ParsesAndMergesGenerationConfig) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->rope.theta, 500000.0);
   EXPECT_EQ(c->rotaryDim(), 8);
+  // Llama 3.1's scaling: max_position_embeddings is already the stretched context.
+  j = llamaConfig();
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 16}};
+  c = parseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope.type, RopeType::kLlama3);
+  EXPECT_EQ(c->rope.originalMaxPositionEmbeddings, 16);
+  EXPECT_EQ(c->maxContext(), 128);
+  // YaRN: a missing factor comes from the two contexts; the attention factor from the factor, or
+  // from DeepSeek's mscales when both are given.
+  j = llamaConfig();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 32}};
+  c = parseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope.type, RopeType::kYarn);
+  EXPECT_EQ(c->rope.factor, 4.0);
+  EXPECT_NEAR(c->rope.attentionFactor, 0.1 * std::log(4.0) + 1.0, 1e-12);
+  EXPECT_EQ(c->maxContext(), 128);
+  j["rope_scaling"]["mscale"] = 2.0;
+  j["rope_scaling"]["mscale_all_dim"] = 1.0;
+  c = parseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->rope.attentionFactor, (0.2 * std::log(4.0) + 1.0) / (0.1 * std::log(4.0) + 1.0),
+              1e-12);
 }
 
 TEST(ModelConfigTest, ErrorsNameTheField) {
@@ -187,7 +216,20 @@ TEST(ModelConfigTest, ErrorsNameTheField) {
       {"hidden_size", -4, "'hidden_size' must be a positive integer"},
       {"num_key_value_heads", 3, "'num_key_value_heads' must divide num_attention_heads"},
       {"vocab_size", nullptr, "'vocab_size' is missing"},
-      {"rope_scaling", {{"type", "yarn"}, {"factor", 2.0}}, "'yarn' is not supported"},
+      {"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}, "'longrope' is not supported"},
+      {"rope_scaling",
+       {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}},
+       "'rope_scaling.high_freq_factor' is missing (rope_type llama3)"},
+      {"rope_scaling",
+       {{"rope_type", "llama3"},
+        {"factor", 8.0},
+        {"low_freq_factor", 4.0},
+        {"high_freq_factor", 1.0},
+        {"original_max_position_embeddings", 8192}},
+       "'rope_scaling.high_freq_factor' must be greater than low_freq_factor"},
+      {"rope_scaling",
+       {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", -1}},
+       "'rope_scaling.mscale' must be a non-negative number"},
       {"hidden_act", "gelu", "'hidden_act' 'gelu' is not supported"},
       {"torch_dtype", "float8", "'dtype' 'float8' is not supported"},
   };

@@ -22,6 +22,7 @@
 #include <tuple>
 
 #include "textgen/runtime/model.h"
+#include "textgen/runtime/rope.h"
 
 namespace textgen::runtime {
 namespace {
@@ -143,6 +144,7 @@ class ModelFixtureTest : public ::testing::TestWithParam<FixtureParam> {
  protected:
   void SetUp() override {
     const std::string dir = modelsDir() + "/" + std::get<0>(GetParam());
+    dir_ = dir;
     dtype_ = std::get<1>(GetParam());
 #ifdef TEXTGEN_FIXTURE_CUDA
     auto cuda = makeCudaBackend(0);
@@ -165,6 +167,7 @@ class ModelFixtureTest : public ::testing::TestWithParam<FixtureParam> {
     vocab_ = model_->config().vocabSize;
   }
 
+  std::string dir_;
   DType dtype_ = DType::kF32;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
@@ -173,6 +176,21 @@ class ModelFixtureTest : public ::testing::TestWithParam<FixtureParam> {
   float maxLogitError_ = 0;
   size_t agree_ = 0, total_ = 0;
 };
+
+// RoPE's frequencies and cos/sin scale as transformers computed them for this fixture (recorded
+// by fixtures that have them), before any logits: a wrong scaling variant shows here by name.
+TEST_P(ModelFixtureTest, RopeFrequenciesEqualTransformers) {
+  const json& reference = dtype_ == DType::kF32 ? ref_ : readReference(dir_, DType::kF32);
+  if (!reference.contains("rope")) GTEST_SKIP() << "no RoPE record in this fixture";
+  const auto want = reference["rope"]["inv_freq"].get<std::vector<float>>();
+  const ModelConfig& c = model_->config();
+  // transformers' module holds the frequencies of a sequence within the trained context.
+  const std::vector<float> got = ropeInverseFrequencies(c, 1);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 2e-7f * std::fabs(want[i])) << "inv_freq[" << i << "]";
+  EXPECT_NEAR(ropeAttentionScaling(c), reference["rope"]["attention_scaling"].get<double>(), 1e-6);
+}
 
 TEST_P(ModelFixtureTest, EachPromptAloneMatchesTransformers) {
   Backend* backend = backend_.get();
@@ -280,7 +298,8 @@ const DType kDtypes[] = {DType::kF32};
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
                          ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear",
                                                               "llama-dynamic", "mistral-sharded",
-                                                              "llama-hd128"),
+                                                              "llama-hd128", "llama-rope-llama3",
+                                                              "llama-rope-yarn"),
                                             ::testing::ValuesIn(kDtypes)),
                          [](const ::testing::TestParamInfo<FixtureParam>& param) {
                            std::string name = std::get<0>(param.param);

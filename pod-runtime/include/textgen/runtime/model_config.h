@@ -13,13 +13,19 @@
 
 namespace textgen::runtime {
 
-enum class RopeType { kDefault, kLinear, kDynamic };
+enum class RopeType { kDefault, kLinear, kDynamic, kLlama3, kYarn };
 
 struct RopeConfig {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
-  double factor = 1.0;               // linear / dynamic scaling factor
+  double factor = 1.0;               // the scaling factor of every variant but the default
   double partialRotaryFactor = 1.0;  // fraction of head_dim that is rotated
+  // llama3 and yarn: the context the model was pre-trained with.
+  int64_t originalMaxPositionEmbeddings = 0;
+  double lowFreqFactor = 1.0, highFreqFactor = 4.0;  // llama3
+  double betaFast = 32.0, betaSlow = 1.0;            // yarn: the correction range's rotations
+  bool truncate = true;                              // yarn: round the correction range outward
+  double attentionFactor = 1.0;  // multiplies cos and sin (yarn's, resolved when parsed)
 };
 
 struct ModelConfig {
@@ -44,10 +50,13 @@ struct ModelConfig {
   std::vector<uint32_t> eosTokenIds;  // config.json and generation_config.json, merged
 
   int64_t rotaryDim() const { return static_cast<int64_t>(headDim * rope.partialRotaryFactor); }
-  // Longest prompt + generation the model allows (RoPE scaling stretches the trained context).
+  // Longest prompt + generation the model allows: linear and dynamic scaling stretch the trained
+  // context by their factor (as TGI counts it); llama3 and yarn configs give the stretched one as
+  // max_position_embeddings already.
   int64_t maxContext() const {
-    const double factor = rope.type == RopeType::kDefault ? 1.0 : rope.factor;
-    return static_cast<int64_t>(static_cast<double>(maxPositionEmbeddings) * factor);
+    const bool stretches = rope.type == RopeType::kLinear || rope.type == RopeType::kDynamic;
+    return static_cast<int64_t>(static_cast<double>(maxPositionEmbeddings) *
+                                (stretches ? rope.factor : 1.0));
   }
 };
 
