@@ -1,0 +1,281 @@
+// textgen-operator: reconciles TextGenerationService resources (textgen.dev/v1alpha1) into shard
+// StatefulSets, Services, the router Deployment, a PodDisruptionBudget and autoscaling
+// (docs/operator.md). One active replica at a time through a Lease; /metrics and /healthz on
+// --metrics-port.
+//
+//   textgen-operator [--kubeconfig FILE] [--namespace NS] [--image IMAGE] [--metrics-port 8080]
+//                    [--leader-elect true|false] [--lease-namespace NS] [--lease-seconds 15]
+//                    [--workers 2] [--json-output] [--log-level info]
+//   (test only) --test-api-groups: built-in kinds in look-alike <group>.textgen.test groups
+
+#include <cpprest/http_listener.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "textgen/base/log.h"
+#include "textgen/base/version.h"
+#include "textgen/operator/desired_objects.h"
+#include "textgen/operator/informer.h"
+#include "textgen/operator/leader_election.h"
+#include "textgen/operator/reconciler.h"
+#include "textgen/operator/work_queue.h"
+
+namespace {
+
+using namespace textgen;
+using namespace textgen::op;
+
+std::atomic<bool> gStop{false};
+
+struct Flags {
+  std::string kubeconfig, ns, image, leaseNamespace, logLevel = "info";
+  int metricsPort = 8080, workers = 2, leaseSeconds = 15;
+  bool leaderElect = true, testGroups = false, json = false;
+};
+
+StatusOr<Flags> parseFlags(int argc, char** argv) {
+  Flags f;
+  if (const char* env = std::getenv("TEXTGEN_IMAGE")) f.image = env;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> StatusOr<std::string> {
+      if (i + 1 >= argc) return invalidArgumentError(a + " needs a value");
+      return std::string(argv[++i]);
+    };
+    auto number = [&](int& out, int min, int max) -> Status {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (*end || n < min || n > max)
+        return invalidArgumentError(a + " must be an integer in [" + std::to_string(min) + ", " +
+                                    std::to_string(max) + "]");
+      out = static_cast<int>(n);
+      return okStatus();
+    };
+    if (a == "--kubeconfig") {
+      TG_ASSIGN_OR_RETURN(f.kubeconfig, value());
+    } else if (a == "--namespace") {
+      TG_ASSIGN_OR_RETURN(f.ns, value());
+    } else if (a == "--image") {
+      TG_ASSIGN_OR_RETURN(f.image, value());
+    } else if (a == "--lease-namespace") {
+      TG_ASSIGN_OR_RETURN(f.leaseNamespace, value());
+    } else if (a == "--metrics-port") {
+      TG_RETURN_IF_ERROR(number(f.metricsPort, 0, 65535));
+    } else if (a == "--workers") {
+      TG_RETURN_IF_ERROR(number(f.workers, 1, 64));
+    } else if (a == "--lease-seconds") {
+      TG_RETURN_IF_ERROR(number(f.leaseSeconds, 2, 3600));
+    } else if (a == "--leader-elect") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      if (v != "true" && v != "false") return invalidArgumentError("--leader-elect: true or false");
+      f.leaderElect = v == "true";
+    } else if (a == "--test-api-groups") {
+      f.testGroups = true;
+    } else if (a == "--json-output") {
+      f.json = true;
+    } else if (a == "--log-level") {
+      TG_ASSIGN_OR_RETURN(f.logLevel, value());
+    } else if (a == "--version") {
+      std::printf("textgen-operator %s\n", std::string(textgen::kVersion).c_str());
+      std::exit(0);
+    } else {
+      return invalidArgumentError("unknown flag '" + a + "'");
+    }
+  }
+  return f;
+}
+
+std::string hostIdentity() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return std::string(host) + "_" + std::to_string(getpid());
+}
+
+// /metrics (Prometheus text) and /healthz.
+class StatusServer {
+ public:
+  StatusServer(int port, std::function<std::string()> metrics)
+      : listener_("http://0.0.0.0:" + std::to_string(port)), metrics_(std::move(metrics)) {
+    using namespace web::http;
+    listener_.support(methods::GET, [this](http_request req) {
+      const std::string path = req.relative_uri().path();
+      if (path == "/healthz" || path == "/readyz") {
+        req.reply(status_codes::OK, "ok\n", "text/plain");
+      } else if (path == "/metrics") {
+        req.reply(status_codes::OK, metrics_(), "text/plain; version=0.0.4");
+      } else {
+        req.reply(status_codes::NotFound, "not found\n", "text/plain");
+      }
+    });
+  }
+  Status open() {
+    try {
+      listener_.open().wait();
+      return okStatus();
+    } catch (const std::exception& e) {
+      return unavailableError(std::string("metrics listener: ") + e.what());
+    }
+  }
+  void close() {
+    try {
+      listener_.close().wait();
+    } catch (...) {
+    }
+  }
+
+ private:
+  web::http::experimental::listener::http_listener listener_;
+  std::function<std::string()> metrics_;
+};
+
+int run(const Flags& f) {
+  auto config = f.kubeconfig.empty() ? inClusterConfig() : loadKubeconfig(f.kubeconfig);
+  if (!config.ok()) {
+    std::fprintf(stderr, "textgen-operator: %s\n", config.status().toString().c_str());
+    return 1;
+  }
+  auto client = KubeClient::create(*config);
+  if (!client.ok()) {
+    std::fprintf(stderr, "textgen-operator: %s\n", client.status().toString().c_str());
+    return 1;
+  }
+  KubeClient& kube = **client;
+  const Kinds kinds(f.testGroups);
+  WorkQueue queue;
+  std::atomic<int64_t> leading{0};
+
+  // Children report to their service through its label.
+  auto owner = [&](const std::string&, const json& o) {
+    const json& m = o["metadata"];
+    const json labels = m.value("labels", json::object());
+    if (labels.contains(kServiceLabel))
+      queue.add(m.value("namespace", "") + "/" + labels[kServiceLabel].get<std::string>());
+  };
+  const std::string scope = f.ns;  // empty: every namespace
+  auto collection = [&](const Kind& k) {
+    if (scope.empty()) return k.apiVersion().find('/') == std::string::npos
+                                  ? "/api/" + k.version + "/" + k.plural
+                                  : "/apis/" + k.apiVersion() + "/" + k.plural;
+    return k.path(scope);
+  };
+  Informer services(kube, collection(kinds.textGenerationService), "",
+                    [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); });
+  const std::string managed = "app.kubernetes.io/managed-by=textgen-operator";
+  Informer statefulSets(kube, collection(kinds.statefulSet), managed, owner);
+  Informer deployments(kube, collection(kinds.deployment), managed, owner);
+  Reconciler reconciler(kube, kinds, f.image, services, statefulSets, deployments);
+
+  StatusServer server(f.metricsPort, [&] {
+    const ReconcilerMetrics& m = reconciler.metrics();
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, int64_t v) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+             name + " " + std::to_string(v) + "\n";
+    };
+    metric("textgen_operator_reconciles_total", "counter", "Reconcile passes.", m.reconciles);
+    metric("textgen_operator_reconcile_errors_total", "counter", "Passes that failed and were requeued.",
+           m.errors);
+    metric("textgen_operator_writes_total", "counter", "Writes to the API server.", m.writes);
+    metric("textgen_operator_conflicts_total", "counter", "409 conflicts (requeued).", m.conflicts);
+    metric("textgen_operator_queue_depth", "gauge", "Keys waiting in the work queue.",
+           static_cast<int64_t>(queue.depth()));
+    metric("textgen_operator_leader", "gauge", "1 while this replica holds the lease.", leading);
+    metric("textgen_operator_relists_total", "counter", "Lists after an expired watch.",
+           services.relists() + statefulSets.relists() + deployments.relists());
+    return out;
+  });
+  if (Status st = server.open(); !st.ok()) {
+    std::fprintf(stderr, "textgen-operator: %s\n", st.toString().c_str());
+    return 1;
+  }
+  spdlog::info("textgen-operator {}: API server {}, {}, metrics on :{}",
+               std::string(textgen::kVersion), config->server,
+               scope.empty() ? std::string("every namespace") : "namespace " + scope,
+               f.metricsPort);
+
+  LeaderElector elector(kube, kinds.lease,
+                        {.ns = f.leaseNamespace.empty() ? config->namespace_ : f.leaseNamespace,
+                         .identity = hostIdentity(),
+                         .leaseDuration = std::chrono::seconds(f.leaseSeconds),
+                         .renewDeadline = std::chrono::seconds(std::max(1, f.leaseSeconds * 2 / 3)),
+                         .retryPeriod = std::chrono::milliseconds(f.leaseSeconds * 1000 / 7)});
+  if (f.leaderElect && !elector.acquire(gStop)) {
+    server.close();
+    return 0;
+  }
+  leading = 1;
+  services.start();
+  statefulSets.start();
+  deployments.start();
+  std::printf("textgen-operator: leading, reconciling\n");
+  std::fflush(stdout);
+
+  std::vector<std::thread> workers;
+  for (int w = 0; w < f.workers; ++w) {
+    workers.emplace_back([&] {
+      while (auto key = queue.get()) {
+        if (!services.synced() || !statefulSets.synced() || !deployments.synced()) {
+          queue.done(*key);
+          queue.addAfter(*key, std::chrono::milliseconds(100));
+          continue;
+        }
+        log::ScopedField field("service", *key);
+        const Status st = reconciler.reconcile(*key);
+        if (st.ok()) {
+          queue.forget(*key);
+        } else {
+          spdlog::warn("reconcile {}: {} (requeued)", *key, st.toString());
+          const_cast<ReconcilerMetrics&>(reconciler.metrics()).errors.fetch_add(1);
+          queue.addRateLimited(*key);
+        }
+        queue.done(*key);
+      }
+    });
+  }
+  int code = 0;
+  if (f.leaderElect) {
+    if (!elector.hold(gStop)) code = 1;  // lost the lease: stop acting at once
+  } else {
+    while (!gStop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  queue.shutDown();
+  for (auto& t : workers) t.join();
+  services.stop();
+  statefulSets.stop();
+  deployments.stop();
+  if (code == 0) elector.release();
+  server.close();
+  spdlog::info("textgen-operator: stopped{}", code ? " (lost the lease)" : "");
+  std::fflush(stdout);
+  std::_Exit(code);  // informers may be blocked in a watch read
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto flags = parseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "textgen-operator: %s\n", flags.status().toString().c_str());
+    return 2;
+  }
+  auto level = log::parseLevel(flags->logLevel);
+  if (!level.ok()) {
+    std::fprintf(stderr, "textgen-operator: %s\n", level.status().toString().c_str());
+    return 2;
+  }
+  log::init({.component = "operator",
+             .level = *level,
+             .format = flags->json ? log::Format::kJson : log::Format::kText,
+             .sink = nullptr});
+  std::signal(SIGTERM, [](int) { gStop = true; });
+  std::signal(SIGINT, [](int) { gStop = true; });
+  return run(*flags);
+}

@@ -1,0 +1,36 @@
+// What a TextGenerationService should have in the cluster, as objects ready for server-side apply
+// (pure: no API calls). Per replica r: a headless Service and a StatefulSet of `shards` pods
+// (`<name>-shard-<r>`), and a model-cache PersistentVolumeClaim for hub models; for the service:
+// a headless discovery Service over every replica's rank-0 pod (`<name>-shards`), the router
+// Deployment (`<name>-router`) and its Service (`<name>`), a PodDisruptionBudget over the shard
+// pods, and with autoscaling an HPA or a KEDA ScaledObject (`<name>`) on tgi_queue_size. Every
+// object carries the owner reference (controller) and the service's labels.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "textgen/operator/resources.h"
+#include "textgen/operator/service_spec.h"
+
+namespace textgen::op {
+
+inline constexpr const char* kServiceLabel = "textgen.dev/service";
+inline constexpr const char* kComponentLabel = "textgen.dev/component";
+inline constexpr const char* kReplicaLabel = "textgen.dev/replica";
+inline constexpr int kShardPort = 50051, kRendezvousPort = 29500, kRouterPort = 3000;
+
+struct DesiredObject {
+  Kind kind;
+  json object;
+  std::string name() const { return object["metadata"]["name"].get<std::string>(); }
+};
+
+std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& kinds);
+
+// The label selector of a service's shard pods (status.selector, for the scale subresource).
+std::string shardSelector(const ServiceSpec& s);
+// The router's in-cluster URL.
+std::string endpointUrl(const ServiceSpec& s);
+
+}  // namespace textgen::op

@@ -1,0 +1,57 @@
+// List + watch of one collection, with a local cache: lists (the cache becomes the list), then
+// watches from the list's resourceVersion with bookmarks; a watch that ends is resumed from the
+// last version seen, one the server expired (410 Gone, e.g. after an etcd compaction) is
+// replaced by a fresh list; connection errors back off exponentially (up to 30 s). The handler
+// sees every change ("ADDED", "MODIFIED", "DELETED", and "SYNC" for each object of a list).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "textgen/operator/kube_client.h"
+
+namespace textgen::op {
+
+class Informer {
+ public:
+  using Handler = std::function<void(const std::string& type, const json& object)>;
+
+  // collectionPath: e.g. /apis/apps/v1/statefulsets (every namespace) or a namespaced one.
+  Informer(KubeClient& client, std::string collectionPath, std::string labelSelector,
+           Handler handler);
+  ~Informer();
+  Informer(const Informer&) = delete;
+  Informer& operator=(const Informer&) = delete;
+
+  void start();
+  void stop();  // returns at once; the thread ends with its current watch
+  bool synced() const { return synced_.load(); }
+  // "namespace/name" -> the object as last seen.
+  std::optional<json> get(const std::string& key) const;
+  std::vector<json> list() const;
+  int64_t relists() const { return relists_.load(); }
+
+  static std::string keyOf(const json& object);
+
+ private:
+  void run();
+  bool listOnce(std::string& resourceVersion);
+  void apply(const std::string& type, const json& object);
+
+  KubeClient& client_;
+  const std::string path_, selector_;
+  Handler handler_;
+  std::atomic<bool> stop_{false}, synced_{false};
+  std::atomic<int64_t> relists_{0};
+  mutable std::mutex mu_;
+  std::map<std::string, json> cache_;
+  std::thread thread_;
+};
+
+}  // namespace textgen::op

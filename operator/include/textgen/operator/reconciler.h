@@ -1,0 +1,55 @@
+// Level-based reconcile of one TextGenerationService: it reads the resource and its children
+// from the informers' caches, applies what differs from the desired objects (server-side apply,
+// field manager "textgen-operator"), deletes children it no longer wants (replicas scaled down,
+// autoscaling turned off), and writes status (conditions Ready, Progressing, Degraded,
+// observedGeneration, replicas, readyReplicas, selector, endpoint) when it changed. A pass over a
+// settled service writes nothing. Deletion runs behind the finalizer textgen.dev/cleanup: the
+// children are deleted explicitly (also where no garbage collector runs), then the finalizer goes.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "textgen/operator/informer.h"
+#include "textgen/operator/resources.h"
+
+namespace textgen::op {
+
+inline constexpr const char* kFieldManager = "textgen-operator";
+inline constexpr const char* kFinalizer = "textgen.dev/cleanup";
+
+struct ReconcilerMetrics {
+  std::atomic<int64_t> reconciles{0}, errors{0}, writes{0}, conflicts{0};
+};
+
+class Reconciler {
+ public:
+  Reconciler(KubeClient& client, const Kinds& kinds, std::string defaultImage,
+             Informer& services, Informer& statefulSets, Informer& deployments);
+
+  // OK when the service is settled for now; ABORTED (a conflict) or another error: requeue.
+  Status reconcile(const std::string& key);
+  const ReconcilerMetrics& metrics() const { return metrics_; }
+
+ private:
+  Status finalize(const json& resource);
+  Status ensureFinalizer(const json& resource);
+  Status applyChildren(const struct ServiceSpec& spec, std::string& applyError);
+  Status prune(const struct ServiceSpec& spec, const std::vector<struct DesiredObject>& desired);
+  Status writeStatus(const json& resource, const json& status);
+  StatusOr<json> live(const Kind& kind, const std::string& ns, const std::string& name);
+  StatusOr<KubeResponse> write(const std::string& method, const std::string& path,
+                               const std::optional<json>& body, const std::string& contentType);
+
+  KubeClient& client_;
+  const Kinds& kinds_;
+  std::string defaultImage_;
+  Informer &services_, &statefulSets_, &deployments_;
+  ReconcilerMetrics metrics_;
+};
+
+// True when every field `want` sets has the same value in `have` (objects recursively; arrays
+// element by element, same length). Server defaults in `have` do not count as differences.
+bool containsFields(const json& have, const json& want);
+
+}  // namespace textgen::op

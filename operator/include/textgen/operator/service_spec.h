@@ -1,0 +1,56 @@
+// A TextGenerationService's spec, parsed once into typed fields with the CRD's defaults (the API
+// server applies them too; the operator does not rely on it).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "textgen/operator/kube_client.h"
+
+namespace textgen::op {
+
+struct SecretKeyRef {
+  std::string name, key;
+};
+
+struct RouterSpec {
+  int64_t replicas = 1;
+  std::optional<int64_t> maxConcurrentRequests, maxInputTokens, maxTotalTokens,
+      maxBatchPrefillTokens, maxBatchTotalTokens, maxWaitingTokens;
+  std::optional<double> waitingServedRatio;
+  std::optional<SecretKeyRef> apiKey;
+  json resources = json::object();
+};
+
+struct AutoscalingSpec {
+  bool enabled = false;
+  std::string mode = "HPA";  // or KEDA
+  int64_t minReplicas = 1, maxReplicas = 1, targetQueueSizePerReplica = 8;
+  std::string prometheusAddress;  // KEDA
+};
+
+struct ServiceSpec {
+  // metadata
+  std::string name, ns, uid;
+  int64_t generation = 0;
+  // spec
+  std::string modelId, revision = "main";
+  std::optional<SecretKeyRef> hfToken;
+  std::string modelPvc;  // serve modelId from this claim instead of downloading it
+  std::string cacheSize = "100Gi", cacheStorageClass, cacheAccessMode = "ReadWriteMany";
+  std::string dtype, quantize;
+  int64_t shards = 1, replicas = 1, gpusPerShard = 1;
+  json resources = json::object();
+  std::string image, imagePullPolicy = "IfNotPresent";
+  RouterSpec router;
+  AutoscalingSpec autoscaling;
+  json nodeSelector = json::object(), tolerations = json::array(), affinity = json::object();
+  std::string priorityClassName;
+};
+
+// INVALID_ARGUMENT naming the field for what the CRD's schema would also refuse. `defaultImage`
+// fills spec.image when the resource gives none.
+StatusOr<ServiceSpec> parseServiceSpec(const json& resource, const std::string& defaultImage);
+
+}  // namespace textgen::op

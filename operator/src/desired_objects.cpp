@@ -1,0 +1,313 @@
+#include "textgen/operator/desired_objects.h"
+
+namespace textgen::op {
+namespace {
+
+std::string shardName(const ServiceSpec& s, int64_t r) {
+  return s.name + "-shard-" + std::to_string(r);
+}
+
+json labels(const ServiceSpec& s, const std::string& component) {
+  json l = {{"app.kubernetes.io/name", "textgen"},
+            {"app.kubernetes.io/instance", s.name},
+            {"app.kubernetes.io/managed-by", "textgen-operator"},
+            {kServiceLabel, s.name}};
+  if (!component.empty()) l[kComponentLabel] = component;
+  return l;
+}
+
+json metadata(const ServiceSpec& s, const std::string& name, const json& labelSet) {
+  return {{"name", name},
+          {"namespace", s.ns},
+          {"labels", labelSet},
+          {"ownerReferences",
+           json::array({{{"apiVersion", "textgen.dev/v1alpha1"},
+                         {"kind", "TextGenerationService"},
+                         {"name", s.name},
+                         {"uid", s.uid},
+                         {"controller", true},
+                         {"blockOwnerDeletion", true}}})}};
+}
+
+json object(const Kind& k, json meta, json spec) {
+  return {{"apiVersion", k.apiVersion()}, {"kind", k.kind}, {"metadata", std::move(meta)},
+          {"spec", std::move(spec)}};
+}
+
+json envValue(const std::string& name, const std::string& value) {
+  return {{"name", name}, {"value", value}};
+}
+
+json secretEnv(const std::string& name, const SecretKeyRef& ref) {
+  return {{"name", name},
+          {"valueFrom", {{"secretKeyRef", {{"name", ref.name}, {"key", ref.key}}}}}};
+}
+
+// Where the model is inside the containers, and the shell prefix that resolves a hub model into
+// the replica's cache (downloaded once: ranks take turns on a lock; later ones find it complete).
+constexpr const char* kModelMount = "/data";
+std::string modelDir(const ServiceSpec& s) {
+  return std::string(kModelMount) + "/" + s.modelId;
+}
+bool fromHub(const ServiceSpec& s) {
+  return s.modelPvc.empty();
+}
+std::string hubResolve() {
+  return "model=$(flock /data/.download textgen-launcher download-weights \"$MODEL_ID\" "
+         "--revision \"$MODEL_REVISION\") || exit 1; ";
+}
+
+// A command that runs `binary args` with the model directory as `modelFlag`'s value.
+json command(const ServiceSpec& s, const std::string& binary, const std::string& modelFlag,
+             const std::vector<std::string>& args) {
+  if (!fromHub(s)) {
+    json c = json::array({binary, modelFlag, modelDir(s)});
+    for (const auto& a : args) c.push_back(a);
+    return c;
+  }
+  std::string line = hubResolve() + "exec " + binary + " " + modelFlag + " \"$model\"";
+  for (const auto& a : args) line += " '" + a + "'";
+  return json::array({"/bin/sh", "-c", line});
+}
+
+json modelEnv(const ServiceSpec& s) {
+  json env = json::array();
+  if (fromHub(s)) {
+    env.push_back(envValue("MODEL_ID", s.modelId));
+    env.push_back(envValue("MODEL_REVISION", s.revision));
+    env.push_back(envValue("HF_HOME", kModelMount));
+    if (s.hfToken) env.push_back(secretEnv("HF_TOKEN", *s.hfToken));
+  }
+  return env;
+}
+
+json modelVolume(const ServiceSpec& s, int64_t replica) {
+  if (!fromHub(s))
+    return {{"name", "model"},
+            {"persistentVolumeClaim", {{"claimName", s.modelPvc}, {"readOnly", true}}}};
+  return {{"name", "model"},
+          {"persistentVolumeClaim",
+           {{"claimName", s.name + "-model-cache-" + std::to_string(replica)}}}};
+}
+
+// Scheduling fields shared by every pod of the service.
+void schedule(const ServiceSpec& s, json& podSpec) {
+  if (!s.nodeSelector.empty()) podSpec["nodeSelector"] = s.nodeSelector;
+  if (!s.tolerations.empty()) podSpec["tolerations"] = s.tolerations;
+  if (!s.affinity.empty()) podSpec["affinity"] = s.affinity;
+  if (!s.priorityClassName.empty()) podSpec["priorityClassName"] = s.priorityClassName;
+}
+
+json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
+  const std::string name = shardName(s, r);
+  json podLabels = labels(s, "shard");
+  podLabels[kReplicaLabel] = std::to_string(r);
+  std::vector<std::string> args = {"--port", std::to_string(kShardPort)};
+  if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
+  json env = modelEnv(s);
+  // The rank is the pod's ordinal (the StatefulSet's pod-index label, Kubernetes >= 1.28).
+  env.push_back({{"name", "RANK"},
+                 {"valueFrom",
+                  {{"fieldRef", {{"fieldPath", "metadata.labels['apps.kubernetes.io/pod-index']"}}}}}});
+  env.push_back(envValue("WORLD_SIZE", std::to_string(s.shards)));
+  env.push_back(envValue("MASTER_ADDR", name + "-0." + name + "." + s.ns + ".svc.cluster.local"));
+  env.push_back(envValue("MASTER_PORT", std::to_string(kRendezvousPort)));
+  env.push_back(envValue("NCCL_DEBUG", "WARN"));
+  env.push_back(envValue("NCCL_SOCKET_IFNAME", "eth0"));
+  json resources = s.resources;
+  if (s.gpusPerShard > 0) {
+    resources["limits"]["nvidia.com/gpu"] = std::to_string(s.gpusPerShard);
+    resources["requests"]["nvidia.com/gpu"] = std::to_string(s.gpusPerShard);
+  }
+  auto tcp = [](int period, int failures) {
+    return json{{"tcpSocket", {{"port", "grpc"}}},
+                {"periodSeconds", period},
+                {"failureThreshold", failures}};
+  };
+  json container = {
+      {"name", "shard"},
+      {"image", s.image},
+      {"imagePullPolicy", s.imagePullPolicy},
+      {"command", command(s, "textgen-shard", "--model-id", args)},
+      {"env", env},
+      {"ports",
+       json::array({{{"name", "grpc"}, {"containerPort", kShardPort}},
+                    {{"name", "rendezvous"}, {"containerPort", kRendezvousPort}}})},
+      // The gRPC port opens once the weights are loaded: up to an hour for a download.
+      {"startupProbe", tcp(10, 360)},
+      {"readinessProbe", tcp(5, 3)},
+      {"livenessProbe", tcp(10, 6)},
+      {"resources", resources},
+      {"volumeMounts", json::array({{{"name", "model"}, {"mountPath", kModelMount}},
+                                    {{"name", "shm"}, {"mountPath", "/dev/shm"}}})}};
+  json podSpec = {
+      {"containers", json::array({container})},
+      {"volumes", json::array({modelVolume(s, r),
+                               {{"name", "shm"}, {"emptyDir", {{"medium", "Memory"}}}}})}};
+  schedule(s, podSpec);
+  json selector = {{"matchLabels", {{kServiceLabel, s.name}, {kReplicaLabel, std::to_string(r)}}}};
+  json meta = metadata(s, name, podLabels);
+  return object(k.statefulSet, meta,
+                {{"replicas", s.shards},
+                 {"serviceName", name},
+                 {"podManagementPolicy", "Parallel"},
+                 {"selector", selector},
+                 {"template", {{"metadata", {{"labels", podLabels}}}, {"spec", podSpec}}}});
+}
+
+json headlessService(const ServiceSpec& s, const Kind& kind, const std::string& name,
+                     const json& labelSet, const json& selector) {
+  return object(kind, metadata(s, name, labelSet),
+                {{"clusterIP", "None"},
+                 {"publishNotReadyAddresses", true},
+                 {"selector", selector},
+                 {"ports", json::array({{{"name", "grpc"}, {"port", kShardPort}},
+                                        {{"name", "rendezvous"}, {"port", kRendezvousPort}}})}});
+}
+
+json modelCacheClaim(const ServiceSpec& s, const Kinds& k, int64_t r) {
+  json spec = {{"accessModes", json::array({s.cacheAccessMode})},
+               {"resources", {{"requests", {{"storage", s.cacheSize}}}}}};
+  if (!s.cacheStorageClass.empty()) spec["storageClassName"] = s.cacheStorageClass;
+  json l = labels(s, "model-cache");
+  l[kReplicaLabel] = std::to_string(r);
+  return object(k.persistentVolumeClaim, metadata(s, s.name + "-model-cache-" + std::to_string(r), l),
+                spec);
+}
+
+std::vector<std::string> routerArgs(const ServiceSpec& s) {
+  std::vector<std::string> a = {
+      "--port", std::to_string(kRouterPort), "--shard-discovery",
+      "dns:" + s.name + "-shards." + s.ns + ".svc.cluster.local:" + std::to_string(kShardPort)};
+  auto add = [&](const char* flag, const auto& v) {
+    if (v) {
+      a.push_back(flag);
+      a.push_back(std::to_string(*v));
+    }
+  };
+  const RouterSpec& r = s.router;
+  add("--max-concurrent-requests", r.maxConcurrentRequests);
+  add("--max-input-tokens", r.maxInputTokens);
+  add("--max-total-tokens", r.maxTotalTokens);
+  add("--max-batch-prefill-tokens", r.maxBatchPrefillTokens);
+  add("--max-batch-total-tokens", r.maxBatchTotalTokens);
+  add("--max-waiting-tokens", r.maxWaitingTokens);
+  add("--waiting-served-ratio", r.waitingServedRatio);
+  if (r.apiKey) a.insert(a.end(), {"--api-key", "$(API_KEY)"});  // expanded by the kubelet
+  return a;
+}
+
+json routerDeployment(const ServiceSpec& s, const Kinds& k) {
+  const json l = labels(s, "router");
+  json env = modelEnv(s);
+  if (s.router.apiKey) env.push_back(secretEnv("API_KEY", *s.router.apiKey));
+  json container = {
+      {"name", "router"},
+      {"image", s.image},
+      {"imagePullPolicy", s.imagePullPolicy},
+      {"command", command(s, "textgen-router", "--tokenizer-name", routerArgs(s))},
+      {"env", env},
+      {"ports", json::array({{{"name", "http"}, {"containerPort", kRouterPort}}})},
+      {"readinessProbe",
+       {{"httpGet", {{"path", "/health"}, {"port", "http"}}}, {"periodSeconds", 5}}},
+      {"livenessProbe", {{"tcpSocket", {{"port", "http"}}}, {"periodSeconds", 10}}},
+      {"resources", s.router.resources},
+      {"volumeMounts", json::array({{{"name", "model"}, {"mountPath", kModelMount}}})}};
+  // The router needs the tokenizer: from the model's volume, or a cache of its own.
+  json volume = fromHub(s) ? json{{"name", "model"}, {"emptyDir", json::object()}}
+                           : modelVolume(s, 0);
+  json podSpec = {{"containers", json::array({container})}, {"volumes", json::array({volume})}};
+  schedule(s, podSpec);
+  podSpec.erase("tolerations");  // GPU nodes' taints are the shards' business
+  return object(k.deployment, metadata(s, s.name + "-router", l),
+                {{"replicas", s.router.replicas},
+                 {"selector", {{"matchLabels", {{kServiceLabel, s.name}, {kComponentLabel, "router"}}}}},
+                 {"template", {{"metadata", {{"labels", l}}}, {"spec", podSpec}}}});
+}
+
+json routerService(const ServiceSpec& s, const Kinds& k) {
+  return object(k.service, metadata(s, s.name, labels(s, "router")),
+                {{"selector", {{kServiceLabel, s.name}, {kComponentLabel, "router"}}},
+                 {"ports", json::array({{{"name", "http"},
+                                         {"port", 80},
+                                         {"targetPort", "http"}}})}});
+}
+
+json autoscaler(const ServiceSpec& s, const Kinds& k) {
+  const json target = {{"apiVersion", "textgen.dev/v1alpha1"},
+                       {"kind", "TextGenerationService"},
+                       {"name", s.name}};
+  const AutoscalingSpec& a = s.autoscaling;
+  if (a.mode == "KEDA") {
+    return object(
+        k.scaledObject, metadata(s, s.name, labels(s, "")),
+        {{"scaleTargetRef", target},
+         {"minReplicaCount", a.minReplicas},
+         {"maxReplicaCount", a.maxReplicas},
+         {"triggers",
+          json::array({{{"type", "prometheus"},
+                        {"metadata",
+                         {{"serverAddress", a.prometheusAddress},
+                          {"query", "sum(tgi_queue_size{namespace=\"" + s.ns + "\",service=\"" +
+                                        s.name + "\"})"},
+                          {"threshold", std::to_string(a.targetQueueSizePerReplica)}}}}})}});
+  }
+  // The router's queue, averaged over the replicas: a custom-metrics adapter (e.g.
+  // prometheus-adapter) serves tgi_queue_size for the router Service.
+  return object(
+      k.horizontalPodAutoscaler, metadata(s, s.name, labels(s, "")),
+      {{"scaleTargetRef", target},
+       {"minReplicas", a.minReplicas},
+       {"maxReplicas", a.maxReplicas},
+       {"metrics",
+        json::array({{{"type", "Object"},
+                      {"object",
+                       {{"describedObject", {{"apiVersion", "v1"}, {"kind", "Service"}, {"name", s.name}}},
+                        {"metric", {{"name", "tgi_queue_size"}}},
+                        {"target",
+                         {{"type", "AverageValue"},
+                          {"averageValue", std::to_string(a.targetQueueSizePerReplica)}}}}}}})}});
+}
+
+}  // namespace
+
+std::string shardSelector(const ServiceSpec& s) {
+  return std::string(kServiceLabel) + "=" + s.name + "," + kComponentLabel + "=shard";
+}
+
+std::string endpointUrl(const ServiceSpec& s) {
+  return "http://" + s.name + "." + s.ns + ".svc.cluster.local";
+}
+
+std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& k) {
+  std::vector<DesiredObject> out;
+  for (int64_t r = 0; r < s.replicas; ++r) {
+    const std::string name = shardName(s, r);
+    json l = labels(s, "shard");
+    l[kReplicaLabel] = std::to_string(r);
+    if (fromHub(s)) out.push_back({k.persistentVolumeClaim, modelCacheClaim(s, k, r)});
+    out.push_back({k.service, headlessService(s, k.service, name, l,
+                                              {{kServiceLabel, s.name},
+                                               {kReplicaLabel, std::to_string(r)}})});
+    out.push_back({k.statefulSet, shardStatefulSet(s, k, r)});
+  }
+  // Every replica's rank 0, for the router's DNS discovery.
+  out.push_back({k.service, headlessService(s, k.service, s.name + "-shards", labels(s, "discovery"),
+                                            {{kServiceLabel, s.name},
+                                             {kComponentLabel, "shard"},
+                                             {"apps.kubernetes.io/pod-index", "0"}})});
+  out.push_back({k.deployment, routerDeployment(s, k)});
+  out.push_back({k.service, routerService(s, k)});
+  out.push_back({k.podDisruptionBudget,
+                 object(k.podDisruptionBudget, metadata(s, s.name + "-shards", labels(s, "shard")),
+                        {{"maxUnavailable", 1},
+                         {"selector", {{"matchLabels", {{kServiceLabel, s.name},
+                                                        {kComponentLabel, "shard"}}}}}})});
+  if (s.autoscaling.enabled) {
+    const Kind& kind = s.autoscaling.mode == "KEDA" ? k.scaledObject : k.horizontalPodAutoscaler;
+    out.push_back({kind, autoscaler(s, k)});
+  }
+  return out;
+}
+
+}  // namespace textgen::op

@@ -1,0 +1,157 @@
+#include "textgen/operator/informer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "textgen/base/log.h"
+
+namespace textgen::op {
+namespace {
+
+constexpr int kWatchSeconds = 60;
+
+std::string urlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Informer::Informer(KubeClient& client, std::string collectionPath, std::string labelSelector,
+                   Handler handler)
+    : client_(client),
+      path_(std::move(collectionPath)),
+      selector_(std::move(labelSelector)),
+      handler_(std::move(handler)) {}
+
+Informer::~Informer() {
+  stop();
+  if (thread_.joinable()) thread_.detach();  // a watch may be blocked in a read
+}
+
+void Informer::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void Informer::stop() {
+  stop_.store(true);
+}
+
+std::string Informer::keyOf(const json& object) {
+  const json& m = object.at("metadata");
+  return m.value("namespace", std::string()) + "/" + m.value("name", std::string());
+}
+
+std::optional<json> Informer::get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<json> Informer::list() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<json> out;
+  for (const auto& [k, v] : cache_) out.push_back(v);
+  return out;
+}
+
+void Informer::apply(const std::string& type, const json& object) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (type == "DELETED") {
+      cache_.erase(keyOf(object));
+    } else {
+      cache_[keyOf(object)] = object;
+    }
+  }
+  handler_(type, object);
+}
+
+bool Informer::listOnce(std::string& resourceVersion) {
+  const std::string query = selector_.empty() ? "" : "?labelSelector=" + urlEncode(selector_);
+  auto r = client_.request("GET", path_ + query);
+  if (!r.ok() || !r->ok()) {
+    spdlog::warn("list {} failed: {}", path_, r.ok() ? r->message() : r.status().toString());
+    return false;
+  }
+  resourceVersion = r->body["metadata"].value("resourceVersion", std::string());
+  std::map<std::string, json> fresh;
+  for (const json& item : r->body.value("items", json::array())) fresh[keyOf(item)] = item;
+  std::vector<json> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [k, v] : cache_)
+      if (!fresh.count(k)) gone.push_back(v);
+    cache_ = fresh;
+  }
+  synced_.store(true);
+  for (const json& g : gone) handler_("DELETED", g);
+  for (const auto& [k, v] : fresh) handler_("SYNC", v);
+  return true;
+}
+
+void Informer::run() {
+  auto backoff = std::chrono::milliseconds(100);
+  while (!stop_.load()) {
+    std::string rv;
+    if (!listOnce(rv)) {
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(30));
+      continue;
+    }
+    backoff = std::chrono::milliseconds(100);
+    bool relist = false;
+    while (!stop_.load() && !relist) {
+      std::string query = "?watch=1&allowWatchBookmarks=true&timeoutSeconds=" +
+                          std::to_string(kWatchSeconds) + "&resourceVersion=" + urlEncode(rv);
+      if (!selector_.empty()) query += "&labelSelector=" + urlEncode(selector_);
+      const Status st = client_.watch(
+          path_ + query,
+          [&](const json& event) {
+            const std::string type = event.value("type", std::string());
+            const json& obj = event.contains("object") ? event["object"] : json::object();
+            if (type == "ERROR") {
+              const int code = obj.value("code", 0);
+              if (code == 410) {
+                spdlog::info("watch {} expired at resourceVersion {}: relisting", path_, rv);
+              } else {
+                spdlog::warn("watch {} error: {}", path_, obj.dump());
+              }
+              relist = true;
+              return false;
+            }
+            if (obj.contains("metadata") && obj["metadata"].contains("resourceVersion"))
+              rv = obj["metadata"]["resourceVersion"].get<std::string>();
+            if (type == "BOOKMARK") return true;
+            apply(type, obj);
+            return !stop_.load();
+          },
+          stop_);
+      if (relist) {
+        relists_.fetch_add(1);
+      } else if (!st.ok()) {
+        // A 410 on the watch request itself also means the version is gone.
+        relist = st.code() == StatusCode::kFailedPrecondition;
+        if (!relist) {
+          spdlog::warn("watch {}: {}; retrying in {} ms", path_, st.toString(), backoff.count());
+          std::this_thread::sleep_for(backoff);
+          backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(30));
+        }
+      } else {
+        backoff = std::chrono::milliseconds(100);
+      }
+    }
+  }
+}
+
+}  // namespace textgen::op

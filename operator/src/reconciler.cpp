@@ -1,0 +1,289 @@
+#include "textgen/operator/reconciler.h"
+
+#include <ctime>
+#include <set>
+
+#include "textgen/base/log.h"
+#include "textgen/operator/desired_objects.h"
+#include "textgen/operator/service_spec.h"
+
+namespace textgen::op {
+namespace {
+
+std::string nowRfc3339() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+json condition(const std::string& type, bool status, const std::string& reason,
+               const std::string& message, int64_t generation) {
+  return {{"type", type},
+          {"status", status ? "True" : "False"},
+          {"reason", reason},
+          {"message", message},
+          {"observedGeneration", generation}};
+}
+
+// Keeps a condition's lastTransitionTime while its status stays the same.
+void stampTransitions(json& conditions, const json& previous) {
+  for (json& c : conditions) {
+    std::string since = nowRfc3339();
+    for (const json& p : previous) {
+      if (p.value("type", "") == c["type"] && p.value("status", "") == c["status"])
+        since = p.value("lastTransitionTime", since);
+    }
+    c["lastTransitionTime"] = since;
+  }
+}
+
+std::string urlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+// The service's status from what its children report.
+json observedStatus(const ServiceSpec& s, const Informer& statefulSets, const Informer& deployments,
+                    const std::string& applyError) {
+  int64_t ready = 0, rolling = 0;
+  std::string notReady;
+  for (int64_t r = 0; r < s.replicas; ++r) {
+    const std::string name = s.name + "-shard-" + std::to_string(r);
+    auto sts = statefulSets.get(s.ns + "/" + name);
+    const json st = sts ? sts->value("status", json::object()) : json::object();
+    const int64_t gen = sts ? (*sts)["metadata"].value("generation", int64_t{0}) : 0;
+    const bool current = sts && st.value("observedGeneration", int64_t{0}) >= gen;
+    if (current && st.value("readyReplicas", int64_t{0}) >= s.shards &&
+        st.value("updatedReplicas", s.shards) >= s.shards) {
+      ++ready;
+    } else {
+      ++rolling;
+      if (notReady.empty()) notReady = name;
+    }
+  }
+  auto router = deployments.get(s.ns + "/" + s.name + "-router");
+  const bool routerReady =
+      router && router->value("status", json::object()).value("readyReplicas", int64_t{0}) >= 1;
+  const int64_t g = s.generation;
+  json conditions = json::array();
+  if (!applyError.empty()) {
+    conditions.push_back(condition("Ready", false, "ApplyFailed", applyError, g));
+  } else if (s.replicas == 0) {
+    conditions.push_back(condition("Ready", false, "ScaledToZero", "spec.replicas is 0", g));
+  } else if (ready < s.replicas) {
+    conditions.push_back(condition("Ready", false, "ReplicasNotReady",
+                                   std::to_string(ready) + "/" + std::to_string(s.replicas) +
+                                       " replicas ready (" + notReady + " is not)",
+                                   g));
+  } else if (!routerReady) {
+    conditions.push_back(
+        condition("Ready", false, "RouterNotReady", "the router has no ready pod", g));
+  } else {
+    conditions.push_back(condition("Ready", true, "Ready",
+                                   std::to_string(ready) + " replicas and the router are ready", g));
+  }
+  const bool progressing = rolling > 0 || !routerReady;
+  conditions.push_back(condition("Progressing", progressing && applyError.empty(),
+                                 progressing ? "RollingOut" : "Stable",
+                                 progressing ? std::to_string(rolling) + " replicas rolling out"
+                                             : "every replica is up to date",
+                                 g));
+  conditions.push_back(condition("Degraded", !applyError.empty(),
+                                 applyError.empty() ? "AsExpected" : "ApplyFailed",
+                                 applyError.empty() ? "" : applyError, g));
+  return {{"observedGeneration", g},
+          {"replicas", s.replicas},
+          {"readyReplicas", ready},
+          {"selector", shardSelector(s)},
+          {"endpoint", endpointUrl(s)},
+          {"conditions", conditions}};
+}
+
+}  // namespace
+
+bool containsFields(const json& have, const json& want) {
+  if (want.is_object()) {
+    if (!have.is_object()) return false;
+    for (auto it = want.begin(); it != want.end(); ++it) {
+      if (!have.contains(it.key()) || !containsFields(have[it.key()], it.value())) return false;
+    }
+    return true;
+  }
+  if (want.is_array()) {
+    if (!have.is_array() || have.size() != want.size()) return false;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (!containsFields(have[i], want[i])) return false;
+    return true;
+  }
+  if (want.is_number() && have.is_number()) return want.get<double>() == have.get<double>();
+  return have == want;
+}
+
+Reconciler::Reconciler(KubeClient& client, const Kinds& kinds, std::string defaultImage,
+                       Informer& services, Informer& statefulSets, Informer& deployments)
+    : client_(client),
+      kinds_(kinds),
+      defaultImage_(std::move(defaultImage)),
+      services_(services),
+      statefulSets_(statefulSets),
+      deployments_(deployments) {}
+
+StatusOr<KubeResponse> Reconciler::write(const std::string& method, const std::string& path,
+                                         const std::optional<json>& body,
+                                         const std::string& contentType) {
+  metrics_.writes.fetch_add(1);
+  auto r = client_.request(method, path, body, contentType);
+  if (r.ok() && r->status == 409) metrics_.conflicts.fetch_add(1);
+  return r;
+}
+
+StatusOr<json> Reconciler::live(const Kind& kind, const std::string& ns, const std::string& name) {
+  if (kind.kind == kinds_.statefulSet.kind && kind.group == kinds_.statefulSet.group) {
+    auto o = statefulSets_.get(ns + "/" + name);
+    return o ? *o : json();
+  }
+  if (kind.kind == kinds_.deployment.kind && kind.group == kinds_.deployment.group) {
+    auto o = deployments_.get(ns + "/" + name);
+    return o ? *o : json();
+  }
+  TG_ASSIGN_OR_RETURN(KubeResponse r, client_.request("GET", kind.path(ns, name)));
+  if (r.status == 404) return json();
+  TG_RETURN_IF_ERROR(responseStatus(r, "get " + kind.kind + " " + name));
+  return r.body;
+}
+
+Status Reconciler::reconcile(const std::string& key) {
+  metrics_.reconciles.fetch_add(1);
+  auto resource = services_.get(key);
+  if (!resource) return okStatus();  // gone; its children went with the finalizer
+  if ((*resource)["metadata"].contains("deletionTimestamp")) return finalize(*resource);
+  TG_RETURN_IF_ERROR(ensureFinalizer(*resource));
+
+  auto spec = parseServiceSpec(*resource, defaultImage_);
+  const json previous = resource->value("status", json::object());
+  if (!spec.ok()) {
+    const int64_t g = (*resource)["metadata"].value("generation", int64_t{0});
+    json conditions = json::array(
+        {condition("Ready", false, "InvalidSpec", spec.status().message(), g),
+         condition("Progressing", false, "InvalidSpec", spec.status().message(), g),
+         condition("Degraded", true, "InvalidSpec", spec.status().message(), g)});
+    json status = {{"observedGeneration", g}, {"conditions", conditions}};
+    return writeStatus(*resource, status);
+  }
+  std::string applyError;
+  const Status applied = applyChildren(*spec, applyError);
+  if (!applied.ok() && applied.code() == StatusCode::kAborted) return applied;  // requeue
+  if (!applied.ok()) applyError = applied.message();
+  json status = observedStatus(*spec, statefulSets_, deployments_, applyError);
+  TG_RETURN_IF_ERROR(writeStatus(*resource, status));
+  return applyError.empty() ? okStatus() : unavailableError(applyError);
+}
+
+Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyError) {
+  const std::vector<DesiredObject> desired = desiredObjects(spec, kinds_);
+  for (const DesiredObject& d : desired) {
+    TG_ASSIGN_OR_RETURN(json current, live(d.kind, spec.ns, d.name()));
+    if (!current.is_null() && containsFields(current, d.object)) continue;  // settled
+    TG_ASSIGN_OR_RETURN(KubeResponse r, write("PATCH",
+                                              d.kind.path(spec.ns, d.name()) +
+                                                  "?fieldManager=" + kFieldManager + "&force=true",
+                                              d.object, "application/apply-patch+yaml"));
+    if (r.status == 409) return responseStatus(r, "apply " + d.kind.kind + " " + d.name());
+    if (!r.ok()) {
+      applyError = "apply " + d.kind.kind + " " + d.name() + ": " + r.message();
+      spdlog::warn("{}/{}: {}", spec.ns, spec.name, applyError);
+    }
+  }
+  return prune(spec, desired);
+}
+
+Status Reconciler::prune(const ServiceSpec& spec, const std::vector<DesiredObject>& desired) {
+  std::set<std::string> wanted;
+  for (const DesiredObject& d : desired) wanted.insert(d.kind.plural + "/" + d.name());
+  const std::string selector = std::string(kServiceLabel) + "=" + spec.name;
+  for (const Kind* kind : {&kinds_.statefulSet, &kinds_.service, &kinds_.persistentVolumeClaim,
+                           &kinds_.deployment, &kinds_.horizontalPodAutoscaler,
+                           &kinds_.podDisruptionBudget, &kinds_.scaledObject}) {
+    auto r = client_.request("GET", kind->path(spec.ns) + "?labelSelector=" + urlEncode(selector));
+    if (!r.ok()) return r.status();
+    if (r->status == 404) continue;  // a kind this cluster does not serve (KEDA absent)
+    TG_RETURN_IF_ERROR(responseStatus(*r, "list " + kind->plural));
+    for (const json& item : r->body.value("items", json::array())) {
+      const std::string name = item["metadata"].value("name", std::string());
+      if (wanted.count(kind->plural + "/" + name)) continue;
+      spdlog::info("{}/{}: deleting {} {} (no longer wanted)", spec.ns, spec.name, kind->kind, name);
+      TG_ASSIGN_OR_RETURN(KubeResponse d, write("DELETE", kind->path(spec.ns, name), std::nullopt,
+                                                "application/json"));
+      if (d.status != 404) TG_RETURN_IF_ERROR(responseStatus(d, "delete " + name));
+    }
+  }
+  return okStatus();
+}
+
+Status Reconciler::writeStatus(const json& resource, const json& status) {
+  const json previous = resource.value("status", json::object());
+  json next = status;
+  stampTransitions(next["conditions"], previous.value("conditions", json::array()));
+  if (containsFields(previous, next) && containsFields(next, previous)) return okStatus();
+  const json& m = resource["metadata"];
+  const std::string path =
+      kinds_.textGenerationService.path(m.value("namespace", ""), m.value("name", "")) + "/status";
+  TG_ASSIGN_OR_RETURN(KubeResponse r,
+                      write("PATCH", path, json{{"status", next}}, "application/merge-patch+json"));
+  if (r.status == 404) return okStatus();  // deleted meanwhile
+  return responseStatus(r, "write status");
+}
+
+Status Reconciler::ensureFinalizer(const json& resource) {
+  const json& m = resource["metadata"];
+  json finalizers = m.value("finalizers", json::array());
+  for (const json& f : finalizers)
+    if (f == kFinalizer) return okStatus();
+  finalizers.push_back(kFinalizer);
+  json patch = {{"metadata",
+                 {{"finalizers", finalizers}, {"resourceVersion", m.value("resourceVersion", "")}}}};
+  TG_ASSIGN_OR_RETURN(
+      KubeResponse r,
+      write("PATCH", kinds_.textGenerationService.path(m.value("namespace", ""), m.value("name", "")),
+            patch, "application/merge-patch+json"));
+  return responseStatus(r, "add finalizer");
+}
+
+Status Reconciler::finalize(const json& resource) {
+  const json& m = resource["metadata"];
+  json finalizers = m.value("finalizers", json::array()), rest = json::array();
+  bool ours = false;
+  for (const json& f : finalizers) {
+    if (f == kFinalizer) {
+      ours = true;
+    } else {
+      rest.push_back(f);
+    }
+  }
+  if (!ours) return okStatus();
+  ServiceSpec none;
+  none.name = m.value("name", "");
+  none.ns = m.value("namespace", "");
+  TG_RETURN_IF_ERROR(prune(none, {}));  // every child
+  json patch = {{"metadata", {{"finalizers", rest}, {"resourceVersion", m.value("resourceVersion", "")}}}};
+  TG_ASSIGN_OR_RETURN(KubeResponse r,
+                      write("PATCH", kinds_.textGenerationService.path(none.ns, none.name), patch,
+                            "application/merge-patch+json"));
+  if (r.status == 404) return okStatus();
+  spdlog::info("{}/{}: deleted its objects, finalizer removed", none.ns, none.name);
+  return responseStatus(r, "remove finalizer");
+}
+
+}  // namespace textgen::op

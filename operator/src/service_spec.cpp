@@ -1,0 +1,126 @@
+#include "textgen/operator/service_spec.h"
+
+namespace textgen::op {
+namespace {
+
+Status fieldError(const std::string& field, const std::string& what) {
+  return invalidArgumentError("spec." + field + " " + what);
+}
+
+StatusOr<std::optional<int64_t>> optionalInt(const json& j, const char* key, const std::string& at,
+                                             int64_t min) {
+  if (!j.contains(key) || j[key].is_null()) return std::optional<int64_t>();
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() < min)
+    return fieldError(at + key, "must be an integer >= " + std::to_string(min));
+  return std::optional<int64_t>(j[key].get<int64_t>());
+}
+
+StatusOr<int64_t> intOr(const json& j, const char* key, const std::string& at, int64_t min,
+                        int64_t fallback) {
+  TG_ASSIGN_OR_RETURN(auto v, optionalInt(j, key, at, min));
+  return v.value_or(fallback);
+}
+
+std::string stringOr(const json& j, const char* key, const std::string& fallback) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
+}
+
+StatusOr<std::optional<SecretKeyRef>> secretRef(const json& j, const char* key,
+                                                const std::string& at, const char* defaultKey) {
+  if (!j.contains(key) || j[key].is_null()) return std::optional<SecretKeyRef>();
+  const json& s = j[key];
+  if (!s.is_object() || !s.contains("name") || !s["name"].is_string())
+    return fieldError(at + key + ".name", "is required");
+  return std::optional<SecretKeyRef>(
+      SecretKeyRef{s["name"].get<std::string>(), stringOr(s, "key", defaultKey)});
+}
+
+Status parseRouter(const json& r, RouterSpec& out) {
+  const std::string at = "router.";
+  TG_ASSIGN_OR_RETURN(out.replicas, intOr(r, "replicas", at, 1, 1));
+  TG_ASSIGN_OR_RETURN(out.maxConcurrentRequests, optionalInt(r, "maxConcurrentRequests", at, 1));
+  TG_ASSIGN_OR_RETURN(out.maxInputTokens, optionalInt(r, "maxInputTokens", at, 1));
+  TG_ASSIGN_OR_RETURN(out.maxTotalTokens, optionalInt(r, "maxTotalTokens", at, 2));
+  TG_ASSIGN_OR_RETURN(out.maxBatchPrefillTokens, optionalInt(r, "maxBatchPrefillTokens", at, 1));
+  TG_ASSIGN_OR_RETURN(out.maxBatchTotalTokens, optionalInt(r, "maxBatchTotalTokens", at, 1));
+  TG_ASSIGN_OR_RETURN(out.maxWaitingTokens, optionalInt(r, "maxWaitingTokens", at, 1));
+  if (r.contains("waitingServedRatio") && !r["waitingServedRatio"].is_null()) {
+    if (!r["waitingServedRatio"].is_number() || r["waitingServedRatio"].get<double>() < 0)
+      return fieldError(at + "waitingServedRatio", "must be a number >= 0");
+    out.waitingServedRatio = r["waitingServedRatio"].get<double>();
+  }
+  if (out.maxInputTokens && out.maxTotalTokens && *out.maxInputTokens >= *out.maxTotalTokens)
+    return fieldError(at + "maxInputTokens", "must be less than maxTotalTokens");
+  TG_ASSIGN_OR_RETURN(out.apiKey, secretRef(r, "apiKeySecret", at, "API_KEY"));
+  if (r.contains("resources") && r["resources"].is_object()) out.resources = r["resources"];
+  return okStatus();
+}
+
+Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
+  const std::string at = "autoscaling.";
+  out.enabled = a.value("enabled", true);
+  out.mode = stringOr(a, "mode", "HPA");
+  if (out.mode != "HPA" && out.mode != "KEDA") return fieldError(at + "mode", "must be HPA or KEDA");
+  TG_ASSIGN_OR_RETURN(out.minReplicas, intOr(a, "minReplicas", at, 1, 1));
+  TG_ASSIGN_OR_RETURN(auto max, optionalInt(a, "maxReplicas", at, 1));
+  if (!max) return fieldError(at + "maxReplicas", "is required");
+  out.maxReplicas = *max;
+  if (out.minReplicas > out.maxReplicas)
+    return fieldError(at + "minReplicas", "must not exceed maxReplicas");
+  TG_ASSIGN_OR_RETURN(out.targetQueueSizePerReplica,
+                      intOr(a, "targetQueueSizePerReplica", at, 1, 8));
+  out.prometheusAddress = stringOr(a, "prometheusAddress", "");
+  if (out.mode == "KEDA" && out.prometheusAddress.empty())
+    return fieldError(at + "prometheusAddress", "is required for KEDA");
+  return okStatus();
+}
+
+}  // namespace
+
+StatusOr<ServiceSpec> parseServiceSpec(const json& resource, const std::string& defaultImage) {
+  ServiceSpec s;
+  const json& meta = resource.value("metadata", json::object());
+  s.name = stringOr(meta, "name", "");
+  s.ns = stringOr(meta, "namespace", "default");
+  s.uid = stringOr(meta, "uid", "");
+  s.generation = meta.value("generation", int64_t{0});
+  if (s.name.empty()) return invalidArgumentError("metadata.name is required");
+  const json spec = resource.value("spec", json::object());
+  if (!spec.is_object()) return invalidArgumentError("spec must be an object");
+  const json model = spec.value("model", json::object());
+  s.modelId = stringOr(model, "id", "");
+  if (s.modelId.empty()) return fieldError("model.id", "is required");
+  s.revision = stringOr(model, "revision", "main");
+  TG_ASSIGN_OR_RETURN(s.hfToken, secretRef(model, "hfTokenSecret", "model.", "HF_TOKEN"));
+  if (model.contains("pvc") && model["pvc"].is_object()) {
+    s.modelPvc = stringOr(model["pvc"], "claimName", "");
+    if (s.modelPvc.empty()) return fieldError("model.pvc.claimName", "is required");
+    if (s.modelId.find("..") != std::string::npos)
+      return fieldError("model.id", "must not leave the volume ('..')");
+  }
+  const json cache = spec.value("modelCache", json::object());
+  s.cacheSize = stringOr(cache, "size", s.cacheSize);
+  s.cacheStorageClass = stringOr(cache, "storageClassName", "");
+  s.cacheAccessMode = stringOr(cache, "accessMode", s.cacheAccessMode);
+  s.dtype = stringOr(spec, "dtype", "");
+  s.quantize = stringOr(spec, "quantize", "");
+  TG_ASSIGN_OR_RETURN(s.shards, intOr(spec, "shards", "", 1, 1));
+  TG_ASSIGN_OR_RETURN(s.replicas, intOr(spec, "replicas", "", 0, 1));
+  TG_ASSIGN_OR_RETURN(s.gpusPerShard, intOr(spec, "gpusPerShard", "", 0, 1));
+  if (spec.contains("resources") && spec["resources"].is_object()) s.resources = spec["resources"];
+  s.image = stringOr(spec, "image", defaultImage);
+  if (s.image.empty()) return fieldError("image", "is required (the operator has no default)");
+  s.imagePullPolicy = stringOr(spec, "imagePullPolicy", s.imagePullPolicy);
+  if (spec.contains("router")) TG_RETURN_IF_ERROR(parseRouter(spec["router"], s.router));
+  if (spec.contains("autoscaling") && spec["autoscaling"].is_object())
+    TG_RETURN_IF_ERROR(parseAutoscaling(spec["autoscaling"], s.autoscaling));
+  if (spec.contains("nodeSelector") && spec["nodeSelector"].is_object())
+    s.nodeSelector = spec["nodeSelector"];
+  if (spec.contains("tolerations") && spec["tolerations"].is_array())
+    s.tolerations = spec["tolerations"];
+  if (spec.contains("affinity") && spec["affinity"].is_object()) s.affinity = spec["affinity"];
+  s.priorityClassName = stringOr(spec, "priorityClassName", "");
+  return s;
+}
+
+}  // namespace textgen::op
