@@ -17,6 +17,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3
   # metrics exposition checks (promtool) and a real scrape in the router tests
   prometheus
+  # the operator's tests: etcd under a real API server (tools/k8s-test-server/build.sh), test
+  # certificates, YAML manifests
+  etcd-server openssl python3-yaml
 )
 
 # Node.js for the third-party client tests (openai, @huggingface/inference); Debian's when none is here.

@@ -5,7 +5,7 @@
 //
 //   textgen-operator [--kubeconfig FILE] [--namespace NS] [--image IMAGE] [--metrics-port 8080]
 //                    [--leader-elect true|false] [--lease-namespace NS] [--lease-seconds 15]
-//                    [--workers 2] [--json-output] [--log-level info]
+//                    [--workers 2] [--watch-seconds 60] [--json-output] [--log-level info]
 //   (test only) --test-api-groups: built-in kinds in look-alike <group>.textgen.test groups
 
 #include <cpprest/http_listener.h>
@@ -36,7 +36,7 @@ std::atomic<bool> gStop{false};
 
 struct Flags {
   std::string kubeconfig, ns, image, leaseNamespace, logLevel = "info";
-  int metricsPort = 8080, workers = 2, leaseSeconds = 15;
+  int metricsPort = 8080, workers = 2, leaseSeconds = 15, watchSeconds = 60;
   bool leaderElect = true, testGroups = false, json = false;
 };
 
@@ -71,6 +71,8 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       TG_RETURN_IF_ERROR(number(f.metricsPort, 0, 65535));
     } else if (a == "--workers") {
       TG_RETURN_IF_ERROR(number(f.workers, 1, 64));
+    } else if (a == "--watch-seconds") {
+      TG_RETURN_IF_ERROR(number(f.watchSeconds, 1, 1800));
     } else if (a == "--lease-seconds") {
       TG_RETURN_IF_ERROR(number(f.leaseSeconds, 2, 3600));
     } else if (a == "--leader-elect") {
@@ -167,10 +169,11 @@ int run(const Flags& f) {
     return k.path(scope);
   };
   Informer services(kube, collection(kinds.textGenerationService), "",
-                    [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); });
+                    [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); },
+                    f.watchSeconds);
   const std::string managed = "app.kubernetes.io/managed-by=textgen-operator";
-  Informer statefulSets(kube, collection(kinds.statefulSet), managed, owner);
-  Informer deployments(kube, collection(kinds.deployment), managed, owner);
+  Informer statefulSets(kube, collection(kinds.statefulSet), managed, owner, f.watchSeconds);
+  Informer deployments(kube, collection(kinds.deployment), managed, owner, f.watchSeconds);
   Reconciler reconciler(kube, kinds, f.image, services, statefulSets, deployments);
 
   StatusServer server(f.metricsPort, [&] {

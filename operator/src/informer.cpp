@@ -8,8 +8,6 @@
 namespace textgen::op {
 namespace {
 
-constexpr int kWatchSeconds = 60;
-
 std::string urlEncode(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
@@ -27,11 +25,12 @@ std::string urlEncode(const std::string& s) {
 }  // namespace
 
 Informer::Informer(KubeClient& client, std::string collectionPath, std::string labelSelector,
-                   Handler handler)
+                   Handler handler, int watchSeconds)
     : client_(client),
       path_(std::move(collectionPath)),
       selector_(std::move(labelSelector)),
-      handler_(std::move(handler)) {}
+      handler_(std::move(handler)),
+      watchSeconds_(watchSeconds) {}
 
 Informer::~Informer() {
   stop();
@@ -113,7 +112,7 @@ void Informer::run() {
     bool relist = false;
     while (!stop_.load() && !relist) {
       std::string query = "?watch=1&allowWatchBookmarks=true&timeoutSeconds=" +
-                          std::to_string(kWatchSeconds) + "&resourceVersion=" + urlEncode(rv);
+                          std::to_string(watchSeconds_) + "&resourceVersion=" + urlEncode(rv);
       if (!selector_.empty()) query += "&labelSelector=" + urlEncode(selector_);
       const Status st = client_.watch(
           path_ + query,

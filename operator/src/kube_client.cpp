@@ -90,8 +90,9 @@ class CppRestClient final : public KubeClient {
   Status watch(const std::string& path, const std::function<bool(const json&)>& onEvent,
                const std::atomic<bool>& stop) override {
     try {
-      // The server ends a watch after its timeoutSeconds; the client waits longer than that.
-      http_client client(config_.server, clientConfig(std::chrono::seconds(330)));
+      // The server ends a watch after its timeoutSeconds (at most 30 minutes here); the client
+      // waits longer than that.
+      http_client client(config_.server, clientConfig(std::chrono::seconds(1860)));
       http_request req(methods::GET);
       req.set_request_uri(path);
       addAuth(req);

@@ -23,8 +23,9 @@ class Informer {
   using Handler = std::function<void(const std::string& type, const json& object)>;
 
   // collectionPath: e.g. /apis/apps/v1/statefulsets (every namespace) or a namespaced one.
+  // watchSeconds: how long the server keeps one watch open before it is resumed.
   Informer(KubeClient& client, std::string collectionPath, std::string labelSelector,
-           Handler handler);
+           Handler handler, int watchSeconds = 60);
   ~Informer();
   Informer(const Informer&) = delete;
   Informer& operator=(const Informer&) = delete;
@@ -47,6 +48,7 @@ class Informer {
   KubeClient& client_;
   const std::string path_, selector_;
   Handler handler_;
+  const int watchSeconds_;
   std::atomic<bool> stop_{false}, synced_{false};
   std::atomic<int64_t> relists_{0};
   mutable std::mutex mu_;

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""textgen-operator against a real API server (kube_server.py: apiextensions-apiserver + etcd).
+
+Usage: operator_test.py OPERATOR_BINARY
+Covers: the CRD installs and rejects invalid specs; a resource yields the expected objects with
+owner references, labels and env; a second pass writes nothing; status conditions follow the
+children's (simulated) readiness; the scale subresource adds and removes replicas; a spec edit rolls
+them; a watch expired by an etcd compaction is recovered by a relist; with two operators only the
+Lease holder reconciles and the other takes over when it dies; deletion cleans up.
+Prints "N passed, M failed" and exits non-zero on any failure.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_server import REPO, KubeTestServer, free_port  # noqa: E402
+
+OPERATOR = sys.argv[1]
+NS = "default"
+TGS = f"/apis/textgen.dev/v1alpha1/namespaces/{NS}/textgenerationservices"
+STS = f"/apis/apps.textgen.test/v1/namespaces/{NS}/statefulsets"
+DEPLOY = f"/apis/apps.textgen.test/v1/namespaces/{NS}/deployments"
+SVC = f"/apis/core.textgen.test/v1/namespaces/{NS}/services"
+PVC = f"/apis/core.textgen.test/v1/namespaces/{NS}/persistentvolumeclaims"
+HPA = f"/apis/autoscaling.textgen.test/v2/namespaces/{NS}/horizontalpodautoscalers"
+PDB = f"/apis/policy.textgen.test/v1/namespaces/{NS}/poddisruptionbudgets"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/textgen-operator"
+results = {"passed": 0, "failed": 0}
+
+
+def check(cond, what):
+    results["passed" if cond else "failed"] += 1
+    if not cond:
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def wait_for(what, fn, timeout=30):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.2)
+    check(False, f"timed out waiting for {what} (last: {str(last)[:300]})")
+    return None
+
+
+class Operator:
+    def __init__(self, server, name):
+        self.port = free_port()
+        self.log = open(os.path.join(server.dir, f"{name}.log"), "w+")
+        self.proc = subprocess.Popen(
+            [OPERATOR, "--kubeconfig", server.kubeconfig, "--test-api-groups", "--image", "textgen:test",
+             "--metrics-port", str(self.port), "--lease-seconds", "3", "--watch-seconds", "3"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def metrics(self):
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
+        except OSError:
+            return {}
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    def leading(self):
+        return self.metrics().get("textgen_operator_leader") == 1
+
+    def output(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.returncode
+
+
+def items(server, path):
+    code, body = server.request("GET", path)
+    return {i["metadata"]["name"]: i for i in body.get("items", [])} if code == 200 else {}
+
+
+def get(server, path):
+    code, body = server.request("GET", path)
+    return body if code == 200 else None
+
+
+def condition(obj, type_):
+    for c in ((obj or {}).get("status") or {}).get("conditions", []):
+        if c["type"] == type_:
+            return c
+    return {}
+
+
+def service(name, **spec):
+    body = {"model": {"id": "meta-llama/Llama-2-7b-hf", "revision": "main",
+                      "hfTokenSecret": {"name": "hf"}},
+            "shards": 2, "replicas": 2, "dtype": "bfloat16",
+            "router": {"maxInputTokens": 1024, "maxTotalTokens": 2048, "apiKeySecret": {"name": "api"}},
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetQueueSizePerReplica": 6},
+            "nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}
+    body.update(spec)
+    return {"apiVersion": "textgen.dev/v1alpha1", "kind": "TextGenerationService",
+            "metadata": {"name": name, "namespace": NS}, "spec": body}
+
+
+def env_of(container):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def mark_ready(server, tgs_name, replicas, shards):
+    """What the StatefulSet and Deployment controllers would report once every pod is ready."""
+    for r in range(replicas):
+        sts = get(server, f"{STS}/{tgs_name}-shard-{r}")
+        if sts:
+            server.merge(f"{STS}/{tgs_name}-shard-{r}/status", {"status": {
+                "replicas": shards, "readyReplicas": shards, "updatedReplicas": shards,
+                "observedGeneration": sts["metadata"]["generation"]}})
+    server.merge(f"{DEPLOY}/{tgs_name}-router/status", {"status": {"replicas": 1, "readyReplicas": 1}})
+
+
+def test_crd(server):
+    crd = yaml.safe_load(open(os.path.join(REPO, "manifests/crd/textgen.dev_textgenerationservices.yaml")))
+    server.install_crd(crd)
+    check(True, "CRD installs")
+    invalid = [("shards 0", service("bad", shards=0)),
+               ("no model", {"apiVersion": "textgen.dev/v1alpha1", "kind": "TextGenerationService",
+                             "metadata": {"name": "bad"}, "spec": {"replicas": 1}}),
+               ("bad dtype", service("bad", dtype="float8")),
+               ("min > max replicas", service("bad", autoscaling={"minReplicas": 5, "maxReplicas": 2})),
+               ("input >= total", service("bad", router={"maxInputTokens": 10, "maxTotalTokens": 10})),
+               ("KEDA without prometheus", service("bad", autoscaling={"maxReplicas": 2, "mode": "KEDA"})),
+               ("revision with a PVC", service("bad", model={"id": "m", "revision": "r", "pvc": {"claimName": "c"}}))]
+    for what, obj in invalid:
+        code, body = server.request("POST", TGS, obj)
+        check(code == 422, f"invalid spec ({what}) refused with 422, got {code}: {str(body)[:200]}")
+    code, body = server.request("POST", TGS, service("defaults", shards=None, replicas=None))
+    spec = (body or {}).get("spec", {})
+    check(code == 201 and spec.get("shards") == 1 and spec.get("replicas") == 1,
+          f"defaults applied by the schema: {code} {spec}")
+    server.request("DELETE", f"{TGS}/defaults")
+
+
+def test_objects(server, op):
+    code, _ = server.request("POST", TGS, service("llama"))
+    check(code == 201, f"create llama: {code}")
+    uid = get(server, f"{TGS}/llama")["metadata"]["uid"]
+    # Applied one after another: wait for the last kinds too.
+    wait_for("every object", lambda: len(items(server, STS)) == 2 and "llama" in items(server, SVC) and
+             items(server, HPA) and items(server, PDB))
+    sts = items(server, STS)
+    for r in (0, 1):
+        s = sts.get(f"llama-shard-{r}", {})
+        refs = s.get("metadata", {}).get("ownerReferences", [])
+        check(len(refs) == 1 and refs[0]["uid"] == uid and refs[0]["controller"] is True and
+              refs[0]["kind"] == "TextGenerationService", f"shard-{r} owner reference: {refs}")
+        labels = s.get("metadata", {}).get("labels", {})
+        check(labels.get("textgen.dev/service") == "llama" and labels.get("textgen.dev/replica") == str(r) and
+              labels.get("app.kubernetes.io/managed-by") == "textgen-operator", f"shard-{r} labels: {labels}")
+        spec = s.get("spec", {})
+        check(spec.get("replicas") == 2 and spec.get("serviceName") == f"llama-shard-{r}",
+              f"shard-{r}: 2 pods behind its headless Service")
+        pod = spec.get("template", {}).get("spec", {})
+        c = pod.get("containers", [{}])[0]
+        env = env_of(c)
+        check(env.get("RANK") == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}},
+              f"RANK from the pod ordinal: {env.get('RANK')}")
+        check(env.get("WORLD_SIZE") == "2" and
+              env.get("MASTER_ADDR") == f"llama-shard-{r}-0.llama-shard-{r}.{NS}.svc.cluster.local" and
+              env.get("MASTER_PORT") == "29500", f"rendezvous env: {env}")
+        check(env.get("HF_TOKEN") == {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}} and
+              env.get("MODEL_ID") == "meta-llama/Llama-2-7b-hf", "model and token env")
+        check("--dtype 'bfloat16'" in " ".join(c.get("command", [])) or "bfloat16" in json.dumps(c.get("command")),
+              f"dtype passed to the shard: {c.get('command')}")
+        check(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == "1", "one GPU per shard")
+        check(all(p in c for p in ("readinessProbe", "livenessProbe", "startupProbe")), "shard probes")
+        check(pod.get("nodeSelector") == {"gpu": "h100"} and pod.get("tolerations"), "scheduling fields")
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        check(vols.get("model", {}).get("persistentVolumeClaim", {}).get("claimName") == f"llama-model-cache-{r}",
+              "each replica's pods share one model cache")
+    svcs = items(server, SVC)
+    check({"llama", "llama-shards", "llama-shard-0", "llama-shard-1"} <= set(svcs), f"services: {list(svcs)}")
+    disc = svcs.get("llama-shards", {}).get("spec", {})
+    check(disc.get("clusterIP") == "None" and disc.get("selector", {}).get("apps.kubernetes.io/pod-index") == "0",
+          "discovery Service over every replica's rank 0")
+    router = get(server, f"{DEPLOY}/llama-router")
+    rc = (router or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
+    cmd = " ".join(rc.get("command", []))
+    check(f"dns:llama-shards.{NS}.svc.cluster.local:50051" in cmd and "'--max-input-tokens' '1024'" in cmd and
+          "'$(API_KEY)'" in cmd, f"router flags: {cmd}")
+    check(env_of(rc).get("API_KEY") == {"secretKeyRef": {"name": "api", "key": "API_KEY"}}, "router API key env")
+    hpa = get(server, f"{HPA}/llama")
+    hs = (hpa or {}).get("spec", {})
+    check(hs.get("scaleTargetRef", {}).get("kind") == "TextGenerationService" and hs.get("maxReplicas") == 4 and
+          hs.get("metrics", [{}])[0].get("object", {}).get("metric", {}).get("name") == "tgi_queue_size" and
+          hs["metrics"][0]["object"]["target"].get("averageValue") == "6", f"HPA on tgi_queue_size: {hs}")
+    check("llama-shards" in items(server, PDB), "PodDisruptionBudget over the shard pods")
+    check(set(items(server, PVC)) == {"llama-model-cache-0", "llama-model-cache-1"}, "model cache claims")
+    tgs = get(server, f"{TGS}/llama")
+    check("textgen.dev/cleanup" in tgs["metadata"].get("finalizers", []), "finalizer added")
+    wait_for("status written", lambda: condition(get(server, f"{TGS}/llama"), "Ready").get("reason") == "ReplicasNotReady")
+    st = get(server, f"{TGS}/llama")["status"]
+    check(st.get("replicas") == 2 and st.get("readyReplicas") == 0 and st.get("observedGeneration") == 1 and
+          st.get("selector") == "textgen.dev/service=llama,textgen.dev/component=shard" and
+          st.get("endpoint") == f"http://llama.{NS}.svc.cluster.local", f"status: {st}")
+    check(condition(tgs, "Progressing").get("status") in (None, "True"), "progressing while rolling out")
+
+    # Readiness flows into the conditions.
+    mark_ready(server, "llama", 2, 2)
+    ready = wait_for("Ready=True", lambda: condition(get(server, f"{TGS}/llama"), "Ready").get("status") == "True")
+    tgs = get(server, f"{TGS}/llama")
+    check(ready and tgs["status"].get("readyReplicas") == 2 and
+          condition(tgs, "Progressing").get("status") == "False" and
+          condition(tgs, "Degraded").get("status") == "False", f"ready status: {tgs.get('status')}")
+
+    # A settled service: another pass writes nothing.
+    before = op.metrics()
+    server.merge(f"{TGS}/llama", {"metadata": {"annotations": {"touch": "1"}}})
+    wait_for("another reconcile", lambda: op.metrics().get("textgen_operator_reconciles_total", 0) >
+             before.get("textgen_operator_reconciles_total", 0))
+    time.sleep(1)
+    after = op.metrics()
+    check(after.get("textgen_operator_writes_total") == before.get("textgen_operator_writes_total"),
+          f"a settled pass writes nothing ({before.get('textgen_operator_writes_total')} -> "
+          f"{after.get('textgen_operator_writes_total')} writes)")
+
+
+def test_scale_and_edit(server):
+    code, body = server.merge(f"{TGS}/llama/scale", {"spec": {"replicas": 3}})
+    check(code == 200, f"PATCH /scale: {code} {str(body)[:200]}")
+    check(wait_for("replica 2", lambda: "llama-shard-2" in items(server, STS)) is not None, "scale up adds a replica")
+    code, scale = server.request("GET", f"{TGS}/llama/scale")
+    check(code == 200 and scale["spec"]["replicas"] == 3 and
+          scale["status"].get("selector") == "textgen.dev/service=llama,textgen.dev/component=shard",
+          f"scale subresource reads back: {scale}")
+    server.merge(f"{TGS}/llama/scale", {"spec": {"replicas": 1}})
+    gone = wait_for("replicas 1 and 2 removed", lambda: set(items(server, STS)) == {"llama-shard-0"} and
+                    not {"llama-shard-1", "llama-shard-2"} & set(items(server, SVC)) and
+                    set(items(server, PVC)) == {"llama-model-cache-0"})
+    check(gone is not None, "scale down removes StatefulSets, Services, claims")
+    # An edit rolls the StatefulSets.
+    server.merge(f"{TGS}/llama", {"spec": {"dtype": "float16"}})
+    rolled = wait_for("float16 template", lambda: "float16" in json.dumps(
+        (get(server, f"{STS}/llama-shard-0") or {}).get("spec", {}).get("template", {})))
+    check(rolled is not None, "spec edit reaches the pod template")
+    check(wait_for("Progressing while rolling", lambda: condition(get(server, f"{TGS}/llama"), "Progressing")
+                   .get("status") == "True") is not None, "Progressing=True after the edit")
+    mark_ready(server, "llama", 1, 2)
+    check(wait_for("Ready again", lambda: condition(get(server, f"{TGS}/llama"), "Ready").get("status") == "True")
+          is not None, "Ready once the rollout is done")
+
+
+def test_expired_watch(server, op):
+    before = op.metrics().get("textgen_operator_relists_total", 0)
+    op.proc.send_signal(signal.SIGSTOP)
+    try:
+        # Changes the stopped operator's watches will have to catch up with, then history gone.
+        server.merge(f"{TGS}/llama", {"spec": {"replicas": 2}})
+        for i in range(5):
+            server.apply(f"{SVC}/filler-{i}", {"apiVersion": "core.textgen.test/v1", "kind": "Service",
+                                               "metadata": {"name": f"filler-{i}"}, "spec": {"i": i}})
+        time.sleep(4)  # past the watches' 3 s timeout: they end and must resume
+        server.etcd_compact()
+    finally:
+        op.proc.send_signal(signal.SIGCONT)
+    relisted = wait_for("a relist", lambda: op.metrics().get("textgen_operator_relists_total", 0) > before, 40)
+    check(relisted is not None, "an expired watch is recovered by relisting")
+    check(wait_for("replica 1 back", lambda: "llama-shard-1" in items(server, STS), 30) is not None,
+          "the change made meanwhile is reconciled")
+
+
+def test_leader_election(server, op, standby):
+    check(op.leading() and not standby.leading(), "only one operator leads")
+    holder = (get(server, LEASE) or {}).get("spec", {}).get("holderIdentity", "")
+    check(holder.endswith("_" + str(op.proc.pid)), f"the Lease names the leader: {holder}")
+    standby_writes = standby.metrics().get("textgen_operator_writes_total", 0)
+    server.merge(f"{TGS}/llama", {"spec": {"replicas": 1}})
+    wait_for("scale to 1", lambda: set(items(server, STS)) == {"llama-shard-0"})
+    check(standby.metrics().get("textgen_operator_writes_total", 0) == standby_writes == 0,
+          "the standby writes nothing")
+    op.stop(signal.SIGKILL)  # no release: the standby must wait the lease out
+    took = wait_for("the standby to take over", standby.leading, 30)
+    check(took is not None, "the standby takes over when the leader dies")
+    server.merge(f"{TGS}/llama", {"spec": {"replicas": 2}})
+    check(wait_for("replica 1 by the new leader", lambda: "llama-shard-1" in items(server, STS)) is not None,
+          "the new leader reconciles")
+
+
+def test_delete(server):
+    code, _ = server.request("DELETE", f"{TGS}/llama")
+    check(code in (200, 202), f"delete: {code}")
+    gone = wait_for("cleanup", lambda: get(server, f"{TGS}/llama") is None and not items(server, STS) and
+                    not {k for k in items(server, SVC) if k.startswith("llama")} and not items(server, DEPLOY) and
+                    not items(server, HPA) and not items(server, PDB) and not items(server, PVC))
+    check(gone is not None, "deleting the resource removes every object it owned")
+
+
+def main():
+    server = KubeTestServer().start()
+    ops = []
+    try:
+        server.install_lookalikes()
+        test_crd(server)
+        op = Operator(server, "operator-1")
+        ops.append(op)
+        wait_for("leadership", op.leading)
+        test_objects(server, op)
+        test_scale_and_edit(server)
+        test_expired_watch(server, op)
+        standby = Operator(server, "operator-2")
+        ops.append(standby)
+        wait_for("standby up", lambda: standby.metrics() != {})
+        test_leader_election(server, op, standby)
+        test_delete(server)
+        code = standby.stop()
+        check(code == 0, f"SIGTERM: exit 0 (got {code})")
+        check("released lease" in standby.output(), "the lease is released on shutdown")
+    finally:
+        for o in ops:
+            o.stop(signal.SIGKILL)
+        if results["failed"]:
+            for o in ops:
+                print(f"--- {o.log.name}\n" + o.output()[-3000:])
+            print(server.logs(15))
+        server.stop()
+    print(f"{results['passed']} passed, {results['failed']} failed")
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
