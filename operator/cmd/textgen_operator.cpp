@@ -163,14 +163,15 @@ int run(const Flags& f) {
   };
   const std::string scope = f.ns;  // empty: every namespace
   auto collection = [&](const Kind& k) {
-    if (scope.empty()) return k.apiVersion().find('/') == std::string::npos
-                                  ? "/api/" + k.version + "/" + k.plural
-                                  : "/apis/" + k.apiVersion() + "/" + k.plural;
+    if (scope.empty())
+      return k.apiVersion().find('/') == std::string::npos
+                 ? "/api/" + k.version + "/" + k.plural
+                 : "/apis/" + k.apiVersion() + "/" + k.plural;
     return k.path(scope);
   };
-  Informer services(kube, collection(kinds.textGenerationService), "",
-                    [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); },
-                    f.watchSeconds);
+  Informer services(
+      kube, collection(kinds.textGenerationService), "",
+      [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); }, f.watchSeconds);
   const std::string managed = "app.kubernetes.io/managed-by=textgen-operator";
   Informer statefulSets(kube, collection(kinds.statefulSet), managed, owner, f.watchSeconds);
   Informer deployments(kube, collection(kinds.deployment), managed, owner, f.watchSeconds);
@@ -184,8 +185,8 @@ int run(const Flags& f) {
              name + " " + std::to_string(v) + "\n";
     };
     metric("textgen_operator_reconciles_total", "counter", "Reconcile passes.", m.reconciles);
-    metric("textgen_operator_reconcile_errors_total", "counter", "Passes that failed and were requeued.",
-           m.errors);
+    metric("textgen_operator_reconcile_errors_total", "counter",
+           "Passes that failed and were requeued.", m.errors);
     metric("textgen_operator_writes_total", "counter", "Writes to the API server.", m.writes);
     metric("textgen_operator_conflicts_total", "counter", "409 conflicts (requeued).", m.conflicts);
     metric("textgen_operator_queue_depth", "gauge", "Keys waiting in the work queue.",

@@ -20,17 +20,18 @@ json metadata(const ServiceSpec& s, const std::string& name, const json& labelSe
   return {{"name", name},
           {"namespace", s.ns},
           {"labels", labelSet},
-          {"ownerReferences",
-           json::array({{{"apiVersion", "textgen.dev/v1alpha1"},
-                         {"kind", "TextGenerationService"},
-                         {"name", s.name},
-                         {"uid", s.uid},
-                         {"controller", true},
-                         {"blockOwnerDeletion", true}}})}};
+          {"ownerReferences", json::array({{{"apiVersion", "textgen.dev/v1alpha1"},
+                                            {"kind", "TextGenerationService"},
+                                            {"name", s.name},
+                                            {"uid", s.uid},
+                                            {"controller", true},
+                                            {"blockOwnerDeletion", true}}})}};
 }
 
 json object(const Kind& k, json meta, json spec) {
-  return {{"apiVersion", k.apiVersion()}, {"kind", k.kind}, {"metadata", std::move(meta)},
+  return {{"apiVersion", k.apiVersion()},
+          {"kind", k.kind},
+          {"metadata", std::move(meta)},
           {"spec", std::move(spec)}};
 }
 
@@ -106,9 +107,10 @@ json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
   if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
   json env = modelEnv(s);
   // The rank is the pod's ordinal (the StatefulSet's pod-index label, Kubernetes >= 1.28).
-  env.push_back({{"name", "RANK"},
-                 {"valueFrom",
-                  {{"fieldRef", {{"fieldPath", "metadata.labels['apps.kubernetes.io/pod-index']"}}}}}});
+  env.push_back(
+      {{"name", "RANK"},
+       {"valueFrom",
+        {{"fieldRef", {{"fieldPath", "metadata.labels['apps.kubernetes.io/pod-index']"}}}}}});
   env.push_back(envValue("WORLD_SIZE", std::to_string(s.shards)));
   env.push_back(envValue("MASTER_ADDR", name + "-0." + name + "." + s.ns + ".svc.cluster.local"));
   env.push_back(envValue("MASTER_PORT", std::to_string(kRendezvousPort)));
@@ -130,9 +132,8 @@ json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
       {"imagePullPolicy", s.imagePullPolicy},
       {"command", command(s, "textgen-shard", "--model-id", args)},
       {"env", env},
-      {"ports",
-       json::array({{{"name", "grpc"}, {"containerPort", kShardPort}},
-                    {{"name", "rendezvous"}, {"containerPort", kRendezvousPort}}})},
+      {"ports", json::array({{{"name", "grpc"}, {"containerPort", kShardPort}},
+                             {{"name", "rendezvous"}, {"containerPort", kRendezvousPort}}})},
       // The gRPC port opens once the weights are loaded: up to an hour for a download.
       {"startupProbe", tcp(10, 360)},
       {"readinessProbe", tcp(5, 3)},
@@ -142,8 +143,8 @@ json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
                                     {{"name", "shm"}, {"mountPath", "/dev/shm"}}})}};
   json podSpec = {
       {"containers", json::array({container})},
-      {"volumes", json::array({modelVolume(s, r),
-                               {{"name", "shm"}, {"emptyDir", {{"medium", "Memory"}}}}})}};
+      {"volumes",
+       json::array({modelVolume(s, r), {{"name", "shm"}, {"emptyDir", {{"medium", "Memory"}}}}})}};
   schedule(s, podSpec);
   json selector = {{"matchLabels", {{kServiceLabel, s.name}, {kReplicaLabel, std::to_string(r)}}}};
   json meta = metadata(s, name, podLabels);
@@ -171,8 +172,8 @@ json modelCacheClaim(const ServiceSpec& s, const Kinds& k, int64_t r) {
   if (!s.cacheStorageClass.empty()) spec["storageClassName"] = s.cacheStorageClass;
   json l = labels(s, "model-cache");
   l[kReplicaLabel] = std::to_string(r);
-  return object(k.persistentVolumeClaim, metadata(s, s.name + "-model-cache-" + std::to_string(r), l),
-                spec);
+  return object(k.persistentVolumeClaim,
+                metadata(s, s.name + "-model-cache-" + std::to_string(r), l), spec);
 }
 
 std::vector<std::string> routerArgs(const ServiceSpec& s) {
@@ -214,29 +215,28 @@ json routerDeployment(const ServiceSpec& s, const Kinds& k) {
       {"resources", s.router.resources},
       {"volumeMounts", json::array({{{"name", "model"}, {"mountPath", kModelMount}}})}};
   // The router needs the tokenizer: from the model's volume, or a cache of its own.
-  json volume = fromHub(s) ? json{{"name", "model"}, {"emptyDir", json::object()}}
-                           : modelVolume(s, 0);
+  json volume =
+      fromHub(s) ? json{{"name", "model"}, {"emptyDir", json::object()}} : modelVolume(s, 0);
   json podSpec = {{"containers", json::array({container})}, {"volumes", json::array({volume})}};
   schedule(s, podSpec);
   podSpec.erase("tolerations");  // GPU nodes' taints are the shards' business
-  return object(k.deployment, metadata(s, s.name + "-router", l),
-                {{"replicas", s.router.replicas},
-                 {"selector", {{"matchLabels", {{kServiceLabel, s.name}, {kComponentLabel, "router"}}}}},
-                 {"template", {{"metadata", {{"labels", l}}}, {"spec", podSpec}}}});
+  return object(
+      k.deployment, metadata(s, s.name + "-router", l),
+      {{"replicas", s.router.replicas},
+       {"selector", {{"matchLabels", {{kServiceLabel, s.name}, {kComponentLabel, "router"}}}}},
+       {"template", {{"metadata", {{"labels", l}}}, {"spec", podSpec}}}});
 }
 
 json routerService(const ServiceSpec& s, const Kinds& k) {
-  return object(k.service, metadata(s, s.name, labels(s, "router")),
-                {{"selector", {{kServiceLabel, s.name}, {kComponentLabel, "router"}}},
-                 {"ports", json::array({{{"name", "http"},
-                                         {"port", 80},
-                                         {"targetPort", "http"}}})}});
+  return object(
+      k.service, metadata(s, s.name, labels(s, "router")),
+      {{"selector", {{kServiceLabel, s.name}, {kComponentLabel, "router"}}},
+       {"ports", json::array({{{"name", "http"}, {"port", 80}, {"targetPort", "http"}}})}});
 }
 
 json autoscaler(const ServiceSpec& s, const Kinds& k) {
-  const json target = {{"apiVersion", "textgen.dev/v1alpha1"},
-                       {"kind", "TextGenerationService"},
-                       {"name", s.name}};
+  const json target = {
+      {"apiVersion", "textgen.dev/v1alpha1"}, {"kind", "TextGenerationService"}, {"name", s.name}};
   const AutoscalingSpec& a = s.autoscaling;
   if (a.mode == "KEDA") {
     return object(
@@ -260,13 +260,14 @@ json autoscaler(const ServiceSpec& s, const Kinds& k) {
        {"minReplicas", a.minReplicas},
        {"maxReplicas", a.maxReplicas},
        {"metrics",
-        json::array({{{"type", "Object"},
-                      {"object",
-                       {{"describedObject", {{"apiVersion", "v1"}, {"kind", "Service"}, {"name", s.name}}},
-                        {"metric", {{"name", "tgi_queue_size"}}},
-                        {"target",
-                         {{"type", "AverageValue"},
-                          {"averageValue", std::to_string(a.targetQueueSizePerReplica)}}}}}}})}});
+        json::array(
+            {{{"type", "Object"},
+              {"object",
+               {{"describedObject", {{"apiVersion", "v1"}, {"kind", "Service"}, {"name", s.name}}},
+                {"metric", {{"name", "tgi_queue_size"}}},
+                {"target",
+                 {{"type", "AverageValue"},
+                  {"averageValue", std::to_string(a.targetQueueSizePerReplica)}}}}}}})}});
 }
 
 }  // namespace
@@ -286,23 +287,25 @@ std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& k) 
     json l = labels(s, "shard");
     l[kReplicaLabel] = std::to_string(r);
     if (fromHub(s)) out.push_back({k.persistentVolumeClaim, modelCacheClaim(s, k, r)});
-    out.push_back({k.service, headlessService(s, k.service, name, l,
-                                              {{kServiceLabel, s.name},
-                                               {kReplicaLabel, std::to_string(r)}})});
+    out.push_back({k.service,
+                   headlessService(s, k.service, name, l,
+                                   {{kServiceLabel, s.name}, {kReplicaLabel, std::to_string(r)}})});
     out.push_back({k.statefulSet, shardStatefulSet(s, k, r)});
   }
   // Every replica's rank 0, for the router's DNS discovery.
-  out.push_back({k.service, headlessService(s, k.service, s.name + "-shards", labels(s, "discovery"),
-                                            {{kServiceLabel, s.name},
-                                             {kComponentLabel, "shard"},
-                                             {"apps.kubernetes.io/pod-index", "0"}})});
+  out.push_back(
+      {k.service, headlessService(s, k.service, s.name + "-shards", labels(s, "discovery"),
+                                  {{kServiceLabel, s.name},
+                                   {kComponentLabel, "shard"},
+                                   {"apps.kubernetes.io/pod-index", "0"}})});
   out.push_back({k.deployment, routerDeployment(s, k)});
   out.push_back({k.service, routerService(s, k)});
-  out.push_back({k.podDisruptionBudget,
-                 object(k.podDisruptionBudget, metadata(s, s.name + "-shards", labels(s, "shard")),
-                        {{"maxUnavailable", 1},
-                         {"selector", {{"matchLabels", {{kServiceLabel, s.name},
-                                                        {kComponentLabel, "shard"}}}}}})});
+  out.push_back(
+      {k.podDisruptionBudget,
+       object(k.podDisruptionBudget, metadata(s, s.name + "-shards", labels(s, "shard")),
+              {{"maxUnavailable", 1},
+               {"selector",
+                {{"matchLabels", {{kServiceLabel, s.name}, {kComponentLabel, "shard"}}}}}})});
   if (s.autoscaling.enabled) {
     const Kind& kind = s.autoscaling.mode == "KEDA" ? k.scaledObject : k.horizontalPodAutoscaler;
     out.push_back({kind, autoscaler(s, k)});

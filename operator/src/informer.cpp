@@ -111,8 +111,9 @@ void Informer::run() {
     backoff = std::chrono::milliseconds(100);
     bool relist = false;
     while (!stop_.load() && !relist) {
-      std::string query = "?watch=1&allowWatchBookmarks=true&timeoutSeconds=" +
-                          std::to_string(watchSeconds_) + "&resourceVersion=" + urlEncode(rv);
+      std::string query =
+          "?watch=1&allowWatchBookmarks=true&timeoutSeconds=" + std::to_string(watchSeconds_) +
+          "&resourceVersion=" + urlEncode(rv);
       if (!selector_.empty()) query += "&labelSelector=" + urlEncode(selector_);
       const Status st = client_.watch(
           path_ + query,

@@ -1,11 +1,11 @@
 #include "textgen/operator/kube_client.h"
 
-#include <boost/asio/ssl.hpp>
 #include <cpprest/containerstream.h>
 #include <cpprest/http_client.h>
 #include <cpprest/rawptrstream.h>
 #include <yaml-cpp/yaml.h>
 
+#include <boost/asio/ssl.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -185,21 +185,24 @@ StatusOr<KubeConfig> loadKubeconfig(const std::string& path) {
     return invalidArgumentError("kubeconfig " + path + ": " + e.what());
   }
   try {
-    const std::string current = root["current-context"] ? root["current-context"].as<std::string>()
-                                                        : std::string();
+    const std::string current =
+        root["current-context"] ? root["current-context"].as<std::string>() : std::string();
     YAML::Node context = named(root["contexts"], current, "context");
-    if (!context) return invalidArgumentError("kubeconfig " + path + ": no current context");
+    if (!context || !context.IsMap())
+      return invalidArgumentError("kubeconfig " + path + ": no current context");
+    if (!context["cluster"])
+      return invalidArgumentError("kubeconfig " + path + ": the current context names no cluster");
     YAML::Node cluster = named(root["clusters"], context["cluster"].as<std::string>(), "cluster");
     YAML::Node user = context["user"]
                           ? named(root["users"], context["user"].as<std::string>(), "user")
                           : YAML::Node();
-    if (!cluster || !cluster["server"])
+    if (!cluster || !cluster.IsMap() || !cluster["server"])
       return invalidArgumentError("kubeconfig " + path + ": the context's cluster has no server");
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
     KubeConfig c;
     c.server = cluster["server"].as<std::string>();
     TG_ASSIGN_OR_RETURN(c.caPem, pemField(cluster, "certificate-authority", dir));
-    if (user) {
+    if (user && user.IsMap()) {
       TG_ASSIGN_OR_RETURN(c.clientCertPem, pemField(user, "client-certificate", dir));
       TG_ASSIGN_OR_RETURN(c.clientKeyPem, pemField(user, "client-key", dir));
       if (user["token"]) c.token = user["token"].as<std::string>();

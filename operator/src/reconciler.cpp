@@ -91,8 +91,8 @@ json observedStatus(const ServiceSpec& s, const Informer& statefulSets, const In
     conditions.push_back(
         condition("Ready", false, "RouterNotReady", "the router has no ready pod", g));
   } else {
-    conditions.push_back(condition("Ready", true, "Ready",
-                                   std::to_string(ready) + " replicas and the router are ready", g));
+    conditions.push_back(condition(
+        "Ready", true, "Ready", std::to_string(ready) + " replicas and the router are ready", g));
   }
   const bool progressing = rolling > 0 || !routerReady;
   conditions.push_back(condition("Progressing", progressing && applyError.empty(),
@@ -103,12 +103,8 @@ json observedStatus(const ServiceSpec& s, const Informer& statefulSets, const In
   conditions.push_back(condition("Degraded", !applyError.empty(),
                                  applyError.empty() ? "AsExpected" : "ApplyFailed",
                                  applyError.empty() ? "" : applyError, g));
-  return {{"observedGeneration", g},
-          {"replicas", s.replicas},
-          {"readyReplicas", ready},
-          {"selector", shardSelector(s)},
-          {"endpoint", endpointUrl(s)},
-          {"conditions", conditions}};
+  return {{"observedGeneration", g},      {"replicas", s.replicas},     {"readyReplicas", ready},
+          {"selector", shardSelector(s)}, {"endpoint", endpointUrl(s)}, {"conditions", conditions}};
 }
 
 }  // namespace
@@ -175,10 +171,10 @@ Status Reconciler::reconcile(const std::string& key) {
   const json previous = resource->value("status", json::object());
   if (!spec.ok()) {
     const int64_t g = (*resource)["metadata"].value("generation", int64_t{0});
-    json conditions = json::array(
-        {condition("Ready", false, "InvalidSpec", spec.status().message(), g),
-         condition("Progressing", false, "InvalidSpec", spec.status().message(), g),
-         condition("Degraded", true, "InvalidSpec", spec.status().message(), g)});
+    json conditions =
+        json::array({condition("Ready", false, "InvalidSpec", spec.status().message(), g),
+                     condition("Progressing", false, "InvalidSpec", spec.status().message(), g),
+                     condition("Degraded", true, "InvalidSpec", spec.status().message(), g)});
     json status = {{"observedGeneration", g}, {"conditions", conditions}};
     return writeStatus(*resource, status);
   }
@@ -213,9 +209,9 @@ Status Reconciler::prune(const ServiceSpec& spec, const std::vector<DesiredObjec
   std::set<std::string> wanted;
   for (const DesiredObject& d : desired) wanted.insert(d.kind.plural + "/" + d.name());
   const std::string selector = std::string(kServiceLabel) + "=" + spec.name;
-  for (const Kind* kind : {&kinds_.statefulSet, &kinds_.service, &kinds_.persistentVolumeClaim,
-                           &kinds_.deployment, &kinds_.horizontalPodAutoscaler,
-                           &kinds_.podDisruptionBudget, &kinds_.scaledObject}) {
+  for (const Kind* kind :
+       {&kinds_.statefulSet, &kinds_.service, &kinds_.persistentVolumeClaim, &kinds_.deployment,
+        &kinds_.horizontalPodAutoscaler, &kinds_.podDisruptionBudget, &kinds_.scaledObject}) {
     auto r = client_.request("GET", kind->path(spec.ns) + "?labelSelector=" + urlEncode(selector));
     if (!r.ok()) return r.status();
     if (r->status == 404) continue;  // a kind this cluster does not serve (KEDA absent)
@@ -223,7 +219,8 @@ Status Reconciler::prune(const ServiceSpec& spec, const std::vector<DesiredObjec
     for (const json& item : r->body.value("items", json::array())) {
       const std::string name = item["metadata"].value("name", std::string());
       if (wanted.count(kind->plural + "/" + name)) continue;
-      spdlog::info("{}/{}: deleting {} {} (no longer wanted)", spec.ns, spec.name, kind->kind, name);
+      spdlog::info("{}/{}: deleting {} {} (no longer wanted)", spec.ns, spec.name, kind->kind,
+                   name);
       TG_ASSIGN_OR_RETURN(KubeResponse d, write("DELETE", kind->path(spec.ns, name), std::nullopt,
                                                 "application/json"));
       if (d.status != 404) TG_RETURN_IF_ERROR(responseStatus(d, "delete " + name));
@@ -252,12 +249,13 @@ Status Reconciler::ensureFinalizer(const json& resource) {
   for (const json& f : finalizers)
     if (f == kFinalizer) return okStatus();
   finalizers.push_back(kFinalizer);
-  json patch = {{"metadata",
-                 {{"finalizers", finalizers}, {"resourceVersion", m.value("resourceVersion", "")}}}};
-  TG_ASSIGN_OR_RETURN(
-      KubeResponse r,
-      write("PATCH", kinds_.textGenerationService.path(m.value("namespace", ""), m.value("name", "")),
-            patch, "application/merge-patch+json"));
+  json patch = {
+      {"metadata",
+       {{"finalizers", finalizers}, {"resourceVersion", m.value("resourceVersion", "")}}}};
+  TG_ASSIGN_OR_RETURN(KubeResponse r, write("PATCH",
+                                            kinds_.textGenerationService.path(
+                                                m.value("namespace", ""), m.value("name", "")),
+                                            patch, "application/merge-patch+json"));
   return responseStatus(r, "add finalizer");
 }
 
@@ -277,7 +275,8 @@ Status Reconciler::finalize(const json& resource) {
   none.name = m.value("name", "");
   none.ns = m.value("namespace", "");
   TG_RETURN_IF_ERROR(prune(none, {}));  // every child
-  json patch = {{"metadata", {{"finalizers", rest}, {"resourceVersion", m.value("resourceVersion", "")}}}};
+  json patch = {
+      {"metadata", {{"finalizers", rest}, {"resourceVersion", m.value("resourceVersion", "")}}}};
   TG_ASSIGN_OR_RETURN(KubeResponse r,
                       write("PATCH", kinds_.textGenerationService.path(none.ns, none.name), patch,
                             "application/merge-patch+json"));

@@ -60,7 +60,8 @@ Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
   const std::string at = "autoscaling.";
   out.enabled = a.value("enabled", true);
   out.mode = stringOr(a, "mode", "HPA");
-  if (out.mode != "HPA" && out.mode != "KEDA") return fieldError(at + "mode", "must be HPA or KEDA");
+  if (out.mode != "HPA" && out.mode != "KEDA")
+    return fieldError(at + "mode", "must be HPA or KEDA");
   TG_ASSIGN_OR_RETURN(out.minReplicas, intOr(a, "minReplicas", at, 1, 1));
   TG_ASSIGN_OR_RETURN(auto max, optionalInt(a, "maxReplicas", at, 1));
   if (!max) return fieldError(at + "maxReplicas", "is required");

@@ -31,7 +31,8 @@ void WorkQueue::addRateLimited(const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
     n = failures_[key]++;
   }
-  const auto delay = std::min<std::chrono::milliseconds>(max_, base_ * (int64_t{1} << std::min(n, 20)));
+  const auto delay =
+      std::min<std::chrono::milliseconds>(max_, base_ * (int64_t{1} << std::min(n, 20)));
   addAfter(key, delay);
 }
 

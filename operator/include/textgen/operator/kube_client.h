@@ -17,8 +17,8 @@ namespace textgen::op {
 using nlohmann::json;
 
 struct KubeConfig {
-  std::string server;                  // https://host:port
-  std::string caPem;                   // empty: the system's trust store
+  std::string server;  // https://host:port
+  std::string caPem;   // empty: the system's trust store
   std::string clientCertPem, clientKeyPem;
   std::string token;                   // bearer token (service account)
   std::string namespace_ = "default";  // the context's namespace

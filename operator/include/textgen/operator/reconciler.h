@@ -24,8 +24,8 @@ struct ReconcilerMetrics {
 
 class Reconciler {
  public:
-  Reconciler(KubeClient& client, const Kinds& kinds, std::string defaultImage,
-             Informer& services, Informer& statefulSets, Informer& deployments);
+  Reconciler(KubeClient& client, const Kinds& kinds, std::string defaultImage, Informer& services,
+             Informer& statefulSets, Informer& deployments);
 
   // OK when the service is settled for now; ABORTED (a conflict) or another error: requeue.
   Status reconcile(const std::string& key);
