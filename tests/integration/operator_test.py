@@ -134,7 +134,7 @@ def mark_ready(server, tgs_name, replicas, shards):
 
 
 def test_crd(server):
-    crd = yaml.safe_load(open(os.path.join(REPO, "manifests/crd/textgen.dev_textgenerationservices.yaml")))
+    crd = yaml.safe_load(open(os.path.join(REPO, "charts/textgen/crds/textgen.dev_textgenerationservices.yaml")))
     server.install_crd(crd)
     check(True, "CRD installs")
     invalid = [("shards 0", service("bad", shards=0)),

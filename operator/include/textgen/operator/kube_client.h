@@ -62,3 +62,11 @@ class KubeClient {
 Status responseStatus(const KubeResponse& r, const std::string& what);
 
 }  // namespace textgen::op
+
+namespace textgen::op {
+
+// A YAML (or JSON) document as JSON: plain scalars become numbers, booleans and null where YAML 1.2
+// reads them so, quoted scalars stay strings.
+StatusOr<json> parseYamlDocument(const std::string& text);
+
+}  // namespace textgen::op

