@@ -103,7 +103,14 @@ json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
   const std::string name = shardName(s, r);
   json podLabels = labels(s, "shard");
   podLabels[kReplicaLabel] = std::to_string(r);
-  std::vector<std::string> args = {"--port", std::to_string(kShardPort)};
+  // Every rank's address as the router dials it (rank 0 answers ServiceDiscovery with them):
+  // the pods' stable DNS names under the replica's headless Service.
+  std::string urls;
+  for (int64_t i = 0; i < s.shards; ++i) {
+    urls += (i ? "," : "") + name + "-" + std::to_string(i) + "." + name + "." + s.ns +
+            ".svc.cluster.local:" + std::to_string(kShardPort);
+  }
+  std::vector<std::string> args = {"--port", std::to_string(kShardPort), "--shard-urls", urls};
   if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
   json env = modelEnv(s);
   // The rank is the pod's ordinal (the StatefulSet's pod-index label, Kubernetes >= 1.28).

@@ -4,22 +4,26 @@
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
-//                 [--json-output] [--log-level info]
+//                 [--shard-urls ADDR,ADDR,...] [--json-output] [--log-level info]
 // The device defaults to CUDA where there is one. On CUDA the dtype defaults to the checkpoint's
 // (float16 for a float32 checkpoint, as TGI does) and the KV pool is sized at Warmup from free
 // device memory; on the CPU it is float32 and the pool a fraction of MemAvailable.
 // Rank and world size come from RANK / WORLD_SIZE (MASTER_ADDR / MASTER_PORT for the collective),
 // as in TGI. With --uds-path the socket is PATH-RANK, and ServiceDiscovery returns every rank's
-// socket.
+// socket. On TCP, --shard-urls lists every rank's address as the router should dial it (rank order;
+// in Kubernetes the pods' DNS names, which textgen-operator passes); without it a single-rank
+// shard answers with its own 127.0.0.1 address.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/service_type.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -49,6 +53,7 @@ struct Flags {
   std::string logLevel = "info";
   int rank = 0;
   int worldSize = 1;
+  std::vector<std::string> shardUrls;
 };
 
 std::atomic<bool> gStop{false};
@@ -82,6 +87,13 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       TG_ASSIGN_OR_RETURN(int64_t p, parseInt(a, v));
       if (p < 0 || p > 65535) return invalidArgumentError("--port must be in [0, 65535]");
       f.port = static_cast<int>(p);
+    } else if (a == "--shard-urls") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      for (size_t start = 0; start <= v.size();) {
+        const size_t comma = std::min(v.find(',', start), v.size());
+        if (comma > start) f.shardUrls.push_back(v.substr(start, comma - start));
+        start = comma + 1;
+      }
     } else if (a == "--block-size") {
       TG_ASSIGN_OR_RETURN(std::string v, value());
       TG_ASSIGN_OR_RETURN(f.blockSize, parseInt(a, v));
@@ -144,6 +156,17 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
   TG_ASSIGN_OR_RETURN(f.worldSize, envInt("WORLD_SIZE", 1));
   if (f.worldSize < 1 || f.rank < 0 || f.rank >= f.worldSize) {
     return invalidArgumentError("RANK must be in [0, WORLD_SIZE)");
+  }
+  if (!f.shardUrls.empty() && !f.udsPath.empty())
+    return invalidArgumentError(
+        "--shard-urls is for TCP shards (--port); --uds-path names its own");
+  if (!f.shardUrls.empty() && static_cast<int>(f.shardUrls.size()) != f.worldSize) {
+    return invalidArgumentError("--shard-urls lists " + std::to_string(f.shardUrls.size()) +
+                                " addresses for WORLD_SIZE " + std::to_string(f.worldSize));
+  }
+  if (f.udsPath.empty() && f.shardUrls.empty() && f.worldSize > 1) {
+    return invalidArgumentError(
+        "a TCP shard of WORLD_SIZE > 1 needs --shard-urls (every rank's address)");
   }
   return f;
 }
@@ -237,27 +260,38 @@ int run(int argc, char** argv) {
   options.deviceType = cuda ? "cuda" : "cpu";
   options.worldSize = f.worldSize;
   std::string listen;
+  // A TCP shard on port 0 learns its port only once listening: ServiceDiscovery reads it then.
+  auto boundPort = std::make_shared<std::atomic<int>>(0);
   if (!f.udsPath.empty()) {
+    std::vector<std::string> urls;
     for (int r = 0; r < f.worldSize; ++r)
-      options.rankUrls.push_back("unix://" + f.udsPath + "-" + std::to_string(r));
-    listen = options.rankUrls[f.rank];
+      urls.push_back("unix://" + f.udsPath + "-" + std::to_string(r));
+    listen = urls[f.rank];
+    options.rankUrls = [urls] { return urls; };
     std::filesystem::remove(f.udsPath + "-" + std::to_string(f.rank));
   } else {
     listen = "0.0.0.0:" + std::to_string(f.port);
+    if (!f.shardUrls.empty()) {
+      options.rankUrls = [urls = f.shardUrls] { return urls; };
+    } else {
+      options.rankUrls = [boundPort] {
+        return std::vector<std::string>{"127.0.0.1:" + std::to_string(boundPort->load())};
+      };
+    }
   }
   auto service = runtime::makeShardService(engine, **model, options);
   grpc::ServerBuilder builder;
-  int boundPort = 0;
+  int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
-                           f.udsPath.empty() ? &boundPort : nullptr);
+                           f.udsPath.empty() ? &port : nullptr);
   builder.SetMaxReceiveMessageSize(256 * 1024 * 1024);
   builder.SetMaxSendMessageSize(256 * 1024 * 1024);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return fail(unavailableError("cannot listen on " + listen));
   if (f.udsPath.empty()) {
-    options.rankUrls = {"127.0.0.1:" + std::to_string(boundPort)};
-    listen = "0.0.0.0:" + std::to_string(boundPort);
+    boundPort->store(port);
+    listen = "0.0.0.0:" + std::to_string(port);
   }
   spdlog::info("serving {} ({} layers, vocab {}) on {}", f.modelId, (*model)->config().numLayers,
                (*model)->config().vocabSize, listen);

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """textgen-operator against a real API server (kube_server.py: apiextensions-apiserver + etcd).
 
-Usage: operator_test.py OPERATOR_BINARY
+Usage: operator_test.py OPERATOR_BINARY SHARD_BINARY ROUTER_BINARY MODELS_DIR
 Covers: the CRD installs and rejects invalid specs; a resource yields the expected objects with
 owner references, labels and env; a second pass writes nothing; status conditions follow the
 children's (simulated) readiness; the scale subresource adds and removes replicas; a spec edit rolls
 them; a watch expired by an etcd compaction is recovered by a relist; with two operators only the
-Lease holder reconciles and the other takes over when it dies; deletion cleans up.
+Lease holder reconciles and the other takes over when it dies; deletion cleans up. Finally, without
+a kubelet: the StatefulSets and router Deployment the operator wrote are run as local processes
+(their commands and env as the pod specs say, the model volume mapped to MODELS_DIR, Service and
+pod DNS names mapped to 127.0.0.1 ports through the Services' selectors) and serve a generation.
 Prints "N passed, M failed" and exits non-zero on any failure.
 """
 import json
@@ -22,7 +25,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_server import REPO, KubeTestServer, free_port  # noqa: E402
 
-OPERATOR = sys.argv[1]
+OPERATOR, SHARD, ROUTER, MODELS = sys.argv[1:5]
 NS = "default"
 TGS = f"/apis/textgen.dev/v1alpha1/namespaces/{NS}/textgenerationservices"
 STS = f"/apis/apps.textgen.test/v1/namespaces/{NS}/statefulsets"
@@ -309,6 +312,146 @@ def test_delete(server):
     check(gone is not None, "deleting the resource removes every object it owned")
 
 
+class LocalCluster:
+    """Pods of the operator's StatefulSets and Deployments as local processes."""
+
+    def __init__(self, server, volume_dirs):
+        self.server, self.volumes, self.procs, self.pods = server, volume_dirs, [], []
+        self.ports_of = {}  # pod name -> container port -> local port, assigned before any starts
+
+    def reserve(self, name, template):
+        self.ports_of[name] = {p["containerPort"]: free_port()
+                               for p in template["spec"]["containers"][0].get("ports", [])}
+
+    def resolve(self, host):
+        """A Service's DNS name -> its selected pods' local addresses (one port per name)."""
+        name = host.split(".")[0]
+        svc = get(self.server, f"{SVC}/{name}")
+        selector = (svc or {}).get("spec", {}).get("selector", {})
+        return [p for p in self.pods if selector and all(p["labels"].get(k) == v for k, v in selector.items())]
+
+    def start_pod(self, name, template, labels, binaries):
+        spec = template["spec"]
+        c = spec["containers"][0]
+        port_map = self.ports_of.get(name) or {p["containerPort"]: free_port() for p in c.get("ports", [])}
+        env = dict(os.environ)
+        for e in c.get("env", []):
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            elif "fieldRef" in e.get("valueFrom", {}):
+                path = e["valueFrom"]["fieldRef"]["fieldPath"]
+                key = path[len("metadata.labels['"):-2]
+                env[e["name"]] = labels[key]
+            elif "secretKeyRef" in e.get("valueFrom", {}):
+                env[e["name"]] = "secret-" + e["valueFrom"]["secretKeyRef"]["name"]
+        mounts = {m["mountPath"]: self.volumes[m["name"]] for m in c.get("volumeMounts", [])
+                  if m["name"] in self.volumes}
+        argv = []
+        for i, a in enumerate(c["command"]):
+            a = a.replace("$(API_KEY)", env.get("API_KEY", ""))
+            for path, local in mounts.items():
+                if a.startswith(path + "/"):
+                    a = local + a[len(path):]
+            if i > 0 and c["command"][i - 1] == "--port" and int(a) in port_map:
+                a = str(port_map[int(a)])
+            if a.startswith("dns:"):
+                host, port = a[4:].rsplit(":", 1)
+                a = "static:" + ",".join(f"127.0.0.1:{p['ports'][int(port)]}" for p in self.resolve(host))
+            elif ".svc.cluster.local:" in a:  # pod DNS names (<pod>.<service>.<ns>.svc...:port)
+                a = ",".join(self.pod_address(addr) for addr in a.split(","))
+            argv.append(binaries.get(a, a))
+        log = open(os.path.join(self.server.dir, f"pod-{len(self.pods)}.log"), "w+")
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        pod = {"name": name, "labels": labels, "ports": port_map, "proc": proc, "log": log, "argv": argv}
+        self.pods.append(pod)
+        return pod
+
+    def pod_address(self, addr):
+        host, port = addr.rsplit(":", 1)
+        pod = self.ports_of.get(host.split(".")[0])
+        return f"127.0.0.1:{pod[int(port)]}" if pod else addr
+
+    def stop(self):
+        for p in self.pods:
+            if p["proc"].poll() is None:
+                p["proc"].terminate()
+                try:
+                    p["proc"].wait(10)
+                except subprocess.TimeoutExpired:
+                    p["proc"].kill()
+
+
+def listening(port):
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_end_to_end(server):
+    import http.client
+    ref = json.load(open(os.path.join(MODELS, "llama-gqa", "reference.json")))["prompts"][0]
+    obj = service("demo", model={"id": "llama-gqa", "pvc": {"claimName": "fixtures"}}, shards=1, replicas=2,
+                  dtype=None, router={"maxInputTokens": 64, "maxTotalTokens": 128}, autoscaling=None,
+                  nodeSelector=None, tolerations=None)
+    obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
+    code, body = server.request("POST", TGS, obj)
+    check(code == 201, f"create demo: {code} {str(body)[:200]}")
+    if not wait_for("demo objects", lambda: {"demo-shard-0", "demo-shard-1"} <= set(items(server, STS)) and
+                    get(server, f"{DEPLOY}/demo-router") and "demo-shards" in items(server, SVC)):
+        return
+    cluster = LocalCluster(server, {"model": MODELS})
+    binaries = {"textgen-shard": SHARD, "textgen-router": ROUTER}
+    try:
+        shards, pods = [], []
+        for r in (0, 1):
+            sts = get(server, f"{STS}/demo-shard-{r}")
+            for ordinal in range(sts["spec"]["replicas"]):
+                labels = dict(sts["spec"]["template"]["metadata"]["labels"])
+                labels["apps.kubernetes.io/pod-index"] = str(ordinal)
+                name = f"demo-shard-{r}-{ordinal}"
+                cluster.reserve(name, sts["spec"]["template"])
+                pods.append((name, sts["spec"]["template"], labels))
+        for name, template, labels in pods:
+            shards.append(cluster.start_pod(name, template, labels, binaries))
+        up = wait_for("shards listening", lambda: all(listening(p["ports"][50051]) for p in shards), 60)
+        check(up is not None, "the StatefulSets' shard commands serve: " +
+              "; ".join(" ".join(p["argv"]) for p in shards))
+        deploy = get(server, f"{DEPLOY}/demo-router")
+        tmpl = deploy["spec"]["template"]
+        router = cluster.start_pod("demo-router-0", tmpl, dict(tmpl["metadata"]["labels"]), binaries)
+        port = router["ports"][3000]
+        check("static:127.0.0.1:" in " ".join(router["argv"]) and
+              " ".join(router["argv"]).count("127.0.0.1:") == 2,
+              f"the discovery Service resolves to both replicas' rank 0: {router['argv']}")
+
+        def health():
+            if not listening(port):
+                return False
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        check(wait_for("router healthy", health, 60) is not None, "the router Deployment's command serves")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/generate", json.dumps({"inputs": ref["text"], "parameters": {
+            "max_new_tokens": 8, "details": True, "decoder_input_details": False}}),
+            {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        out = json.loads(resp.read() or b"{}")
+        ids = [t["id"] for t in out.get("details", {}).get("tokens", [])]
+        check(resp.status == 200 and ids == ref["greedy"][:8],
+              f"a generation through the operator's pods equals transformers: {resp.status} {ids} vs {ref['greedy'][:8]}")
+    finally:
+        cluster.stop()
+        if results["failed"]:
+            for p in cluster.pods:
+                p["log"].seek(0)
+                print(f"--- pod {' '.join(p['argv'])}\n" + p["log"].read()[-1500:])
+    server.request("DELETE", f"{TGS}/demo")
+
+
 def main():
     server = KubeTestServer().start()
     ops = []
@@ -325,6 +468,7 @@ def main():
         ops.append(standby)
         wait_for("standby up", lambda: standby.metrics() != {})
         test_leader_election(server, op, standby)
+        test_end_to_end(server)
         test_delete(server)
         code = standby.stop()
         check(code == 0, f"SIGTERM: exit 0 (got {code})")

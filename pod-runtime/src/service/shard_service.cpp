@@ -145,7 +145,8 @@ class ShardService final : public pb::ShardService::Service {
 
   grpc::Status ServiceDiscovery(grpc::ServerContext*, const pb::ServiceDiscoveryRequest*,
                                 pb::ServiceDiscoveryResponse* out) override {
-    for (const std::string& url : options_.rankUrls) out->add_urls(url);
+    if (options_.rankUrls)
+      for (const std::string& url : options_.rankUrls()) out->add_urls(url);
     return grpc::Status::OK;
   }
 

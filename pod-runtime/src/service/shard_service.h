@@ -1,6 +1,7 @@
 // The gRPC ShardService over an Engine: the only code in pod-runtime that sees protobuf types.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,7 +15,9 @@ class Service;
 namespace textgen::runtime {
 
 struct ShardServiceOptions {
-  std::vector<std::string> rankUrls;  // ServiceDiscovery: every rank's address, rank 0 first
+  // ServiceDiscovery: every rank's address, rank 0 first (read at each call: a TCP shard on port 0
+  // knows its own only once listening).
+  std::function<std::vector<std::string>()> rankUrls;
   std::string dtype = "float32";
   std::string deviceType = "cpu";
   int worldSize = 1;
