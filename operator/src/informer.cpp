@@ -34,7 +34,9 @@ Informer::Informer(KubeClient& client, std::string collectionPath, std::string l
 
 Informer::~Informer() {
   stop();
-  if (thread_.joinable()) thread_.detach();  // a watch may be blocked in a read
+  // Joins: a watch blocked in a read ends within watchSeconds (the operator's main exits without
+  // destroying its informers for that reason).
+  if (thread_.joinable()) thread_.join();
 }
 
 void Informer::start() {

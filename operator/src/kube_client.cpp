@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 namespace textgen::op {
@@ -134,12 +135,28 @@ class CppRestClient final : public KubeClient {
     return c;
   }
 
-  void addAuth(http_request& req) const {
-    if (!config_.token.empty()) req.headers().add("Authorization", "Bearer " + config_.token);
+  void addAuth(http_request& req) {
+    const std::string token = currentToken();
+    if (!token.empty()) req.headers().add("Authorization", "Bearer " + token);
     req.headers().add("Accept", "application/json");
   }
 
+  // The service account's token is rotated by the kubelet: read it again once a minute.
+  std::string currentToken() {
+    if (config_.tokenFile.empty()) return config_.token;
+    std::lock_guard<std::mutex> lock(tokenMu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (tokenReadAt_ == std::chrono::steady_clock::time_point{} ||
+        now - tokenReadAt_ > std::chrono::minutes(1)) {
+      if (auto t = readFile(config_.tokenFile)) config_.token = *t;
+      tokenReadAt_ = now;
+    }
+    return config_.token;
+  }
+
   KubeConfig config_;
+  std::mutex tokenMu_;
+  std::chrono::steady_clock::time_point tokenReadAt_{};
 };
 
 }  // namespace
@@ -264,6 +281,7 @@ StatusOr<KubeConfig> inClusterConfig() {
   auto ca = readFile(dir + "ca.crt");
   if (!token || !ca) return failedPreconditionError("cannot read the service account in " + dir);
   c.token = *token;
+  c.tokenFile = dir + "token";
   c.caPem = *ca;
   if (auto ns = readFile(dir + "namespace")) c.namespace_ = *ns;
   return c;

@@ -31,7 +31,7 @@ class Informer {
   Informer& operator=(const Informer&) = delete;
 
   void start();
-  void stop();  // returns at once; the thread ends with its current watch
+  void stop();  // returns at once; the thread ends with its current watch (joined on destruction)
   bool synced() const { return synced_.load(); }
   // "namespace/name" -> the object as last seen.
   std::optional<json> get(const std::string& key) const;

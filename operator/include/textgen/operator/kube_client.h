@@ -21,6 +21,7 @@ struct KubeConfig {
   std::string caPem;   // empty: the system's trust store
   std::string clientCertPem, clientKeyPem;
   std::string token;                   // bearer token (service account)
+  std::string tokenFile;               // re-read every minute (projected tokens rotate)
   std::string namespace_ = "default";  // the context's namespace
 };
 
