@@ -8,7 +8,7 @@
 #
 #   tools/k8s-test-server/build.sh            (cache: $TEXTGEN_K8S_CACHE or ~/.cache/textgen/k8s)
 set -euo pipefail
-cache=${TEXTGEN_K8S_CACHE:-$HOME/.cache/textgen/k8s}
+cache=${TEXTGEN_K8S_CACHE:-${HOME:-/root}/.cache/textgen/k8s}
 bin=$cache/apiextensions-apiserver
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$cache"
