@@ -6,23 +6,6 @@
 #include "textgen/base/log.h"
 
 namespace textgen::op {
-namespace {
-
-std::string urlEncode(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[4];
-      std::snprintf(buf, sizeof buf, "%%%02X", c);
-      out += buf;
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 Informer::Informer(KubeClient& client, std::string collectionPath, std::string labelSelector,
                    Handler handler, int watchSeconds)

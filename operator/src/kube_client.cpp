@@ -6,6 +6,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <boost/asio/ssl.hpp>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -259,6 +261,20 @@ json yamlToJson(const YAML::Node& n) {
 }
 
 }  // namespace
+
+std::string urlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
 
 StatusOr<json> parseYamlDocument(const std::string& text) {
   try {

@@ -40,20 +40,6 @@ void stampTransitions(json& conditions, const json& previous) {
   }
 }
 
-std::string urlEncode(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[4];
-      std::snprintf(buf, sizeof buf, "%%%02X", c);
-      out += buf;
-    }
-  }
-  return out;
-}
-
 // The service's status from what its children report.
 json observedStatus(const ServiceSpec& s, const Informer& statefulSets, const Informer& deployments,
                     const std::string& applyError) {

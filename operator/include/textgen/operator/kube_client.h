@@ -66,6 +66,9 @@ Status responseStatus(const KubeResponse& r, const std::string& what);
 
 namespace textgen::op {
 
+// Percent-encodes a query parameter value (label selectors, resourceVersions).
+std::string urlEncode(const std::string& s);
+
 // A YAML (or JSON) document as JSON: plain scalars become numbers, booleans and null where YAML 1.2
 // reads them so, quoted scalars stay strings.
 StatusOr<json> parseYamlDocument(const std::string& text);
