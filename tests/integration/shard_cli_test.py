@@ -32,6 +32,7 @@ for flags, want in [
     (["--cuda-memory-fraction", "1.5"], "--cuda-memory-fraction must be a number in (0, 1]"),
     (["--cuda-memory-fraction", "half"], "--cuda-memory-fraction must be a number in (0, 1]"),
     (["--device", "cpu", "--dtype", "bfloat16"], "the CPU backend computes in float32"),
+    (["--shard-urls", "a:1,b:2"], "--shard-urls lists 2 addresses for WORLD_SIZE 1"),
 ]:
     rc, err = run(*flags)
     check(rc != 0 and want in err, f"{flags}: exit {rc}, stderr {err.strip()[-300:]!r}")
