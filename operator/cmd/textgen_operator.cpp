@@ -242,7 +242,6 @@ int run(const Flags& f) {
           queue.forget(*key);
         } else {
           spdlog::warn("reconcile {}: {} (requeued)", *key, st.toString());
-          const_cast<ReconcilerMetrics&>(reconciler.metrics()).errors.fetch_add(1);
           queue.addRateLimited(*key);
         }
         queue.done(*key);

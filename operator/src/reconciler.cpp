@@ -148,13 +148,18 @@ StatusOr<json> Reconciler::live(const Kind& kind, const std::string& ns, const s
 
 Status Reconciler::reconcile(const std::string& key) {
   metrics_.reconciles.fetch_add(1);
+  Status st = reconcileOnce(key);
+  if (!st.ok()) metrics_.errors.fetch_add(1);
+  return st;
+}
+
+Status Reconciler::reconcileOnce(const std::string& key) {
   auto resource = services_.get(key);
   if (!resource) return okStatus();  // gone; its children went with the finalizer
   if ((*resource)["metadata"].contains("deletionTimestamp")) return finalize(*resource);
   TG_RETURN_IF_ERROR(ensureFinalizer(*resource));
 
   auto spec = parseServiceSpec(*resource, defaultImage_);
-  const json previous = resource->value("status", json::object());
   if (!spec.ok()) {
     const int64_t g = (*resource)["metadata"].value("generation", int64_t{0});
     json conditions =

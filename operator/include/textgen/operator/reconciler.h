@@ -32,6 +32,7 @@ class Reconciler {
   const ReconcilerMetrics& metrics() const { return metrics_; }
 
  private:
+  Status reconcileOnce(const std::string& key);
   Status finalize(const json& resource);
   Status ensureFinalizer(const json& resource);
   Status applyChildren(const struct ServiceSpec& spec, std::string& applyError);
