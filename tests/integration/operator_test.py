@@ -220,7 +220,8 @@ def test_objects(server, op):
     check(st.get("replicas") == 2 and st.get("readyReplicas") == 0 and st.get("observedGeneration") == 1 and
           st.get("selector") == "textgen.dev/service=llama,textgen.dev/component=shard" and
           st.get("endpoint") == f"http://llama.{NS}.svc.cluster.local", f"status: {st}")
-    check(condition(tgs, "Progressing").get("status") in (None, "True"), "progressing while rolling out")
+    check(condition(get(server, f"{TGS}/llama"), "Progressing").get("status") == "True",
+          "progressing while rolling out")
 
     # Readiness flows into the conditions.
     mark_ready(server, "llama", 2, 2)
