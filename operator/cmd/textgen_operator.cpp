@@ -167,13 +167,7 @@ int run(const Flags& f) {
       queue.add(m.value("namespace", "") + "/" + labels[kServiceLabel].get<std::string>());
   };
   const std::string scope = f.ns;  // empty: every namespace
-  auto collection = [&](const Kind& k) {
-    if (scope.empty())
-      return k.apiVersion().find('/') == std::string::npos
-                 ? "/api/" + k.version + "/" + k.plural
-                 : "/apis/" + k.apiVersion() + "/" + k.plural;
-    return k.path(scope);
-  };
+  auto collection = [&](const Kind& k) { return k.path(scope); };
   Informer services(
       kube, collection(kinds.textGenerationService), "",
       [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); }, f.watchSeconds);

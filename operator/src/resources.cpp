@@ -4,7 +4,7 @@ namespace textgen::op {
 
 std::string Kind::path(const std::string& ns, const std::string& name) const {
   std::string p = group.empty() ? "/api/" + version : "/apis/" + group + "/" + version;
-  if (namespaced) p += "/namespaces/" + ns;
+  if (namespaced && !ns.empty()) p += "/namespaces/" + ns;
   p += "/" + plural;
   if (!name.empty()) p += "/" + name;
   return p;

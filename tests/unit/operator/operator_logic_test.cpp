@@ -130,6 +130,7 @@ TEST(DesiredObjectsTest, PvcModelsRunDirectlyAndTestGroupsMoveBuiltins) {
   EXPECT_EQ(Kind(kinds.service).path("ml", "x"),
             "/apis/core.textgen.test/v1/namespaces/ml/services/x");
   EXPECT_EQ(Kinds(false).service.path("ml", "x"), "/api/v1/namespaces/ml/services/x");
+  EXPECT_EQ(Kinds(false).statefulSet.path(""), "/apis/apps/v1/statefulsets");  // every namespace
 }
 
 TEST(ContainsFieldsTest, ServerDefaultsAreNotDifferences) {

@@ -17,7 +17,8 @@ struct Kind {
   bool namespaced = true;
 
   std::string apiVersion() const { return group.empty() ? version : group + "/" + version; }
-  // /api/v1/namespaces/NS/services[/NAME] or /apis/GROUP/VERSION/...
+  // /api/v1/namespaces/NS/services[/NAME] or /apis/GROUP/VERSION/...; with NS empty, the
+  // collection across every namespace (/api/v1/services).
   std::string path(const std::string& ns, const std::string& name = "") const;
 };
 
