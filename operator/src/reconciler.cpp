@@ -131,14 +131,42 @@ StatusOr<KubeResponse> Reconciler::write(const std::string& method, const std::s
   return r;
 }
 
+namespace {
+std::string resourceVersionOf(const json& o) {
+  return o.is_object() && o.contains("metadata")
+             ? o["metadata"].value("resourceVersion", std::string())
+             : std::string();
+}
+}  // namespace
+
+json Reconciler::freshest(const std::string& url, const json& cached) {
+  std::lock_guard<std::mutex> lock(recentMu_);
+  auto it = recent_.find(url);
+  if (it == recent_.end()) return cached;
+  if (it->second.superseded.count(resourceVersionOf(cached))) return it->second.latest;
+  recent_.erase(it);  // the cache has caught up (or someone else wrote since)
+  return cached;
+}
+
+void Reconciler::remember(const std::string& url, const json& before, const KubeResponse& written) {
+  if (!written.ok() || !written.body.is_object()) return;
+  std::lock_guard<std::mutex> lock(recentMu_);
+  OwnWrite& w = recent_[url];
+  // Writes chain within a pass (finalizer, then status): every version they replaced is stale.
+  w.superseded.insert(resourceVersionOf(before));  // "" for an object the cache did not have
+  if (!w.latest.is_null()) w.superseded.insert(resourceVersionOf(w.latest));
+  w.latest = written.body;
+}
+
 StatusOr<json> Reconciler::live(const Kind& kind, const std::string& ns, const std::string& name) {
+  const std::string url = kind.path(ns, name);
   if (kind.kind == kinds_.statefulSet.kind && kind.group == kinds_.statefulSet.group) {
     auto o = statefulSets_.get(ns + "/" + name);
-    return o ? *o : json();
+    return freshest(url, o ? *o : json());
   }
   if (kind.kind == kinds_.deployment.kind && kind.group == kinds_.deployment.group) {
     auto o = deployments_.get(ns + "/" + name);
-    return o ? *o : json();
+    return freshest(url, o ? *o : json());
   }
   TG_ASSIGN_OR_RETURN(KubeResponse r, client_.request("GET", kind.path(ns, name)));
   if (r.status == 404) return json();
@@ -156,6 +184,9 @@ Status Reconciler::reconcile(const std::string& key) {
 Status Reconciler::reconcileOnce(const std::string& key) {
   auto resource = services_.get(key);
   if (!resource) return okStatus();  // gone; its children went with the finalizer
+  const std::string url = kinds_.textGenerationService.path(
+      (*resource)["metadata"].value("namespace", ""), (*resource)["metadata"].value("name", ""));
+  resource = freshest(url, *resource);
   if ((*resource)["metadata"].contains("deletionTimestamp")) return finalize(*resource);
   TG_RETURN_IF_ERROR(ensureFinalizer(*resource));
 
@@ -183,10 +214,11 @@ Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyErro
   for (const DesiredObject& d : desired) {
     TG_ASSIGN_OR_RETURN(json current, live(d.kind, spec.ns, d.name()));
     if (!current.is_null() && containsFields(current, d.object)) continue;  // settled
-    TG_ASSIGN_OR_RETURN(KubeResponse r, write("PATCH",
-                                              d.kind.path(spec.ns, d.name()) +
-                                                  "?fieldManager=" + kFieldManager + "&force=true",
-                                              d.object, "application/apply-patch+yaml"));
+    const std::string url = d.kind.path(spec.ns, d.name());
+    TG_ASSIGN_OR_RETURN(KubeResponse r,
+                        write("PATCH", url + "?fieldManager=" + kFieldManager + "&force=true",
+                              d.object, "application/apply-patch+yaml"));
+    remember(url, current, r);
     if (r.status == 409) return responseStatus(r, "apply " + d.kind.kind + " " + d.name());
     if (!r.ok()) {
       applyError = "apply " + d.kind.kind + " " + d.name() + ": " + r.message();
@@ -226,11 +258,12 @@ Status Reconciler::writeStatus(const json& resource, const json& status) {
   stampTransitions(next["conditions"], previous.value("conditions", json::array()));
   if (containsFields(previous, next) && containsFields(next, previous)) return okStatus();
   const json& m = resource["metadata"];
-  const std::string path =
-      kinds_.textGenerationService.path(m.value("namespace", ""), m.value("name", "")) + "/status";
-  TG_ASSIGN_OR_RETURN(KubeResponse r,
-                      write("PATCH", path, json{{"status", next}}, "application/merge-patch+json"));
+  const std::string url =
+      kinds_.textGenerationService.path(m.value("namespace", ""), m.value("name", ""));
+  TG_ASSIGN_OR_RETURN(KubeResponse r, write("PATCH", url + "/status", json{{"status", next}},
+                                            "application/merge-patch+json"));
   if (r.status == 404) return okStatus();  // deleted meanwhile
+  remember(url, resource, r);
   return responseStatus(r, "write status");
 }
 
@@ -243,10 +276,10 @@ Status Reconciler::ensureFinalizer(const json& resource) {
   json patch = {
       {"metadata",
        {{"finalizers", finalizers}, {"resourceVersion", m.value("resourceVersion", "")}}}};
-  TG_ASSIGN_OR_RETURN(KubeResponse r, write("PATCH",
-                                            kinds_.textGenerationService.path(
-                                                m.value("namespace", ""), m.value("name", "")),
-                                            patch, "application/merge-patch+json"));
+  const std::string url =
+      kinds_.textGenerationService.path(m.value("namespace", ""), m.value("name", ""));
+  TG_ASSIGN_OR_RETURN(KubeResponse r, write("PATCH", url, patch, "application/merge-patch+json"));
+  remember(url, resource, r);
   return responseStatus(r, "add finalizer");
 }
 

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "textgen/operator/informer.h"
@@ -39,6 +42,11 @@ class Reconciler {
   Status prune(const struct ServiceSpec& spec, const std::vector<struct DesiredObject>& desired);
   Status writeStatus(const json& resource, const json& status);
   StatusOr<json> live(const Kind& kind, const std::string& ns, const std::string& name);
+  // The cached object, or what this reconciler's last write to `url` returned while the cache still
+  // shows a version its writes replaced (their watch events have not arrived yet): without it a
+  // pass right after a write would see the old object and write again.
+  json freshest(const std::string& url, const json& cached);
+  void remember(const std::string& url, const json& before, const KubeResponse& written);
   StatusOr<KubeResponse> write(const std::string& method, const std::string& path,
                                const std::optional<json>& body, const std::string& contentType);
 
@@ -47,6 +55,12 @@ class Reconciler {
   std::string defaultImage_;
   Informer &services_, &statefulSets_, &deployments_;
   ReconcilerMetrics metrics_;
+  struct OwnWrite {
+    std::set<std::string> superseded;  // resourceVersions our writes replaced
+    json latest;                       // what the last write returned
+  };
+  std::mutex recentMu_;
+  std::map<std::string, OwnWrite> recent_;  // by object URL
 };
 
 // True when every field `want` sets has the same value in `have` (objects recursively; arrays
