@@ -2,7 +2,9 @@
 # `make run`: serve the bundled demo model (models/demo) with textgen-launcher on port 3000. If a part
 # is missing from the build it names it and exits non-zero — it never pretends to serve.
 set -euo pipefail
+# Usage: tools/run-demo.sh [BUILD_DIR [LAUNCHER FLAGS...]] (the Makefile passes $(BUILD_DIR) $(ARGS)).
 build=${1:-build}
+if [ $# -gt 0 ]; then shift; fi  # the rest goes to the launcher
 declare -A what=(
   [textgen-shard]="shard runtime (issue 4)"
   [textgen-router]="HTTP router and batching (issue 5)"

@@ -106,18 +106,15 @@ TEST_F(RmsNormCudaTest, MatchesReferenceOverRandomShapes) {
   std::mt19937 rng(20261121);
   const std::vector<int64_t> hiddens{1, 8, 31, 64, 100, 128, 1000, 2048, 4096, 5120, 8192, 16384};
   const std::vector<int64_t> tokens{1, 3, 17, 256};
-  int cases = 0;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int64_t h : hiddens) {
       for (int64_t t : tokens) {
         for (bool residual : {false, true}) {
           runCase({t, h, dtype, residual, /*inPlace=*/false, /*misaligned=*/false}, rng);
-          ++cases;
         }
       }
     }
   }
-  EXPECT_EQ(cases, 3 * 12 * 4 * 2);
 }
 
 TEST_F(RmsNormCudaTest, InPlaceAndMisalignedPaths) {

@@ -6,22 +6,38 @@
 # archive is the only network used) and unpacked into a scratch folder; the build runs in GOPATH
 # mode with the network off. Prints the binary's path.
 #
-#   tools/k8s-test-server/build.sh            (cache: $TEXTGEN_K8S_CACHE or ~/.cache/textgen/k8s)
+#   tools/k8s-test-server/build.sh                  (cache: $TEXTGEN_K8S_CACHE or ~/.cache/textgen/k8s)
+#   tools/k8s-test-server/build.sh --print-archive  (only print the archive URI it would use)
 set -euo pipefail
+log() { echo "k8s-test-server: $*" >&2; }
+
+# The package archive is the one this machine's own apt configuration names for its release
+# (sources.list or sources.list.d/*.sources, parsed by apt itself; APT_CONFIG is honoured): no
+# archive host name is written in this repository.
+archive_uri() {
+  local codename uri
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  uri=$(apt-get indextargets --no-release-info --format '$(REPO_URI) $(RELEASE)' |
+    awk -v rel="$codename" '$2 == rel {print $1; exit}')
+  [ -n "$uri" ] || { log "no archive for release '$codename' in this machine's apt sources"; return 1; }
+  echo "$uri"
+}
+if [ "${1:-}" = --print-archive ]; then archive_uri; exit; fi
 cache=${TEXTGEN_K8S_CACHE:-${HOME:-/root}/.cache/textgen/k8s}
 bin=$cache/apiextensions-apiserver
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$cache"
 work=$(mktemp -d "${TMPDIR:-/tmp}/textgen-k8s-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-log() { echo "k8s-test-server: $*" >&2; }
 
 # A private apt configuration over unstable (sid), with no installed packages, so that dependency
 # resolution lists everything.
 apt_dir=$work/apt
 mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
 : >"$apt_dir/status"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" \
+archive=$(archive_uri)
+log "using the archive this machine's apt configuration names: $archive"
+echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive sid main" \
   >"$apt_dir/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
   -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::State::Status=$apt_dir/status"
