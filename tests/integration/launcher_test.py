@@ -21,6 +21,17 @@ def check(cond, what):
         print("FAIL:", what, flush=True)
 
 
+def wait_for(what, fn, timeout):
+    """Polls fn until it is true; a timeout fails naming what it waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fn():
+            return True
+        time.sleep(0.05)
+    print(f"timed out after {timeout} s waiting for {what}", flush=True)
+    return False
+
+
 def alive(pid):
     try:
         os.kill(pid, 0)
@@ -68,10 +79,8 @@ def main():
     p.send_signal(signal.SIGTERM)
     code = p.wait(timeout=30)
     check(code == 0, f"SIGTERM: clean exit ({code})")
-    deadline = time.time() + 5
-    while time.time() < deadline and any(alive(k) for k in kids):
-        time.sleep(0.05)
-    check(not any(alive(k) for k in kids), "no orphan process after SIGTERM")
+    check(wait_for("the shard and router to exit", lambda: not any(alive(k) for k in kids), 5),
+          "no orphan process after SIGTERM")
 
     p, port = launch(uds)
     shard = [k for k in children_of(uds) if k != p.pid and "textgen-shard" in open(f"/proc/{k}/cmdline").read()]
@@ -80,8 +89,7 @@ def main():
     code = p.wait(timeout=30)
     err = p.stderr.read()
     check(code != 0 and "textgen-shard rank 0 exited" in err, f"a crashed shard stops the launcher, named: {code} {err[-300:]}")
-    time.sleep(0.2)
-    check(children_of(uds) == [], "the router was stopped too")
+    check(wait_for("the router to exit", lambda: children_of(uds) == [], 10), "the router was stopped too")
 
     for flag, words in ((["--trust-remote-code"], "never runs code"), (["--quantize", "gptq"], "not supported"),
                         (["--num-shard", "2"], "tensor parallelism")):
