@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/) from the reference
+fixtures (tests/reference) and hand-written requests. Deterministic; rerun after a fixture or an
+input format changes, and commit the result. Needs protoc (the shard's RPCs are encoded with it).
+
+Usage: make_corpus.py [REPO_ROOT]
+"""
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../.."))
+REF = os.path.join(ROOT, "tests/reference")
+OUT = os.path.join(ROOT, "tests/fuzz/corpus")
+PROTO_DIR = os.path.join(ROOT, "proto")
+PROTO = os.path.join(PROTO_DIR, "textgen/shard/v1/shard.proto")
+
+
+def write(target, data, name=None):
+    if isinstance(data, str):
+        data = data.encode()
+    d = os.path.join(OUT, target)
+    os.makedirs(d, exist_ok=True)
+    name = name or hashlib.sha1(data).hexdigest()[:16]
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def compact(obj):
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+# ---- safetensors: whole files, small (real tensor names and dtypes, shapes shrunk) ----
+def safetensors(tensors, metadata=None, pad=0, header_len_delta=0, data_extra=b""):
+    """tensors: list of (name, dtype, shape, bytes or None); offsets are computed in order."""
+    sizes = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+             "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+    header, data = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, payload in tensors:
+        n = sizes.get(dtype, 1)
+        for d in shape:
+            n *= d
+        if payload is None:
+            payload = bytes((i * 37 + 11) % 256 for i in range(n))
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(payload)]}
+        data += payload
+    h = json.dumps(header).encode() + b" " * pad
+    return struct.pack("<Q", len(h) + header_len_delta) + h + data + data_extra
+
+
+def safetensors_corpus():
+    path = os.path.join(REF, "models/llama-gqa/model.safetensors")
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        real = json.loads(f.read(n))
+    shrunk = [(k, v["dtype"], [min(d, 3) for d in v["shape"]], None) for k, v in real.items() if k != "__metadata__"]
+    write("safetensors", safetensors(shrunk, {"format": "pt"}), "llama-gqa-shrunk")
+    write("safetensors", safetensors(shrunk[:4], {"format": "pt"}, pad=5), "llama-gqa-padded")
+    f16 = [(k, "F16", s, None) for k, _, s, _ in shrunk[:6]]
+    bf16 = [(k, "BF16", s, None) for k, _, s, _ in shrunk[:6]]
+    write("safetensors", safetensors(f16), "f16")
+    write("safetensors", safetensors(bf16), "bf16")
+    dtypes = ["F64", "I64", "U64", "F32", "I32", "U32", "F16", "BF16", "I16", "U16", "I8", "U8", "BOOL", "F8_E4M3",
+              "F8_E5M2"]
+    write("safetensors", safetensors([(f"t.{d}", d, [2, 2], None) for d in dtypes]), "all-dtypes")
+    shapes = [[], [0], [1], [4], [2, 3], [3, 2], [2, 2, 2], [1, 4, 1], [0, 5], [5, 0], [2, 1, 2, 1]]
+    write("safetensors", safetensors([(f"s{i}", "F32", s, None) for i, s in enumerate(shapes)]), "shapes")
+    write("safetensors", safetensors([]), "empty")
+    write("safetensors", safetensors([], {"format": "pt", "note": "x"}), "metadata-only")
+    write("safetensors", safetensors([("a", "F32", [2], None)], data_extra=b"\0" * 8), "trailing-data")
+    write("safetensors", safetensors([("a", "F32", [4], None)], header_len_delta=1), "header-too-long")
+    write("safetensors", safetensors([("a", "F32", [4], None)])[:-3], "truncated-data")
+    write("safetensors", struct.pack("<Q", 2) + b"{}", "empty-object")
+    write("safetensors", struct.pack("<Q", 2) + b"[]", "not-object")
+    write("safetensors", struct.pack("<Q", 1 << 40) + b"{}", "huge-header-length")
+    write("safetensors", b"\x05\0\0", "shorter-than-8")
+    overlap = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+               "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}
+    h = json.dumps(overlap).encode()
+    write("safetensors", struct.pack("<Q", len(h)) + h + b"\0" * 12, "overlap")
+    wrong = {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}
+    h = json.dumps(wrong).encode()
+    write("safetensors", struct.pack("<Q", len(h)) + h + b"\0" * 8, "span-mismatch")
+    big = {"a": {"dtype": "F32", "shape": [4611686018427387904, 0], "data_offsets": [0, 0]}}
+    h = json.dumps(big).encode()
+    write("safetensors", struct.pack("<Q", len(h)) + h, "zero-times-huge")
+
+
+# ---- model_config: config.json [NUL generation_config.json] ----
+def model_config_corpus():
+    models = sorted(os.listdir(os.path.join(REF, "models")))
+    base = None
+    for m in models:
+        d = os.path.join(REF, "models", m)
+        cfg = open(os.path.join(d, "config.json"), "rb").read()
+        gen_path = os.path.join(d, "generation_config.json")
+        gen = open(gen_path, "rb").read() if os.path.exists(gen_path) else b""
+        write("model_config", cfg + b"\0" + gen, f"{m}")
+        write("model_config", cfg, f"{m}-alone")
+        if m == "llama-gqa":
+            base = json.loads(cfg)
+    variants = {
+        "rope-scaling-linear": {"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_theta": 500000.0},
+        "rope-scaling-dynamic": {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
+        "rope-llama3": {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                            "rope_theta": 500000.0}},
+        "rope-yarn-mscale": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1,
+                                              "mscale": 0.707, "mscale_all_dim": 0.707,
+                                              "original_max_position_embeddings": 64}},
+        "rope-yarn-attention-factor": {"rope_parameters": {"rope_type": "yarn", "factor": 2.0,
+                                                           "attention_factor": 1.2, "truncate": False}},
+        "partial-rotary": {"partial_rotary_factor": 0.5},
+        "torch-dtype": {"torch_dtype": "bfloat16", "dtype": None},
+        "mistral-window": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 32},
+        "no-head-dim": {"head_dim": None},
+        "eos-list": {"eos_token_id": [2, 3, 7], "bos_token_id": None},
+        "tied": {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True},
+        "huge-sizes": {"hidden_size": 4294967296, "vocab_size": 18446744073709551615},
+        "negative": {"num_hidden_layers": -1},
+        "float-sizes": {"hidden_size": 64.0},
+        "unknown-arch": {"architectures": ["GPT2LMHeadModel"]},
+    }
+    for name, change in variants.items():
+        cfg = dict(base)
+        for k, v in change.items():
+            if v is None:
+                cfg.pop(k, None)
+            else:
+                cfg[k] = v
+        write("model_config", compact(cfg) + "\0" + compact({"eos_token_id": [2, 5], "bos_token_id": 1}), name)
+    write("model_config", "{}", "empty-object")
+    write("model_config", "[]", "array")
+    write("model_config", compact(base) + "\0" + "{\"eos_token_id\": \"x\"}", "bad-generation-config")
+
+
+# ---- tokenizer_encode: [tokenizer index][flags][text | u16 ids] ----
+def tokenizer_encode_corpus():
+    root = os.path.join(REF, "tokenizers")
+    dirs = sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "tokenizer.json")))
+    for i, d in enumerate(dirs):
+        cases = [json.loads(l) for l in open(os.path.join(root, d, "cases.jsonl"), encoding="utf-8")]
+        # The shortest, the longest (capped) and a few spread between: ASCII, Unicode, specials.
+        cases.sort(key=lambda c: len(c["text"].encode()))
+        picks = [cases[0], cases[len(cases) // 4], cases[len(cases) // 2], cases[3 * len(cases) // 4]]
+        picks += [c for c in cases if "<" in c["text"]][:1]
+        for k, c in enumerate(picks):
+            text = c["text"].encode()[:400]
+            write("tokenizer_encode", bytes([i, k & 3]) + text, f"{d}-{k}")
+        ids = cases[len(cases) // 2]["ids"][:64]
+        write("tokenizer_encode", bytes([i, 4 | 2]) + b"".join(struct.pack("<H", x) for x in ids), f"{d}-ids")
+        write("tokenizer_encode", bytes([i, 4]) + b"".join(struct.pack("<H", x) for x in range(0, 300, 7)),
+              f"{d}-ids-spread")
+    write("tokenizer_encode", bytes([0, 1]) + b"\xff\xfe\xc3\x28 invalid \xed\xa0\x80", "invalid-utf8")
+
+
+# ---- tokenizer_json: small tokenizers with each fixture's pipeline, [NUL tokenizer_config.json] ----
+def mini_tokenizer(tok, keep):
+    t = json.loads(json.dumps(tok))
+    m = t["model"]
+    if isinstance(m.get("vocab"), dict):
+        m["vocab"] = {k: v for k, v in m["vocab"].items() if v < keep}
+        if m.get("merges"):
+            vocab = m["vocab"]
+            kept = []
+            for merge in m["merges"]:
+                a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+                if a in vocab and b in vocab and a + b in vocab:
+                    kept.append(merge)
+            m["merges"] = kept
+    elif isinstance(m.get("vocab"), list):
+        m["vocab"] = m["vocab"][:keep]
+    t["added_tokens"] = [a for a in t.get("added_tokens", []) if a["id"] < keep]
+    norm = t.get("normalizer")
+    # The T5 charsmap alone is 300 KB: seeds keep the rest of the normalizer.
+    if norm and norm.get("type") == "Precompiled":
+        t["normalizer"] = None
+    elif norm and norm.get("type") == "Sequence":
+        norm["normalizers"] = [n for n in norm["normalizers"] if n.get("type") != "Precompiled"]
+    return t
+
+
+def tokenizer_json_corpus():
+    root = os.path.join(REF, "tokenizers")
+    for d in sorted(os.listdir(root)):
+        p = os.path.join(root, d, "tokenizer.json")
+        if not os.path.exists(p):
+            continue
+        tok = json.load(open(p, encoding="utf-8"))
+        byte_level = "ByteLevel" in json.dumps(tok.get("pre_tokenizer")) or "byte_fallback\": true" in json.dumps(tok["model"])
+        keep = 300 if byte_level or tok["model"]["type"] == "Unigram" else 96
+        mini = compact(mini_tokenizer(tok, keep)).encode()
+        write("tokenizer_json", mini, f"{d}")
+        cfg_path = os.path.join(root, d, "tokenizer_config.json")
+        if os.path.exists(cfg_path):
+            cfg = json.load(open(cfg_path, encoding="utf-8"))
+            cfg.pop("added_tokens_decoder", None)
+            write("tokenizer_json", mini + b"\0" + compact(cfg).encode(), f"{d}-config")
+    tiny = {"version": "1.0", "added_tokens": [{"id": 0, "content": "[UNK]", "special": True, "single_word": False,
+                                                "lstrip": False, "rstrip": False, "normalized": False}],
+            "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "hello": 1, "world": 2}, "unk_token": "[UNK]"}}
+    write("tokenizer_json", compact(tiny), "tiny-wordlevel")
+    write("tokenizer_json", "{}", "empty-object")
+
+
+# ---- router_request: request bodies ----
+REQUESTS = [
+    {"inputs": "The quick brown fox"},
+    {"inputs": "Hello", "parameters": {"max_new_tokens": 5}},
+    {"inputs": "Hello", "parameters": {"max_new_tokens": 20, "do_sample": True, "temperature": 0.7, "top_k": 10,
+                                       "top_p": 0.9, "typical_p": 0.95, "seed": 42, "repetition_penalty": 1.1,
+                                       "frequency_penalty": 0.5}},
+    {"inputs": "Hello", "parameters": {"best_of": 2, "do_sample": True, "details": True}},
+    {"inputs": "Hello", "parameters": {"stop": ["\n", "fox", "."], "return_full_text": True}},
+    {"inputs": "Hello", "parameters": {"truncate": 3, "details": True, "decoder_input_details": True,
+                                       "top_n_tokens": 2}},
+    {"inputs": "Hello", "parameters": {"watermark": True}},
+    {"inputs": "Hello", "parameters": {"grammar": {"type": "json", "value": {"type": "object"}}}},
+    {"inputs": "Hello", "parameters": {"adapter_id": "lora"}},
+    {"inputs": "Hello", "parameters": {"max_new_tokens": None, "temperature": None}},
+    {"inputs": "Hello", "stream": True, "parameters": {"max_new_tokens": 3}},
+    {"inputs": "Hello", "add_special_tokens": False},
+    {"inputs": "", "parameters": {}},
+    {"inputs": "héllo 中文 😀 <s> </s>", "parameters": {"max_new_tokens": 1}},
+    {"inputs": "x" * 200, "parameters": {"max_new_tokens": 2000}},
+    {"inputs": "Hello", "parameters": {"temperature": 0, "top_p": 1.0, "top_k": -1}},
+    {"inputs": "Hello", "parameters": {"max_new_tokens": 4294967296, "seed": -1}},
+    {"inputs": "Hello", "parameters": {"max_new_tokens": 1.5, "temperature": "hot"}},
+    {"inputs": ["a", "b"]},
+    {"inputs": 5},
+    {"parameters": {}},
+]
+
+
+def router_request_corpus():
+    for i, r in enumerate(REQUESTS):
+        write("router_request", compact(r), f"req-{i:02d}")
+    write("router_request", "not json", "not-json")
+    write("router_request", "[]", "array")
+    write("router_request", "{\"inputs\": \"a\\u0000b\\ud800\"}", "escapes")
+
+
+# ---- router_routes: [method | route << 3][flags][body] ----
+METHODS = ["GET", "POST", "OPTIONS", "PUT", "DELETE", "HEAD", "", "post"]
+ROUTES = ["/generate", "/", "/generate_stream", "/v1/completions", "/tokenize", "/info", "/health", "/metrics",
+          "/v1/models", "/api-doc/openapi.json", "/v1/chat/completions", "/invocations", "/generate/", "//generate",
+          "/GENERATE", "/docs"]
+COMPLETIONS = [
+    {"model": "llama-gqa", "prompt": "The quick brown fox", "max_tokens": 5},
+    {"model": "llama-gqa", "prompt": ["a", "b"], "max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "seed": 1},
+    {"model": "llama-gqa", "prompt": "Hi", "stream": True, "stop": ["\n"], "frequency_penalty": 0.2},
+    {"model": "llama-gqa", "prompt": "Hi", "logprobs": 2, "echo": True, "suffix": "x", "n": 2, "best_of": 2},
+    {"prompt": "", "max_tokens": 0},
+    {"model": "x", "prompt": [1, 2, 3]},
+]
+
+
+def router_routes_corpus():
+    def req(method, route, flags, body):
+        return bytes([METHODS.index(method) | (ROUTES.index(route) << 3), flags]) + body.encode()
+
+    for i, r in enumerate(REQUESTS[:12]):
+        write("router_routes", req("POST", "/generate", 0, compact(r)), f"generate-{i:02d}")
+    for i, r in enumerate(REQUESTS[:4]):
+        write("router_routes", req("POST", "/", 0, compact(r)), f"compat-{i:02d}")
+        write("router_routes", req("POST", "/generate_stream", 0, compact(r)), f"stream-{i:02d}")
+        write("router_routes", req("POST", "/tokenize", 0, compact(r)), f"tokenize-{i:02d}")
+    write("router_routes", req("POST", "/", 0, compact(REQUESTS[10])), "compat-stream")
+    for i, c in enumerate(COMPLETIONS):
+        write("router_routes", req("POST", "/v1/completions", 0, compact(c)), f"completions-{i:02d}")
+    for route in ["/info", "/health", "/metrics", "/v1/models", "/api-doc/openapi.json", "/docs"]:
+        write("router_routes", req("GET", route, 0, ""), "get" + route.replace("/", "-"))
+    write("router_routes", req("OPTIONS", "/generate", 8, ""), "options-cors")
+    write("router_routes", req("POST", "/generate", 1 | 2 | 8, compact(REQUESTS[1])), "auth-ok")
+    write("router_routes", req("POST", "/generate", 1 | 4, compact(REQUESTS[1])), "auth-wrong")
+    write("router_routes", req("POST", "/generate", 1, compact(REQUESTS[1])), "auth-missing")
+    write("router_routes", req("PUT", "/generate", 0, compact(REQUESTS[1])), "put")
+    write("router_routes", req("GET", "/generate", 0, ""), "get-generate")
+    write("router_routes", bytes([1 | (31 << 3), 0]) + b"/generate?x=1\n" + compact(REQUESTS[1]).encode(), "raw-path")
+    write("router_routes", bytes([0 | (31 << 3), 0]) + b"/../../etc/passwd\n", "raw-path-dots")
+
+
+# ---- shard_rpc: [rpc][u16 length][message]... ----
+RPC = {"Prefill": 0, "Decode": 1, "FilterBatch": 2, "ClearCache": 3, "Warmup": 4, "Info": 5, "Health": 6}
+
+
+def encode(message, text):
+    return subprocess.run(["protoc", f"--proto_path={PROTO_DIR}", f"--encode=textgen.shard.v1.{message}", PROTO],
+                          input=text.encode(), capture_output=True, check=True).stdout
+
+
+def calls(*items):
+    out = b""
+    for rpc, text in items:
+        msg = encode(rpc + "Request", text)
+        out += bytes([RPC[rpc]]) + struct.pack("<H", len(msg)) + msg
+    return out
+
+
+def shard_rpc_corpus():
+    ref = json.load(open(os.path.join(REF, "models/llama-gqa/reference.json")))
+    prompts = [p["input_ids"] for p in ref["prompts"]]
+
+    def request(rid, p, max_new, first_block, extra="", params=""):
+        n = len(prompts[p]) + max_new
+        blocks = " ".join(f"blocks: {first_block + b}" for b in range((n + 15) // 16))
+        ids = " ".join(f"input_ids: {t}" for t in prompts[p])
+        return (f"requests {{ id: {rid} {ids} {blocks} stopping_parameters {{ max_new_tokens: {max_new} }} "
+                f"parameters {{ {params} }} {extra} }}")
+
+    def prefill(bid, *reqs):
+        return ("Prefill", f"batch {{ id: {bid} size: {len(reqs)} {' '.join(reqs)} }}")
+
+    decode1 = ("Decode", "batches { id: 1 }")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0))), "prefill")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0)), decode1, decode1, decode1), "prefill-decode")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 8, 0), request(2, 1, 8, 4)), decode1,
+                             ("FilterBatch", "batch_id: 1 request_ids: 2"), decode1), "two-filter")
+    write("shard_rpc", calls(prefill(1, request(1, 2, 3, 0, "prefill_logprobs: true top_n_tokens: 3",
+                                                "do_sample: true temperature: 0.8 top_k: 20 top_p: 0.9 seed: 7")),
+                             decode1, ("ClearCache", "id: 1"), decode1), "sampling-clear")
+    write("shard_rpc", calls(prefill(1, request(1, 3, 6, 0, "chunk_len: 2")),
+                             ("Prefill", "batch { id: 2 size: 0 } cached_batch { id: 1 }"), decode1), "chunked")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0, "cache_len: 2")), decode1), "prefix-cached")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0, "", "repetition_penalty: 1.3 frequency_penalty: 0.5 "
+                                                "logit_bias { key: 5 value: 10 } typical_p: 0.5 do_sample: true")),
+                             decode1), "penalties")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0)), prefill(2, request(2, 1, 4, 8)),
+                             ("Decode", "batches { id: 1 } batches { id: 2 }"), decode1), "two-batches")
+    stop_req = request(1, 0, 6, 0).replace("max_new_tokens: 6", 'max_new_tokens: 6 stop_sequences: "e" '
+                                                                 "ignore_eos_token: true")
+    write("shard_rpc", calls(prefill(1, stop_req), decode1, decode1), "stop-sequences")
+    write("shard_rpc", calls(("Warmup", f"batch {{ id: 0 size: 1 {request(9, 1, 4, 0)} }} max_prefill_tokens: 32 "
+                                        "max_input_tokens: 64 max_total_tokens: 128"),
+                             prefill(1, request(1, 0, 2, 0)), decode1), "warmup-prefill")
+    write("shard_rpc", calls(("Info", ""), ("Health", ""), ("ClearCache", "")), "info-health")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0).replace("blocks: 0", "blocks: 4000"))), "block-out-of-range")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 40, 0))), "too-few-blocks")
+    write("shard_rpc", calls(("Prefill", "batch { id: 1 size: 2 }")), "size-mismatch")
+    write("shard_rpc", calls(("Decode", "batches { id: 77 }"), ("FilterBatch", "batch_id: 77")), "unknown-batch")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0, 'slots: 0 slots: 1 slots: 2')), decode1), "slots")
+    write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0, "", "watermark: true"))), "watermark")
+
+
+def main():
+    if os.path.isdir(OUT):
+        shutil.rmtree(OUT)
+    safetensors_corpus()
+    model_config_corpus()
+    tokenizer_encode_corpus()
+    tokenizer_json_corpus()
+    router_request_corpus()
+    router_routes_corpus()
+    shard_rpc_corpus()
+    for t in sorted(os.listdir(OUT)):
+        files = os.listdir(os.path.join(OUT, t))
+        size = sum(os.path.getsize(os.path.join(OUT, t, f)) for f in files)
+        print(f"{t}: {len(files)} files, {size} bytes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+// config.json (and generation_config.json) to typed hyper-parameters. The input is config.json,
+// optionally followed by a NUL byte and generation_config.json. An accepted config must give values
+// the model code can use: the derived sizes and RoPE's frequencies are computed from it.
+#include <cmath>
+
+#include "fuzz_util.h"
+#include "textgen/runtime/model_config.h"
+#include "textgen/runtime/rope.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace textgen::runtime;
+  const std::string_view in(reinterpret_cast<const char*>(data), size);
+  const size_t nul = in.find('\0');
+  const std::string_view config = in.substr(0, nul);
+  const std::string_view generation =
+      nul == std::string_view::npos ? std::string_view() : in.substr(nul + 1);
+  auto c = parseModelConfig(config, generation);
+  if (!c.ok()) {
+    FUZZ_CHECK(!c.status().message().empty(), "an error without a message");
+    return 0;
+  }
+  FUZZ_CHECK(c->vocabSize > 0 && c->hiddenSize > 0 && c->intermediateSize > 0, "sizes");
+  FUZZ_CHECK(c->numLayers > 0 && c->numHeads > 0 && c->numKvHeads > 0 && c->headDim > 0,
+             "layers and heads");
+  FUZZ_CHECK(c->numHeads % c->numKvHeads == 0, "kv heads must divide heads");
+  FUZZ_CHECK(c->maxPositionEmbeddings > 0, "max_position_embeddings");
+  const int64_t rotary = c->rotaryDim();
+  FUZZ_CHECK(rotary >= 0 && rotary <= c->headDim, "rotary dim " + std::to_string(rotary));
+  const int64_t context = c->maxContext();
+  FUZZ_CHECK(context > 0, "max context " + std::to_string(context));
+  const float scaling = ropeAttentionScaling(*c);
+  FUZZ_CHECK(std::isfinite(scaling), "attention scaling");
+  for (int64_t seqLen : {int64_t{1}, c->maxPositionEmbeddings, context, context + 1}) {
+    const std::vector<float> inv = ropeInverseFrequencies(*c, seqLen);
+    FUZZ_CHECK(static_cast<int64_t>(inv.size()) == rotary / 2,
+               "inverse frequencies: " + std::to_string(inv.size()));
+    for (float f : inv)
+      FUZZ_CHECK(std::isfinite(f), "an inverse frequency of " + std::to_string(f));
+  }
+  return 0;
+}
