@@ -1,0 +1,23 @@
+// JSON from outside the process (request bodies, config.json, tokenizer.json, RPC payloads) is
+// parsed here, with its nesting bounded before any value is built: nlohmann's copies, dumps and
+// destructors recurse, so unbounded nesting is a stack overflow waiting for a hostile input.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "textgen/base/status_or.h"
+
+namespace textgen {
+
+// Deep enough for every real document we read (tokenizer.json nests about 6 levels, request bodies
+// 4); far below what the stack can take.
+inline constexpr int kMaxJsonDepth = 64;
+
+// The parsed document, or INVALID_ARGUMENT naming `what` (e.g. "config.json", "the request body")
+// when the text is not JSON or nests deeper than maxDepth. Never throws.
+StatusOr<nlohmann::json> parseJson(std::string_view text, std::string_view what,
+                                   int maxDepth = kMaxJsonDepth);
+
+}  // namespace textgen
