@@ -139,7 +139,17 @@ def mark_ready(server, tgs_name, replicas, shards):
 def test_crd(server):
     crd = yaml.safe_load(open(os.path.join(REPO, "charts/textgen/crds/textgen.dev_textgenerationservices.yaml")))
     server.install_crd(crd)
-    check(True, "CRD installs")
+    name = crd["metadata"]["name"]
+    got = get(server, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+    conds = {c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []}
+    check(conds.get("Established") == "True" and conds.get("NamesAccepted") == "True",
+          f"CRD installs: Established and NamesAccepted ({conds})")
+    served = {r["name"]: r for r in (get(server, "/apis/textgen.dev/v1alpha1") or {}).get("resources", [])}
+    tgs = served.get("textgenerationservices", {})
+    check(tgs.get("kind") == "TextGenerationService" and tgs.get("namespaced") is True and
+          "tgs" in tgs.get("shortNames", []) and
+          {"textgenerationservices/status", "textgenerationservices/scale"} <= set(served),
+          f"discovery serves the kind, its short name and the status and scale subresources: {sorted(served)} {tgs}")
     invalid = [("shards 0", service("bad", shards=0)),
                ("no model", {"apiVersion": "textgen.dev/v1alpha1", "kind": "TextGenerationService",
                              "metadata": {"name": "bad"}, "spec": {"replicas": 1}}),
@@ -231,12 +241,18 @@ def test_objects(server, op):
           condition(tgs, "Progressing").get("status") == "False" and
           condition(tgs, "Degraded").get("status") == "False", f"ready status: {tgs.get('status')}")
 
-    # A settled service: another pass writes nothing.
+    # A settled service: another pass writes nothing. The reconcile counter counts passes as they
+    # start, and one key is never reconciled by two passes at once: once a pass for a second touch has
+    # started, the pass for the first has finished, and its writes are counted.
     before = op.metrics()
+
+    def passes():
+        return op.metrics().get("textgen_operator_reconciles_total", 0)
     server.merge(f"{TGS}/llama", {"metadata": {"annotations": {"touch": "1"}}})
-    wait_for("another reconcile", lambda: op.metrics().get("textgen_operator_reconciles_total", 0) >
-             before.get("textgen_operator_reconciles_total", 0))
-    time.sleep(1)
+    first = wait_for("a pass after the first touch", lambda: passes() > before.get("textgen_operator_reconciles_total", 0)
+                     and passes())
+    server.merge(f"{TGS}/llama", {"metadata": {"annotations": {"touch": "2"}}})
+    wait_for("a pass after the second touch (so the first pass has finished)", lambda: passes() > (first or 0))
     after = op.metrics()
     check(after.get("textgen_operator_writes_total") == before.get("textgen_operator_writes_total"),
           f"a settled pass writes nothing ({before.get('textgen_operator_writes_total')} -> "
@@ -268,6 +284,15 @@ def test_scale_and_edit(server):
           is not None, "Ready once the rollout is done")
 
 
+def open_watches(server):
+    """Watch requests the API server is serving (its apiserver_longrunning_requests gauge)."""
+    code, text = server.request("GET", "/metrics")
+    if code != 200 or not isinstance(text, str):
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line)
+
+
 def test_expired_watch(server, op):
     before = op.metrics().get("textgen_operator_relists_total", 0)
     op.proc.send_signal(signal.SIGSTOP)
@@ -277,7 +302,11 @@ def test_expired_watch(server, op):
         for i in range(5):
             server.apply(f"{SVC}/filler-{i}", {"apiVersion": "core.textgen.test/v1", "kind": "Service",
                                                "metadata": {"name": f"filler-{i}"}, "spec": {"i": i}})
-        time.sleep(4)  # past the watches' 3 s timeout: they end and must resume
+        # The API server ends the stopped operator's watches at their 3 s timeout; once none is
+        # open, each must resume from a resourceVersion the compaction below removes.
+        ended = wait_for("the API server to end the stopped operator's watches",
+                         lambda: open_watches(server) == 0, 30)
+        check(ended is not None, f"the watches end at their timeout ({open_watches(server)} still open)")
         server.etcd_compact()
     finally:
         op.proc.send_signal(signal.SIGCONT)
