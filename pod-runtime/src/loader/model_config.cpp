@@ -1,10 +1,11 @@
 #include "textgen/runtime/model_config.h"
 
+#include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "textgen/base/file.h"
+#include "textgen/base/json.h"
 
 namespace textgen::runtime {
 namespace {
@@ -15,16 +16,45 @@ Status fieldError(std::string_view field, std::string_view what) {
   return invalidArgumentError("config.json: '" + std::string(field) + "' " + std::string(what));
 }
 
-StatusOr<int64_t> positiveInt(const json& j, const char* key,
-                              std::optional<int64_t> fallback = std::nullopt) {
+// Upper bounds on the hyper-parameters, far above every released model (Llama 3.1 405B: 126
+// layers, 128 heads, hidden 16384, intermediate 53248; vocabularies reach 262144; contexts 10M), so
+// that an absurd config.json is an error naming the field rather than an allocation that fails.
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxHiddenSize = int64_t{1} << 17;
+constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;
+constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+constexpr double kMaxRopeFactor = 1024.0;
+
+// A positive integer no larger than `max`: missing gives `fallback` (an error when there is none).
+StatusOr<int64_t> boundedInt(const json& j, const std::string& key, int64_t max,
+                             std::optional<int64_t> fallback = std::nullopt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (fallback) return *fallback;
     return fieldError(key, "is missing");
   }
-  if (!it->is_number_integer() || it->get<int64_t>() <= 0)
+  if (!it->is_number_integer() ||
+      (it->is_number_unsigned() ? it->get<uint64_t>() == 0 : it->get<int64_t>() <= 0)) {
     return fieldError(key, "must be a positive integer");
+  }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(max))
+    return fieldError(key, "is " + it->dump() + ", more than the limit " + std::to_string(max));
   return it->get<int64_t>();
+}
+
+StatusOr<int64_t> positiveInt(const json& j, const char* key,
+                              std::optional<int64_t> fallback = std::nullopt) {
+  return boundedInt(j, key, kMaxPositions, fallback);
+}
+
+StatusOr<std::string> string(const json& j, const char* key, const char* fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::string(fallback);
+  if (!it->is_string()) return fieldError(key, "must be a string");
+  return it->get<std::string>();
 }
 
 StatusOr<double> positiveNumber(const json& j, const char* key, double fallback) {
@@ -135,10 +165,11 @@ StatusOr<RopeConfig> parseRope(const json& j, int64_t maxPositions) {
                       positiveNumber(r, "partial_rotary_factor", rope.partialRotaryFactor));
   std::string type = "default";
   for (const char* k : {"rope_type", "type"}) {
-    if (r.contains(k) && r[k].is_string()) {
-      type = r[k].get<std::string>();
-      break;
-    }
+    auto t = r.find(k);
+    if (t == r.end() || t->is_null()) continue;
+    if (!t->is_string()) return fieldError(key + "." + k, "must be a string");
+    type = t->get<std::string>();
+    break;
   }
   if (type == "default") {
     rope.type = RopeType::kDefault;
@@ -155,96 +186,113 @@ StatusOr<RopeConfig> parseRope(const json& j, int64_t maxPositions) {
   }
   if (rope.partialRotaryFactor > 1.0)
     return fieldError("partial_rotary_factor", "must be at most 1");
+  if (rope.factor > kMaxRopeFactor)
+    return fieldError(key + ".factor", "must be at most " + std::to_string(kMaxRopeFactor));
   return rope;
+}
+
+// The layer, head and width fields, each bounded and consistent with the others.
+Status parseSizes(const json& j, ModelConfig& c) {
+  TG_ASSIGN_OR_RETURN(c.vocabSize, boundedInt(j, "vocab_size", kMaxVocabSize));
+  TG_ASSIGN_OR_RETURN(c.hiddenSize, boundedInt(j, "hidden_size", kMaxHiddenSize));
+  TG_ASSIGN_OR_RETURN(c.intermediateSize, boundedInt(j, "intermediate_size", kMaxIntermediateSize));
+  TG_ASSIGN_OR_RETURN(c.numLayers, boundedInt(j, "num_hidden_layers", kMaxLayers));
+  TG_ASSIGN_OR_RETURN(c.numHeads, boundedInt(j, "num_attention_heads", kMaxHeads));
+  TG_ASSIGN_OR_RETURN(c.numKvHeads, boundedInt(j, "num_key_value_heads", kMaxHeads, c.numHeads));
+  if (c.numKvHeads > c.numHeads || c.numHeads % c.numKvHeads != 0) {
+    return fieldError("num_key_value_heads", "must divide num_attention_heads");
+  }
+  const bool hasHeadDim = j.contains("head_dim") && !j["head_dim"].is_null();
+  if (c.hiddenSize % c.numHeads != 0 && !hasHeadDim) {
+    return fieldError("hidden_size",
+                      "must be a multiple of num_attention_heads (or give head_dim)");
+  }
+  TG_ASSIGN_OR_RETURN(c.headDim, boundedInt(j, "head_dim", kMaxHeadDim, c.hiddenSize / c.numHeads));
+  if (c.headDim > kMaxHeadDim) {
+    return fieldError("head_dim", "(hidden_size / num_attention_heads) is " +
+                                      std::to_string(c.headDim) + ", more than the limit " +
+                                      std::to_string(kMaxHeadDim));
+  }
+  if (c.numHeads * c.headDim > kMaxHiddenSize) {
+    return fieldError("num_attention_heads",
+                      "times head_dim is more than the limit " + std::to_string(kMaxHiddenSize));
+  }
+  TG_ASSIGN_OR_RETURN(c.maxPositionEmbeddings,
+                      boundedInt(j, "max_position_embeddings", kMaxPositions, 2048));
+  return okStatus();
+}
+
+// "dtype" (transformers 5) or "torch_dtype".
+StatusOr<kernels::DType> parseDtype(const json& j) {
+  const char* key = j.contains("dtype") ? "dtype" : "torch_dtype";
+  TG_ASSIGN_OR_RETURN(const std::string dtype, string(j, key, "float32"));
+  if (dtype == "float16") return kernels::DType::kF16;
+  if (dtype == "bfloat16") return kernels::DType::kBF16;
+  if (dtype == "float32") return kernels::DType::kF32;
+  return fieldError("dtype", "'" + dtype + "' is not supported (float32, float16, bfloat16)");
 }
 
 }  // namespace
 
 StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
                                        std::string_view generationConfigJson) {
-  json j = json::parse(configJson, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return invalidArgumentError("config.json: not a JSON object");
+  TG_ASSIGN_OR_RETURN(json j, parseJson(configJson, "config.json"));
+  if (!j.is_object()) return invalidArgumentError("config.json: not a JSON object");
   ModelConfig c;
-  if (!j.contains("architectures") || !j["architectures"].is_array() ||
-      j["architectures"].empty() || !j["architectures"][0].is_string()) {
+  auto arch = j.find("architectures");
+  if (arch == j.end() || !arch->is_array() || arch->empty() || !arch->front().is_string()) {
     return fieldError("architectures", "must list the model class (e.g. [\"LlamaForCausalLM\"])");
   }
-  c.architecture = j["architectures"][0].get<std::string>();
+  c.architecture = arch->front().get<std::string>();
   if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM") {
     return unimplementedError(
         "config.json: architecture '" + c.architecture +
         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM)");
   }
-  c.modelType = j.value("model_type", "");
-  TG_ASSIGN_OR_RETURN(c.vocabSize, positiveInt(j, "vocab_size"));
-  TG_ASSIGN_OR_RETURN(c.hiddenSize, positiveInt(j, "hidden_size"));
-  TG_ASSIGN_OR_RETURN(c.intermediateSize, positiveInt(j, "intermediate_size"));
-  TG_ASSIGN_OR_RETURN(c.numLayers, positiveInt(j, "num_hidden_layers"));
-  TG_ASSIGN_OR_RETURN(c.numHeads, positiveInt(j, "num_attention_heads"));
-  TG_ASSIGN_OR_RETURN(c.numKvHeads, positiveInt(j, "num_key_value_heads", c.numHeads));
-  if (c.numHeads % c.numKvHeads != 0) {
-    return fieldError("num_key_value_heads", "must divide num_attention_heads");
-  }
-  if (c.hiddenSize % c.numHeads != 0 && !j.contains("head_dim")) {
-    return fieldError("hidden_size",
-                      "must be a multiple of num_attention_heads (or give head_dim)");
-  }
-  TG_ASSIGN_OR_RETURN(c.headDim, positiveInt(j, "head_dim", c.hiddenSize / c.numHeads));
-  TG_ASSIGN_OR_RETURN(c.maxPositionEmbeddings, positiveInt(j, "max_position_embeddings", 2048));
+  TG_ASSIGN_OR_RETURN(c.modelType, string(j, "model_type", ""));
+  TG_RETURN_IF_ERROR(parseSizes(j, c));
   TG_ASSIGN_OR_RETURN(c.rmsNormEps, positiveNumber(j, "rms_norm_eps", 1e-6));
   TG_ASSIGN_OR_RETURN(c.rope, parseRope(j, c.maxPositionEmbeddings));
   if (c.rotaryDim() % 2 != 0 || c.rotaryDim() <= 0)
     return fieldError("partial_rotary_factor", "must give an even rotary dimension");
+  if (c.maxContext() > kMaxPositions) {
+    return fieldError("rope_scaling.factor",
+                      "stretches the context past " + std::to_string(kMaxPositions) + " positions");
+  }
   TG_ASSIGN_OR_RETURN(c.tieWordEmbeddings, boolean(j, "tie_word_embeddings", false));
   TG_ASSIGN_OR_RETURN(c.attentionBias, boolean(j, "attention_bias", false));
   TG_ASSIGN_OR_RETURN(c.mlpBias, boolean(j, "mlp_bias", false));
   if (c.attentionBias || c.mlpBias)
     return unimplementedError("config.json: attention_bias/mlp_bias are not supported yet");
-  if (auto act = j.value("hidden_act", std::string("silu")); act != "silu") {
-    return fieldError("hidden_act", "'" + act + "' is not supported (silu)");
-  }
+  TG_ASSIGN_OR_RETURN(const std::string act, string(j, "hidden_act", "silu"));
+  if (act != "silu") return fieldError("hidden_act", "'" + act + "' is not supported (silu)");
   if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() <= 0)
-      return fieldError("sliding_window", "must be a positive integer");
-    if (c.architecture == "MistralForCausalLM" || j.value("use_sliding_window", true))
-      c.slidingWindow = it->get<int64_t>();
+    TG_ASSIGN_OR_RETURN(const int64_t window, boundedInt(j, "sliding_window", kMaxPositions));
+    TG_ASSIGN_OR_RETURN(const bool use, boolean(j, "use_sliding_window", true));
+    if (c.architecture == "MistralForCausalLM" || use) c.slidingWindow = window;
   }
-  const std::string dtype =
-      j.contains("dtype") ? j.value("dtype", "float32") : j.value("torch_dtype", "float32");
-  if (dtype == "float16") {
-    c.dtype = kernels::DType::kF16;
-  } else if (dtype == "bfloat16") {
-    c.dtype = kernels::DType::kBF16;
-  } else if (dtype == "float32") {
-    c.dtype = kernels::DType::kF32;
-  } else {
-    return fieldError("dtype", "'" + dtype + "' is not supported (float32, float16, bfloat16)");
-  }
-  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_unsigned())
+  TG_ASSIGN_OR_RETURN(c.dtype, parseDtype(j));
+  if (auto it = j.find("bos_token_id"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_unsigned() || it->get<uint64_t>() > UINT32_MAX)
+      return fieldError("bos_token_id", "must be a token id");
     c.bosTokenId = it->get<uint32_t>();
+  }
   TG_RETURN_IF_ERROR(addTokenIds(j, "eos_token_id", c.eosTokenIds, "config.json"));
   if (!generationConfigJson.empty()) {
-    json g = json::parse(generationConfigJson, nullptr, false);
-    if (g.is_discarded() || !g.is_object())
-      return invalidArgumentError("generation_config.json: not a JSON object");
+    TG_ASSIGN_OR_RETURN(json g, parseJson(generationConfigJson, "generation_config.json"));
+    if (!g.is_object()) return invalidArgumentError("generation_config.json: not a JSON object");
     TG_RETURN_IF_ERROR(addTokenIds(g, "eos_token_id", c.eosTokenIds, "generation_config.json"));
   }
   return c;
 }
 
 StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir) {
-  auto read = [](const std::filesystem::path& p) -> std::optional<std::string> {
-    std::ifstream in(p);
-    if (!in) return std::nullopt;
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
-  auto config = read(std::filesystem::path(modelDir) / "config.json");
-  if (!config) return notFoundError(modelDir + "/config.json: cannot open");
-  auto gen = read(std::filesystem::path(modelDir) / "generation_config.json");
-  return parseModelConfig(*config, gen.value_or(""));
+  const std::string dir = modelDir.empty() || modelDir.back() == '/' ? modelDir : modelDir + "/";
+  TG_ASSIGN_OR_RETURN(std::string config, readRegularFile(dir + "config.json"));
+  // generation_config.json is optional: absent is fine, anything else that fails is an error.
+  auto gen = readRegularFile(dir + "generation_config.json");
+  if (!gen.ok() && gen.status().code() != StatusCode::kNotFound) return gen.status();
+  return parseModelConfig(config, gen.ok() ? *gen : std::string());
 }
 
 }  // namespace textgen::runtime

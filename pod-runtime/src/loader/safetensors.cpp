@@ -1,18 +1,20 @@
 #include "textgen/runtime/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+
+#include "textgen/base/file.h"
+#include "textgen/base/json.h"
 
 namespace textgen::runtime {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100 * 1024 * 1024;  // the safetensors format's own limit
+constexpr size_t kMaxRank = 8;  // torch's tensors stop well before; checkpoints use 1 to 4
 
 int64_t elementSize(const std::string& dtype) {
   if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
@@ -27,9 +29,8 @@ int64_t elementSize(const std::string& dtype) {
 
 StatusOr<std::map<std::string, TensorInfo>> parseSafetensorsHeader(std::string_view header,
                                                                    uint64_t dataSize) {
-  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return invalidArgumentError("header is not a JSON object");
+  TG_ASSIGN_OR_RETURN(nlohmann::json j, parseJson(header, "header"));
+  if (!j.is_object()) return invalidArgumentError("header is not a JSON object");
   std::map<std::string, TensorInfo> out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -50,13 +51,23 @@ StatusOr<std::map<std::string, TensorInfo>> parseSafetensorsHeader(std::string_v
     info.dtype = t["dtype"].get<std::string>();
     const int64_t es = elementSize(info.dtype);
     if (es == 0) return bad("unknown dtype '" + info.dtype + "'");
+    if (t["shape"].size() > kMaxRank)
+      return bad("rank " + std::to_string(t["shape"].size()) + " is more than " +
+                 std::to_string(kMaxRank));
+    // The element count and byte size in checked arithmetic: each dimension fits an int64 and the
+    // byte size fits the data section, so nothing computed from the shape later can overflow.
     uint64_t elements = 1;
     for (const auto& d : t["shape"]) {
       if (!d.is_number_unsigned()) return bad("shape entries must be non-negative integers");
       const uint64_t v = d.get<uint64_t>();
-      if (v != 0 && elements > (uint64_t{1} << 62) / v) return bad("shape overflows");
-      elements *= v;
+      if (v > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(elements, v, &elements))
+        return bad("shape overflows");
       info.shape.push_back(static_cast<int64_t>(v));
+    }
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(es), &bytes) ||
+        bytes > static_cast<uint64_t>(INT64_MAX)) {
+      return bad("shape overflows");
     }
     for (int k = 0; k < 2; ++k) {
       if (!t["data_offsets"][k].is_number_unsigned())
@@ -68,9 +79,9 @@ StatusOr<std::map<std::string, TensorInfo>> parseSafetensorsHeader(std::string_v
       return bad("data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
                  ") outside the " + std::to_string(dataSize) + "-byte data section");
     }
-    if (info.end - info.begin != elements * static_cast<uint64_t>(es)) {
+    if (info.end - info.begin != bytes) {
       return bad("data_offsets span " + std::to_string(info.end - info.begin) +
-                 " bytes, shape and dtype need " + std::to_string(elements * es));
+                 " bytes, shape and dtype need " + std::to_string(bytes));
     }
     ranges.push_back({info.begin, info.end});
     out.emplace(name, std::move(info));
@@ -84,22 +95,11 @@ StatusOr<std::map<std::string, TensorInfo>> parseSafetensorsHeader(std::string_v
 }
 
 StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return notFoundError(path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return internalError(path + ": " + std::strerror(e));
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  auto fail = [&](const std::string& what) {
-    ::close(fd);
-    return invalidArgumentError(path + ": " + what);
-  };
-  if (size < 8) return fail("shorter than the 8-byte header length");
-  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  // A regular file only: a FIFO or device would block the open or the mapping.
+  TG_ASSIGN_OR_RETURN(RegularFile regular, RegularFile::open(path));
+  const uint64_t size = regular.size();
+  if (size < 8) return invalidArgumentError(path + ": shorter than the 8-byte header length");
+  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, regular.fd(), 0);
   if (map == MAP_FAILED) return internalError(path + ": mmap failed: " + std::strerror(errno));
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;

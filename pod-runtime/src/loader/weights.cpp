@@ -2,11 +2,11 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
+#include "textgen/base/file.h"
+#include "textgen/base/json.h"
 #include "textgen/kernels/half.h"
 
 namespace textgen::runtime {
@@ -46,34 +46,38 @@ const char* fileDtypeName(DType dtype) {
   return "";
 }
 
+// The shard files named by model.safetensors.index.json, each a plain file name.
+StatusOr<std::vector<std::string>> indexShards(const std::string& index) {
+  TG_ASSIGN_OR_RETURN(std::string text, readRegularFile(index));
+  TG_ASSIGN_OR_RETURN(nlohmann::json j, parseJson(text, index));
+  auto map = j.is_object() ? j.find("weight_map") : j.end();
+  if (!j.is_object() || map == j.end() || !map->is_object())
+    return invalidArgumentError(index + ": missing object 'weight_map'");
+  std::set<std::string> unique;
+  for (auto it = map->begin(); it != map->end(); ++it) {
+    if (!it->is_string())
+      return invalidArgumentError(index + ": weight_map values must be file names");
+    const std::string f = it->get<std::string>();
+    if (f.empty() || f == "." || f.find('/') != std::string::npos ||
+        f.find("..") != std::string::npos || f.find('\0') != std::string::npos) {
+      return invalidArgumentError(index + ": shard name '" + f + "' is not a plain file name");
+    }
+    unique.insert(f);
+  }
+  return std::vector<std::string>(unique.begin(), unique.end());
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<WeightStore>> WeightStore::open(const std::string& modelDir) {
   namespace fs = std::filesystem;
   auto store = std::make_unique<WeightStore>();
   std::vector<std::string> files;
-  const fs::path index = fs::path(modelDir) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    std::ifstream in(index);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      return invalidArgumentError(index.string() + ": missing object 'weight_map'");
-    }
-    std::set<std::string> unique;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it->is_string())
-        return invalidArgumentError(index.string() + ": weight_map values must be file names");
-      const std::string f = it->get<std::string>();
-      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
-        return invalidArgumentError(index.string() + ": shard name '" + f +
-                                    "' is not a plain file name");
-      }
-      unique.insert(f);
-    }
-    files.assign(unique.begin(), unique.end());
-  } else if (fs::exists(fs::path(modelDir) / "model.safetensors")) {
+  const std::string index = (fs::path(modelDir) / "model.safetensors.index.json").string();
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(index, ec))) {
+    TG_ASSIGN_OR_RETURN(files, indexShards(index));
+  } else if (fs::exists(fs::symlink_status(fs::path(modelDir) / "model.safetensors", ec))) {
     files.push_back("model.safetensors");
   } else {
     return notFoundError(modelDir +
@@ -122,16 +126,28 @@ StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
                                 ") does not divide by world size " +
                                 std::to_string(shard.worldSize));
   }
-  // View the tensor as [outer, dimSize, inner] and copy rank's part of the middle dimension.
+  // View the tensor as [outer, dimSize, inner] and copy rank's part of the middle dimension. The
+  // header was checked, but the copy below reads by these products, so check them again here: they
+  // must cover exactly the tensor's bytes.
   int64_t outer = 1, inner = 1;
-  for (int d = 0; d < shard.dim; ++d) outer *= shape[d];
-  for (size_t d = shard.dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  bool overflow = false;
+  for (int d = 0; d < shard.dim; ++d) overflow |= __builtin_mul_overflow(outer, shape[d], &outer);
+  for (size_t d = shard.dim + 1; d < shape.size(); ++d)
+    overflow |= __builtin_mul_overflow(inner, shape[d], &inner);
   const int64_t full = shape[shard.dim], part = full / shard.worldSize;
+  const std::string_view bytes = file->bytes(*info);
+  const size_t es = info->dtype == "F32" ? 4 : 2, outEs = kernels::dtypeSize(dtype);
+  int64_t total = 0;
+  overflow |= __builtin_mul_overflow(outer, full, &total) ||
+              __builtin_mul_overflow(total, inner, &total) ||
+              __builtin_mul_overflow(total, static_cast<int64_t>(es), &total);
+  if (overflow || full < 0 || total != static_cast<int64_t>(bytes.size())) {
+    return invalidArgumentError("weight '" + name + "': shape " + shapeString(info->shape) +
+                                " does not match its " + std::to_string(bytes.size()) + " bytes");
+  }
   std::vector<int64_t> outShape = info->shape.empty() ? std::vector<int64_t>{} : shape;
   if (!outShape.empty()) outShape[shard.dim] = part;
   Tensor t(dtype, outShape.empty() ? std::vector<int64_t>{1} : outShape);
-  const std::string_view bytes = file->bytes(*info);
-  const size_t es = info->dtype == "F32" ? 4 : 2, outEs = kernels::dtypeSize(dtype);
   const bool same = info->dtype == std::string(fileDtypeName(dtype));
   auto* dst = static_cast<unsigned char*>(t.data());
   for (int64_t o = 0; o < outer; ++o) {

@@ -56,7 +56,7 @@ TEST_F(LoaderTest, HostileFilesAreErrors) {
       {"header length past the end", fileBytes(good, data).substr(0, 30), "exceeds the file"},
       {"huge header length", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}",
        "exceeds 100 MB"},
-      {"not json", fileBytes("{nope", data), "not a JSON object"},
+      {"not json", fileBytes("{nope", data), "header is not valid JSON"},
       {"offsets past the data",
        fileBytes(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,32]}})", data),
        "outside the 16-byte data section"},
