@@ -111,7 +111,8 @@ StatusOr<std::unique_ptr<PostProcessor>> makeTemplate(const Json& j, const std::
       }
       TemplatePostProcessor::Special s;
       for (const Json& id : v["ids"]) {
-        if (!id.is_number_unsigned()) return jsonError(p, "ids must be unsigned integers");
+        if (!id.is_number_unsigned() || id.get<uint64_t>() > UINT32_MAX)
+          return jsonError(p, "ids must be 32-bit unsigned integers");
         s.ids.push_back(id.get<uint32_t>());
       }
       for (const Json& t : v["tokens"]) {

@@ -1,10 +1,9 @@
 #include "textgen/tokenizer/tokenizer.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "added_vocabulary.h"
 #include "components.h"
+#include "textgen/base/file.h"
+#include "textgen/base/json.h"
 #include "unicode.h"
 
 namespace textgen::tokenizer {
@@ -20,15 +19,6 @@ struct Tokenizer::Impl {
 };
 
 namespace {
-
-StatusOr<std::string> readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return notFoundError("cannot open " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return dataLossError("error reading " + path);
-  return ss.str();
-}
 
 StatusOr<std::vector<AddedToken>> parseAddedTokens(const Json& root) {
   std::vector<AddedToken> out;
@@ -71,8 +61,8 @@ StatusOr<std::optional<std::string>> configToken(const Json& c, std::string_view
 StatusOr<TokenizerConfig> parseConfig(std::string_view text) {
   TokenizerConfig config;
   if (text.empty()) return config;
-  Json c = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (c.is_discarded() || !c.is_object()) {
+  TG_ASSIGN_OR_RETURN(Json c, parseJson(text, "tokenizer_config.json"));
+  if (!c.is_object()) {
     return invalidArgumentError("tokenizer_config.json: not a JSON object");
   }
   if (auto it = c.find("tokenizer_class"); it != c.end() && it->is_string()) {
@@ -104,12 +94,11 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromDirectory(const std::string& dir) {
-  TG_ASSIGN_OR_RETURN(std::string json, readFile(dir + "/tokenizer.json"));
-  std::string config;
-  if (std::ifstream(dir + "/tokenizer_config.json")) {
-    TG_ASSIGN_OR_RETURN(config, readFile(dir + "/tokenizer_config.json"));
-  }
-  return fromJson(json, config);
+  // Regular files only, of bounded size: a FIFO or a device in the directory is an error.
+  TG_ASSIGN_OR_RETURN(std::string json, readRegularFile(dir + "/tokenizer.json"));
+  auto config = readRegularFile(dir + "/tokenizer_config.json");  // optional
+  if (!config.ok() && config.status().code() != StatusCode::kNotFound) return config.status();
+  return fromJson(json, config.ok() ? *config : std::string());
 }
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromJson(std::string_view tokenizerJson,
@@ -125,8 +114,8 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromJson(std::string_view tokeni
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(std::string_view tokenizerJson,
                                                      std::string_view configJson) {
-  Json root = Json::parse(tokenizerJson, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return invalidArgumentError("tokenizer.json: not valid JSON");
+  // The depth bound also bounds the recursion of nested components (Sequence of Sequence ...).
+  TG_ASSIGN_OR_RETURN(Json root, parseJson(tokenizerJson, "tokenizer.json"));
   if (!root.is_object()) return jsonError("", "expected an object");
   auto impl = std::make_unique<Impl>();
   TG_ASSIGN_OR_RETURN(impl->config, parseConfig(configJson));

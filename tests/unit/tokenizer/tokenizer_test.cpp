@@ -1,10 +1,17 @@
 // Loading, configuration, errors and truncation.
 #include "textgen/tokenizer/tokenizer.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "test_util.h"
 
@@ -166,14 +173,24 @@ TEST(TokenizerTest, PrecompiledCharsmapCorruptionIsAnError) {
   EXPECT_NE(tok.status().message().find("does not fit"), std::string::npos) << tok.status();
 }
 
-// Random damage to real files must give an error or a working tokenizer, never a crash.
+// A load error must come from the loader's own checks (a code and a message naming the file),
+// never from the backstop that catches a library exception.
+void expectCleanRejection(const Status& s, const std::string& what) {
+  EXPECT_TRUE(s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kUnimplemented)
+      << what << ": " << s;
+  EXPECT_EQ(s.message().find("json.exception"), std::string::npos) << what << ": " << s;
+  EXPECT_EQ(s.message().rfind("tokenizer", 0), 0u) << what << ": " << s;
+}
+
+// Random damage to real files must give a clean error or a working tokenizer, never a crash.
 TEST(TokenizerTest, SurvivesRandomCorruption) {
   std::mt19937 rng(99);
-  int loaded = 0, rejected = 0;
+  int rejected[3] = {0, 0, 0};
   for (const char* family : testing::kFamilies) {
     const std::string text = fixtureJson(family);
     for (int trial = 0; trial < 40; ++trial) {
       std::string damaged = text;
+      const std::string what = std::string(family) + " trial " + std::to_string(trial);
       switch (trial % 3) {
         case 0:  // truncate
           damaged.resize(rng() % damaged.size());
@@ -196,16 +213,154 @@ TEST(TokenizerTest, SurvivesRandomCorruption) {
       }
       auto tok = Tokenizer::fromJson(damaged);
       if (!tok.ok()) {
-        ++rejected;
+        ++rejected[trial % 3];
+        expectCleanRejection(tok.status(), what);
         continue;
       }
-      ++loaded;
+      // What loads must encode valid text or say why, and decode what it encoded.
       auto e = (*tok)->encode("Hello world, 中文 😀 <s> 123");
-      if (e.ok()) (void)(*tok)->decode(e->ids);
+      if (!e.ok()) continue;  // e.g. a vocabulary left without its unknown token
+      EXPECT_EQ(e->ids.size(), e->offsets.size()) << what;
+      (void)(*tok)->decode(e->ids);
     }
   }
-  EXPECT_GT(rejected, 0);
-  EXPECT_EQ(loaded + rejected, 11 * 40);
+  // A truncated JSON document never loads; most retyped components do not either.
+  EXPECT_EQ(rejected[0], 11 * 14) << "every truncated file must be rejected";
+  EXPECT_GT(rejected[2], 0);
+}
+
+// Nesting is bounded while parsing, so neither a deep JSON value nor a deep chain of Sequence
+// components can exhaust the stack (each level of a Sequence recurses in the loader).
+TEST(TokenizerTest, DeepNestingIsAnError) {
+  const std::string base = fixtureJson("llama2");
+  auto withNormalizer = [&](const std::string& normalizer) {
+    json j = json::parse(base);
+    j["normalizer"] = "PLACEHOLDER";
+    std::string text = j.dump();
+    text.replace(text.find("\"PLACEHOLDER\""), 13, normalizer);
+    return text;
+  };
+  const int depth = 100000;
+  std::string arrays = std::string(depth, '[') + std::string(depth, ']');
+  std::string sequences;
+  for (int i = 0; i < depth; ++i) sequences += R"({"type":"Sequence","normalizers":[)";
+  sequences += R"({"type":"Lowercase"})";
+  for (int i = 0; i < depth; ++i) sequences += "]}";
+  for (const std::string* deep : {&arrays, &sequences}) {
+    auto tok = Tokenizer::fromJson(withNormalizer(*deep));
+    ASSERT_FALSE(tok.ok());
+    EXPECT_EQ(tok.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(tok.status().message(), "tokenizer.json nests deeper than 64 levels");
+  }
+  auto tok = Tokenizer::fromJson(base, "{\"bos_token\":" + arrays + "}");
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().message(), "tokenizer_config.json nests deeper than 64 levels");
+  // A shallow Sequence still loads.
+  tok = Tokenizer::fromJson(withNormalizer(
+      R"({"type":"Sequence","normalizers":[{"type":"Sequence","normalizers":[]}]})"));
+  EXPECT_TRUE(tok.ok()) << tok.status();
+}
+
+TEST(TokenizerTest, WrongTypesNameThePath) {
+  json base = json::parse(fixtureJson("llama3"));
+  auto with = [&](auto edit) {
+    json j = base;
+    edit(j);
+    return j.dump();
+  };
+  std::vector<BadCase> cases;
+  cases.push_back(
+      {"special id past 32 bits", with([](json& j) {
+         j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"][0] =
+             uint64_t{1} << 33;
+       }),
+       "/post_processor/processors/1/special_tokens/<|begin_of_text|>: ids must be "
+       "32-bit"});
+  cases.push_back(
+      {"special ids a string", with([](json& j) {
+         j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"][0] =
+             "one";
+       }),
+       "ids must be 32-bit"});
+  cases.push_back({"model a number", with([](json& j) { j["model"] = 7; }),
+                   "tokenizer.json /model: expected an object"});
+  cases.push_back({"added_tokens an object",
+                   with([](json& j) { j["added_tokens"] = json::object(); }),
+                   "/added_tokens: expected an array"});
+  cases.push_back({"pre_tokenizers a string",
+                   with([](json& j) { j["pre_tokenizer"]["pretokenizers"] = "none"; }),
+                   "/pre_tokenizer/pretokenizers: expected an array"});
+  for (const BadCase& c : cases) {
+    auto tok = Tokenizer::fromJson(c.json);
+    ASSERT_FALSE(tok.ok()) << c.what;
+    expectCleanRejection(tok.status(), c.what);
+    EXPECT_NE(tok.status().message().find(c.expected), std::string::npos)
+        << c.what << ": got '" << tok.status().message() << "'";
+  }
+}
+
+// A FIFO (or any non-regular file) in a tokenizer directory is an error naming it, at once: a
+// blocking open would wait for a writer forever. Should it block, the watchdog opens the write end
+// after 3 s so that the test fails instead of hanging.
+TEST(TokenizerTest, FifoInTheDirectoryIsRefusedWithoutBlocking) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("textgen-tok-fifo-" + std::to_string(getpid()));
+  for (const char* fifoName : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fs::copy_file(testing::kFixtures + "/gpt2/tokenizer.json", dir / "tokenizer.json");
+    fs::remove(dir / fifoName);
+    const std::string fifo = (dir / fifoName).string();
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    std::atomic<bool> done{false};
+    std::thread watchdog([&] {
+      for (int i = 0; i < 300 && !done; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      while (!done) {
+        const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+        if (fd >= 0) ::close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
+    const auto start = std::chrono::steady_clock::now();
+    auto tok = Tokenizer::fromDirectory(dir.string());
+    const auto took = std::chrono::steady_clock::now() - start;
+    done = true;
+    watchdog.join();
+    EXPECT_LT(took, std::chrono::seconds(2)) << fifoName;
+    ASSERT_FALSE(tok.ok()) << fifoName;
+    EXPECT_EQ(tok.status().code(), StatusCode::kInvalidArgument) << fifoName;
+    EXPECT_EQ(tok.status().message(), fifo + ": is a FIFO, not a regular file");
+  }
+  fs::remove_all(dir);
+}
+
+// Whatever bytes come in, encode answers: tokens for valid UTF-8, INVALID_ARGUMENT otherwise.
+TEST(TokenizerTest, EncodeTakesArbitraryBytes) {
+  std::mt19937 rng(7);
+  for (const char* family : testing::kFamilies) {
+    auto tok = Tokenizer::fromDirectory(testing::kFixtures + "/" + family);
+    ASSERT_TRUE(tok.ok()) << family << ": " << tok.status();
+    for (int trial = 0; trial < 200; ++trial) {
+      std::string bytes(rng() % 64, '\0');
+      for (char& b : bytes) b = static_cast<char>(trial % 2 ? rng() : 0x20 + rng() % 0x60);
+      auto e = (*tok)->encode(bytes);
+      if (!e.ok()) {
+        EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << family << ": " << e.status();
+        continue;
+      }
+      for (const auto& [begin, end] : e->offsets) {
+        EXPECT_LE(begin, end) << family;
+        EXPECT_LE(end, bytes.size()) << family;
+      }
+    }
+    // A long input without a single space or newline: one pre-token of 256 KiB.
+    std::string longWord(256 << 10, 'a');
+    for (size_t i = 0; i < longWord.size(); i += 7) longWord[i] = static_cast<char>('b' + i % 20);
+    auto e = (*tok)->encode(longWord);
+    ASSERT_TRUE(e.ok()) << family << ": " << e.status();
+    EXPECT_GT(e->ids.size(), 0u) << family;
+  }
 }
 
 }  // namespace
