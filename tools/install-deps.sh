@@ -11,6 +11,8 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # HTTP, config, logging, JSON
   libcpprest-dev libssl-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  # the router's HTTP/1.1 server (Boost.Beast, header-only)
+  libboost-dev
   # CPU backend and tokenizer
   libopenblas-dev libpcre2-dev libutf8proc-dev
   # tests and benchmarks

@@ -26,10 +26,9 @@ Status checkSamplingValues(const SamplingValues& v) {
                                 ". Given: " + number(v.temperature));
   }
   if (!within(v.repetitionPenalty, kMinRepetitionPenalty, kMaxRepetitionPenalty)) {
-    return invalidArgumentError("`repetition_penalty` must be finite, >= " +
-                                number(kMinRepetitionPenalty) + " and <= " +
-                                number(kMaxRepetitionPenalty) +
-                                ". Given: " + number(v.repetitionPenalty));
+    return invalidArgumentError(
+        "`repetition_penalty` must be finite, >= " + number(kMinRepetitionPenalty) +
+        " and <= " + number(kMaxRepetitionPenalty) + ". Given: " + number(v.repetitionPenalty));
   }
   if (!within(v.frequencyPenalty, -kMaxFrequencyPenalty, kMaxFrequencyPenalty))
     return invalidArgumentError("`frequency_penalty` must be >= -2.0 and <= 2.0");

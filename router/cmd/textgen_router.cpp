@@ -3,6 +3,8 @@
 //   textgen-router --tokenizer-name DIR [--model-id NAME] [--master-shard-uds-path PATH |
 //   --shard-master ADDR...]
 //                  [--hostname H] [--port N] [TGI's limits...]
+//                  [--header-timeout-ms N] [--body-timeout-ms N] [--shard-health-timeout-ms N]
+//                  [--shard-step-timeout-ms N] [--shard-per-token-timeout-us N]
 // Each --shard-master (or the master socket) is one replica's rank 0; requests go to the least
 // loaded replica. Prints "textgen-router ready http://HOST:PORT" once serving.
 #include <csignal>
@@ -33,6 +35,10 @@ struct Flags {
            validationWorkers = 2;
   float waitingServedRatio = 0.3f;
   size_t payloadLimit = 2000000;
+  // Reading a request (headers, then body), and each RPC to a shard (see ShardDeadlines).
+  uint64_t headerTimeoutMs = 30'000, bodyTimeoutMs = 60'000;
+  uint64_t shardHealthTimeoutMs = 2'000, shardStepTimeoutMs = 10'000,
+           shardPerTokenTimeoutUs = 50'000;
   std::vector<std::string> cors;
   std::string apiKey, logLevel = "info";
   bool jsonOutput = false;
@@ -45,6 +51,14 @@ StatusOr<uint64_t> number(const std::string& flag, const std::string& v) {
   const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || v[0] == '-')
     return invalidArgumentError(flag + ": '" + v + "' is not a non-negative integer");
+  return n;
+}
+
+// A duration flag: at least 1 and at most a day.
+StatusOr<uint64_t> positive(const std::string& flag, const std::string& v) {
+  TG_ASSIGN_OR_RETURN(uint64_t n, number(flag, v));
+  if (n == 0 || n > 86'400'000'000ull)
+    return invalidArgumentError(flag + " must be positive and at most a day");
   return n;
 }
 
@@ -126,6 +140,16 @@ StatusOr<Flags> parse(int argc, char** argv) {
       if (f.validationWorkers == 0) return invalidArgumentError("`validation_workers` must be > 0");
     } else if (a == "--payload-limit") {
       TG_ASSIGN_OR_RETURN(f.payloadLimit, number(a, v));
+    } else if (a == "--header-timeout-ms") {
+      TG_ASSIGN_OR_RETURN(f.headerTimeoutMs, positive(a, v));
+    } else if (a == "--body-timeout-ms") {
+      TG_ASSIGN_OR_RETURN(f.bodyTimeoutMs, positive(a, v));
+    } else if (a == "--shard-health-timeout-ms") {
+      TG_ASSIGN_OR_RETURN(f.shardHealthTimeoutMs, positive(a, v));
+    } else if (a == "--shard-step-timeout-ms") {
+      TG_ASSIGN_OR_RETURN(f.shardStepTimeoutMs, positive(a, v));
+    } else if (a == "--shard-per-token-timeout-us") {
+      TG_ASSIGN_OR_RETURN(f.shardPerTokenTimeoutUs, number(a, v));
     } else if (a == "--cors-allow-origin") {
       f.cors.push_back(v);
     } else if (a == "--api-key") {
@@ -198,7 +222,10 @@ int run(int argc, char** argv) {
   std::optional<std::pair<uint32_t, uint32_t>> limits;  // (max_input_tokens, max_total_tokens)
   ReplicaSet::Factory factory =
       [&](const std::string& master) -> StatusOr<std::shared_ptr<Replica>> {
-    TG_ASSIGN_OR_RETURN(auto group, connectShardGroup(master, std::chrono::seconds(60)));
+    const ShardDeadlines deadlines{.health = std::chrono::milliseconds(f.shardHealthTimeoutMs),
+                                   .step = std::chrono::milliseconds(f.shardStepTimeoutMs),
+                                   .perToken = std::chrono::microseconds(f.shardPerTokenTimeoutUs)};
+    TG_ASSIGN_OR_RETURN(auto group, connectShardGroup(master, std::chrono::seconds(60), deadlines));
     TG_RETURN_IF_ERROR(group->clearCache(std::nullopt));
     TG_ASSIGN_OR_RETURN(ShardInfo info, group->info());
     uint32_t maxInput, maxTotal;
@@ -302,11 +329,14 @@ int run(int argc, char** argv) {
   ro.apiKey = f.apiKey;
   ro.corsAllowOrigins = f.cors;
   RouterApp app(ro, **tok, replicas, metrics);
-  auto server =
-      startHttpServer({.host = f.hostname, .port = f.port, .payloadLimit = f.payloadLimit},
-                      [&app](const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
-                        app.handle(r, std::move(resp));
-                      });
+  auto server = startHttpServer({.host = f.hostname,
+                                 .port = f.port,
+                                 .payloadLimit = f.payloadLimit,
+                                 .headerTimeout = std::chrono::milliseconds(f.headerTimeoutMs),
+                                 .bodyTimeout = std::chrono::milliseconds(f.bodyTimeoutMs)},
+                                [&app](const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
+                                  app.handle(r, std::move(resp));
+                                });
   if (!server.ok()) return fail(server.status());
   spdlog::info("serving {} on {}:{} (max_input_tokens {}, max_total_tokens {})", f.modelId,
                f.hostname, (*server)->port(), maxInput, maxTotal);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "textgen/tokenizer/incremental_decoder.h"
 
@@ -301,26 +302,48 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
   if (batches_.contains(batchId) && batchId != cachedBatchId) {
     return invalidArgumentError("batch " + std::to_string(batchId) + " already exists");
   }
-  for (const RequestSpec& r : requests) TG_RETURN_IF_ERROR(validate(r));
+  if (cachedBatchId && !batches_.contains(*cachedBatchId))
+    return invalidArgumentError("batch " + std::to_string(*cachedBatchId) + " not found");
+  // One bad request fails alone: it is answered with its reason and left out of the batch.
+  std::vector<GenerationResult> refused;
+  std::set<uint64_t> ids;
+  for (const auto& [id, b] : batches_) {
+    for (const auto& r : b->requests) ids.insert(r->spec.id);
+  }
+  std::vector<RequestSpec> accepted;
+  for (RequestSpec& r : requests) {
+    Status s = validate(r);
+    if (s.ok() && !ids.insert(r.id).second)
+      s = invalidArgumentError("request " + std::to_string(r.id) + ": id already in use");
+    if (!s.ok()) {
+      refused.push_back(GenerationResult::refusal(r.id, s.message()));
+      continue;
+    }
+    accepted.push_back(std::move(r));
+  }
+  if (accepted.empty() && !cachedBatchId) {
+    StepResult only;
+    only.generations = std::move(refused);
+    return only;
+  }
   const uint64_t start = nowNs();
   auto batch = std::make_unique<Batch>();
   batch->id = batchId;
   std::optional<uint64_t> concatNs;
   if (cachedBatchId) {
     auto it = batches_.find(*cachedBatchId);
-    if (it == batches_.end())
-      return invalidArgumentError("batch " + std::to_string(*cachedBatchId) + " not found");
     batch = std::move(it->second);
     batches_.erase(it);
     batch->id = batchId;
     concatNs = nowNs() - start;
   }
-  for (RequestSpec& r : requests) {
+  for (RequestSpec& r : accepted) {
     batch->requests.push_back(
         std::make_unique<Request>(std::move(r), tokenizer_, model_.config().eosTokenIds));
   }
   TG_ASSIGN_OR_RETURN(StepResult result, step(std::move(batch)));
   result.concatNs = concatNs;
+  for (GenerationResult& g : refused) result.generations.push_back(std::move(g));
   return result;
 }
 
@@ -334,10 +357,10 @@ StatusOr<StepResult> Engine::decode(const std::vector<uint64_t>& batchIds) {
   auto merged = std::move(batches_[batchIds[0]]);
   batches_.erase(batchIds[0]);
   for (size_t i = 1; i < batchIds.size(); ++i) {
-    auto& other = batches_[batchIds[i]];
-    if (!other) continue;  // the same id twice
-    for (auto& r : other->requests) merged->requests.push_back(std::move(r));
-    batches_.erase(batchIds[i]);
+    auto other = batches_.find(batchIds[i]);
+    if (other == batches_.end()) continue;  // the same id twice: merged already
+    for (auto& r : other->second->requests) merged->requests.push_back(std::move(r));
+    batches_.erase(other);
   }
   const std::optional<uint64_t> concatNs =
       batchIds.size() > 1 ? std::optional<uint64_t>(nowNs() - start) : std::nullopt;

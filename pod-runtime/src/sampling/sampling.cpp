@@ -7,24 +7,24 @@
 #include <unordered_map>
 
 #include "textgen/base/check.h"
+#include "textgen/base/sampling_rules.h"
 
 namespace textgen::runtime {
 namespace {}  // namespace
 
 Status validateSamplingParams(const SamplingParams& p) {
-  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature))
-    return invalidArgumentError("temperature must be >= 0");
-  if (!(p.topP >= 0.0f && p.topP <= 1.0f)) return invalidArgumentError("top_p must be in [0, 1]");
-  if (!(p.typicalP >= 0.0f && p.typicalP <= 1.0f))
-    return invalidArgumentError("typical_p must be in [0, 1]");
-  if (!(p.repetitionPenalty >= 0.0f) || !std::isfinite(p.repetitionPenalty)) {
-    return invalidArgumentError("repetition_penalty must be >= 0");
-  }
-  if (!std::isfinite(p.frequencyPenalty))
-    return invalidArgumentError("frequency_penalty must be finite");
+  // The router's ranges (one definition, textgen/base/sampling_rules.h); 0 means "off" here.
+  auto off = [](float v) { return v == 0.0f ? 1.0f : v; };
+  TG_RETURN_IF_ERROR(checkSamplingValues({.temperature = off(p.temperature),
+                                          .repetitionPenalty = off(p.repetitionPenalty),
+                                          .frequencyPenalty = p.frequencyPenalty,
+                                          .topP = off(p.topP),
+                                          .typicalP = off(p.typicalP),
+                                          .topK = p.topK}));
   for (const auto& [id, bias] : p.logitBias) {
-    if (!std::isfinite(bias))
-      return invalidArgumentError("logit_bias of token " + std::to_string(id) + " must be finite");
+    if (!std::isfinite(bias) || std::fabs(bias) > 100.0f)
+      return invalidArgumentError("logit_bias of token " + std::to_string(id) +
+                                  " must be finite, in [-100, 100] (OpenAI's range)");
   }
   return okStatus();
 }

@@ -53,7 +53,10 @@ StatusOr<RequestSpec> fromProto(const pb::Request& r) {
   return s;
 }
 
-StatusOr<std::vector<RequestSpec>> fromProto(const pb::Batch& b) {
+// A batch's requests; those that cannot be read are listed in `refused` when it is given (Prefill:
+// they fail alone), else they fail the call (Warmup).
+StatusOr<std::vector<RequestSpec>> fromProto(const pb::Batch& b,
+                                             std::vector<GenerationResult>* refused = nullptr) {
   if (static_cast<int>(b.size()) != b.requests_size()) {
     return invalidArgumentError("batch " + std::to_string(b.id()) + ": size " +
                                 std::to_string(b.size()) + " but " +
@@ -61,8 +64,13 @@ StatusOr<std::vector<RequestSpec>> fromProto(const pb::Batch& b) {
   }
   std::vector<RequestSpec> out;
   for (const pb::Request& r : b.requests()) {
-    TG_ASSIGN_OR_RETURN(RequestSpec s, fromProto(r));
-    out.push_back(std::move(s));
+    StatusOr<RequestSpec> s = fromProto(r);
+    if (!s.ok() && refused) {
+      refused->push_back(GenerationResult::refusal(r.id(), s.status().message()));
+      continue;
+    }
+    if (!s.ok()) return s.status();
+    out.push_back(std::move(*s));
   }
   return out;
 }
@@ -98,6 +106,10 @@ void toProto(const StepResult& s, Response* out) {
   for (const GenerationResult& g : s.generations) {
     pb::Generation* p = out->add_generations();
     p->set_request_id(g.requestId);
+    if (g.error) {
+      p->set_error(*g.error);
+      continue;
+    }
     if (g.prefillTokens) toProto(*g.prefillTokens, p->mutable_prefill_tokens());
     toProto(g.tokens, p->mutable_tokens());
     for (const TokenList& t : g.topTokens) toProto(t, p->add_top_tokens());
@@ -187,13 +199,19 @@ class ShardService final : public pb::ShardService::Service {
   grpc::Status Prefill(grpc::ServerContext*, const pb::PrefillRequest* in,
                        pb::PrefillResponse* out) override {
     std::lock_guard lock(mutex_);
-    auto requests = fromProto(in->batch());
+    std::vector<GenerationResult> refused;
+    auto requests = fromProto(in->batch(), &refused);
     if (!requests.ok()) return toGrpc(requests.status());
-    auto s = engine_.prefill(
-        in->batch().id(), std::move(*requests),
-        in->has_cached_batch() ? std::optional<uint64_t>(in->cached_batch().id()) : std::nullopt);
-    if (!s.ok()) return toGrpc(s.status());
-    toProto(*s, out);
+    const auto cached =
+        in->has_cached_batch() ? std::optional<uint64_t>(in->cached_batch().id()) : std::nullopt;
+    StepResult result;
+    if (!requests->empty() || cached || refused.empty()) {
+      auto s = engine_.prefill(in->batch().id(), std::move(*requests), cached);
+      if (!s.ok()) return toGrpc(s.status());
+      result = std::move(*s);
+    }
+    for (GenerationResult& g : refused) result.generations.push_back(std::move(g));
+    toProto(result, out);
     return grpc::Status::OK;
   }
 

@@ -75,12 +75,13 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
     std::lock_guard lock(mutex_);
     if (done_) return;
     done_ = true;
-    metrics_.counterAdd("tgi_request_failure", 1, {{"err", "generation"}});
+    const GenerationError err = generationError(e);
+    if (err.countAs) metrics_.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (stream_) {
-      stream_->write("data: " + errorJson(e.message(), "generation") + "\n\n");
+      if (err.status) stream_->write("data: " + errorJson(e.message(), err.type) + "\n\n");
       stream_->close();
-    } else {
-      responder_->reply(424, errorJson(e.message(), "generation"), headers_);
+    } else if (err.status) {
+      responder_->reply(err.status, errorJson(e.message(), err.type), headers_);
     }
     release_();
   }
@@ -162,31 +163,6 @@ class PromptSink final : public ResponseSink {
   std::shared_ptr<RequestControl> control_;
 };
 
-// OpenAI's request as TGI's GenerateRequest JSON for one prompt.
-StatusOr<json> toGenerate(const json& req, const std::string& prompt) {
-  json p = json::object();
-  auto copy = [&](const char* from, const char* to) {
-    if (req.contains(from) && !req[from].is_null()) p[to] = req[from];
-  };
-  copy("top_p", "top_p");
-  copy("seed", "seed");
-  copy("frequency_penalty", "frequency_penalty");
-  copy("repetition_penalty", "repetition_penalty");
-  p["max_new_tokens"] = req.contains("max_tokens") ? req["max_tokens"] : json(nullptr);
-  // OpenAI samples by default; temperature 0 means greedy.
-  const double temperature = req.contains("temperature") && req["temperature"].is_number()
-                                 ? req["temperature"].get<double>()
-                                 : 1.0;
-  if (temperature > 0) {
-    p["do_sample"] = true;
-    if (req.contains("temperature")) p["temperature"] = temperature;
-  }
-  if (req.contains("stop") && !req["stop"].is_null()) {
-    p["stop"] = req["stop"].is_string() ? json::array({req["stop"]}) : req["stop"];
-  }
-  return json{{"inputs", prompt}, {"parameters", p}};
-}
-
 }  // namespace
 
 void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
@@ -197,36 +173,19 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
     metrics_.counterAdd("tgi_request_failure", 1, {{"err", "validation"}});
     responder->reply(422, errorJson(message, "validation"), headers);
   };
-  json req = json::parse(request.body, nullptr, false);
-  if (req.is_discarded() || !req.is_object())
-    return fail("Failed to parse the request body as JSON");
-  std::vector<std::string> prompts;
-  if (req.contains("prompt") && req["prompt"].is_string()) {
-    prompts.push_back(req["prompt"].get<std::string>());
-  } else if (req.contains("prompt") && req["prompt"].is_array()) {
-    for (const json& p : req["prompt"]) {
-      if (!p.is_string())
-        return fail(
-            "Failed to deserialize the JSON body into the target type: prompt: expected strings");
-      prompts.push_back(p.get<std::string>());
-    }
-  } else {
-    return fail("Failed to deserialize the JSON body into the target type: missing field `prompt`");
-  }
-  if (prompts.size() > options_.maxClientBatchSize) {
+  auto req = parseCompletionRequest(request.body);
+  if (!req.ok()) return fail(req.status().message());
+  if (req->prompts.size() > options_.maxClientBatchSize) {
     return fail("Number of prompts exceeds the maximum allowed batch size of " +
                 std::to_string(options_.maxClientBatchSize));
   }
-  if (req.contains("suffix") && !req["suffix"].is_null()) return fail("`suffix` is not supported");
-  const bool stream = req.value("stream", false);
+  if (req->prompts.empty()) return fail("`prompt` cannot be an empty list");
+  if (req->suffix) return fail("`suffix` is not supported");
+  const bool stream = req->stream;
   std::vector<ValidRequest> valid;
-  for (const std::string& prompt : prompts) {
-    auto g = toGenerate(req, prompt);
-    auto parsed = parseGenerateRequest(g->dump());
-    StatusOr<ValidRequest> v = parsed.ok()
-                                   ? validator_.validate(*parsed, stream ? Endpoint::kGenerateStream
-                                                                         : Endpoint::kCompletions)
-                                   : StatusOr<ValidRequest>(parsed.status());
+  for (size_t i = 0; i < req->prompts.size(); ++i) {
+    StatusOr<ValidRequest> v = validator_.validate(
+        req->toGenerate(i), stream ? Endpoint::kGenerateStream : Endpoint::kCompletions);
     if (!v.ok()) return fail(v.status().message());
     valid.push_back(std::move(*v));
   }
@@ -244,12 +203,14 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
     maxNewTokens.push_back(v.maxNewTokens);
   }
   auto sink = std::make_shared<CompletionSink>(
-      responder, httpStream, headers, req.value("model", options_.modelId), promptTokens,
+      responder, httpStream, headers, req->model.value_or(options_.modelId), promptTokens,
       maxNewTokens, start, [this] { inFlight_.fetch_sub(1); }, metrics_);
+  std::vector<std::shared_ptr<RequestControl>> controls;
+  for (size_t i = 0; i < valid.size(); ++i) controls.push_back(std::make_shared<RequestControl>());
+  cancelOnDisconnect(*responder, controls);
   for (size_t i = 0; i < valid.size(); ++i) {
-    auto control = std::make_shared<RequestControl>();
-    replica->batcher->submit(nextId_++, std::move(valid[i]), control,
-                             std::make_shared<PromptSink>(sink, i, control));
+    replica->batcher->submit(nextId_++, std::move(valid[i]), controls[i],
+                             std::make_shared<PromptSink>(sink, i, controls[i]));
   }
 }
 

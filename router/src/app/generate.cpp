@@ -170,8 +170,9 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
     if (done_) return;
     done_ = true;
     tracker_->release();
-    tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", "generation"}});
-    responder_->reply(424, errorJson(e.message(), "generation"), headers_);
+    const GenerationError err = generationError(e);
+    if (err.countAs) tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
+    if (err.status) responder_->reply(err.status, errorJson(e.message(), err.type), headers_);
   }
   void onGeneration(const Generation& g, const RequestTimes& t) override { onSequence(0, g, t); }
   void onError(const Status& e) override { onSequenceError(e); }
@@ -280,8 +281,9 @@ class StreamSink final : public ResponseSink {
 
   void onError(const Status& e) override {
     if (done_) return;
-    tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", "generation"}});
-    stream_->write("data:" + errorJson(e.message(), "generation") + "\n\n");
+    const GenerationError err = generationError(e);
+    if (err.countAs) tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
+    if (err.status) stream_->write("data:" + errorJson(e.message(), err.type) + "\n\n");
     finish();
   }
 
@@ -331,12 +333,15 @@ void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpRespond
   if (!replica) return;
   const size_t n = v->bestOf;
   auto sink = std::make_shared<GenerateSink>(responder, headers, *v, n, compatList, tracker);
+  std::vector<std::shared_ptr<RequestControl>> controls;
+  for (size_t i = 0; i < n; ++i) controls.push_back(std::make_shared<RequestControl>());
+  cancelOnDisconnect(*responder, controls);  // TGI drops a request whose client left
   for (size_t i = 0; i < n; ++i) {
     ValidRequest copy = *v;
     if (n > 1) copy.seed = v->seed + i;  // each best_of sequence samples differently
     std::shared_ptr<ResponseSink> s = n == 1 ? std::static_pointer_cast<ResponseSink>(sink)
                                              : std::make_shared<SequenceSink>(sink, i);
-    replica->batcher->submit(nextId_++, std::move(copy), std::make_shared<RequestControl>(), s);
+    replica->batcher->submit(nextId_++, std::move(copy), controls[i], s);
   }
 }
 
@@ -356,6 +361,7 @@ void RouterApp::generateStream(const HttpRequest& request,
   headers["x-compute-type"] = "textgen";
   auto stream = responder->startStream(200, headers);
   auto control = std::make_shared<RequestControl>();
+  cancelOnDisconnect(*responder, {control});  // also while it waits in the queue
   replica->batcher->submit(nextId_++, *v, control,
                            std::make_shared<StreamSink>(stream, *v, control, tracker));
 }

@@ -9,7 +9,23 @@ namespace textgen::router {
 using nlohmann::json;
 
 std::string errorJson(const std::string& message, const std::string& type) {
-  return json{{"error", message}, {"error_type", type}}.dump();
+  return json{{"error", message}, {"error_type", type}}.dump(-1, ' ', false,
+                                                             json::error_handler_t::replace);
+}
+
+GenerationError generationError(const Status& error) {
+  switch (error.code()) {
+    case StatusCode::kCancelled: return {0, "", nullptr};
+    case StatusCode::kInvalidArgument: return {422, "validation", "validation"};
+    default: return {};
+  }
+}
+
+void cancelOnDisconnect(HttpResponder& responder,
+                        std::vector<std::shared_ptr<RequestControl>> controls) {
+  responder.onDisconnect([controls = std::move(controls)] {
+    for (const auto& c : controls) c->cancelled = true;
+  });
 }
 
 RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer,
@@ -94,10 +110,43 @@ std::shared_ptr<Replica> RouterApp::admit(std::shared_ptr<HttpResponder>& respon
   return replica;
 }
 
+namespace {
+
+// The routes TGI puts behind --api-key (every method: its auth layer wraps the whole route). The
+// info routes (/info, /health, /ping, /metrics, /v1/models, GET /) stay open, as in TGI.
+bool protectedRoute(const HttpRequest& r) {
+  const std::string& p = r.path;
+  return (p == "/" && r.method != "GET") || p == "/generate" || p == "/generate_stream" ||
+         p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" ||
+         p == "/invocations" || p == "/vertex";
+}
+
+// Compares in time that depends on the lengths only, not on where the first difference is.
+bool constantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const auto x = static_cast<unsigned char>(i < a.size() ? a[i] : 0);
+    const auto y = static_cast<unsigned char>(i < b.size() ? b[i] : 0);
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+bool RouterApp::authorized(const HttpRequest& request) const {
+  if (options_.apiKey.empty()) return true;
+  const std::string h = request.header("authorization");
+  // "Bearer <key>": the scheme is case-insensitive (RFC 9110), the key is compared exactly.
+  if (h.size() < 7) return false;
+  std::string scheme = h.substr(0, 7);
+  for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return constantTimeEquals(scheme, "bearer ") && constantTimeEquals(h.substr(7), options_.apiKey);
+}
+
 void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
   const std::string& p = request.path;
-  const bool generation =
-      p == "/generate" || p == "/generate_stream" || p == "/" || p == "/v1/completions";
   if (request.method == "OPTIONS") {
     HttpHeaders h = baseHeaders(request);
     h["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS";
@@ -105,8 +154,7 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     responder->reply(200, "", h);
     return;
   }
-  if (generation && request.method == "POST" && !options_.apiKey.empty() &&
-      request.header("authorization") != "Bearer " + options_.apiKey) {
+  if (protectedRoute(request) && !authorized(request)) {
     responder->reply(401, errorJson("Unauthorized", "unauthorized"), baseHeaders(request));
     return;
   }
@@ -127,7 +175,7 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     tokenize(request, responder);
   } else if (request.method == "GET" && p == "/info") {
     info(responder);
-  } else if (request.method == "GET" && p == "/health") {
+  } else if (request.method == "GET" && (p == "/health" || p == "/ping" || p == "/")) {
     health(responder);
   } else if (request.method == "GET" && p == "/metrics") {
     responder->reply(200, metrics_.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
@@ -153,10 +201,10 @@ void RouterApp::tokenize(const HttpRequest& request, std::shared_ptr<HttpRespond
     responder->reply(422, errorJson(parsed.status().message(), "validation"), baseHeaders(request));
     return;
   }
-  auto e = tokenizer_.encode(parsed->inputs, parsed->addSpecialTokens);
+  // The input limit of /generate: a response that lists every token of a 2 MB body is ~100 MB.
+  auto e = validator_.tokenize(parsed->inputs, parsed->addSpecialTokens);
   if (!e.ok()) {
-    responder->reply(422, errorJson("tokenizer error " + e.status().message(), "validation"),
-                     baseHeaders(request));
+    responder->reply(422, errorJson(e.status().message(), "validation"), baseHeaders(request));
     return;
   }
   json out = json::array();

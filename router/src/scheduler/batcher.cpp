@@ -47,25 +47,48 @@ uint32_t Batcher::freeBlocks() const {
   return allocator_.freeBlocks();
 }
 
+namespace {
+
+Status clientLeft() {
+  return Status(StatusCode::kCancelled, "the client disconnected");
+}
+
+}  // namespace
+
 std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
                                            std::optional<size_t> maxSize, uint32_t prefillBudget) {
-  std::lock_guard lock(mutex_);
-  std::vector<uint64_t> dropped;
-  std::vector<BatchEntry> batch =
-      queue_.nextBatch(minSize, maxSize, prefillBudget, allocator_, &dropped);
-  for (uint64_t id : dropped) {  // their clients left while they waited
-    sinks_.erase(id);
-    --load_;
+  std::vector<std::shared_ptr<ResponseSink>> left;
+  std::vector<BatchEntry> batch;
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<uint64_t> dropped;
+    batch = queue_.nextBatch(minSize, maxSize, prefillBudget, allocator_, &dropped);
+    for (uint64_t id : dropped) {  // their clients left while they waited
+      left.push_back(std::move(sinks_[id]));
+      sinks_.erase(id);
+      --load_;
+    }
+    for (const BatchEntry& e : batch) {
+      active_[e.entry.id] = {e.blocks,
+                             e.entry.control,
+                             sinks_[e.entry.id],
+                             {e.entry.queuedAt, std::chrono::steady_clock::now()}};
+      sinks_.erase(e.entry.id);
+    }
+    if (metrics_) metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
   }
-  for (const BatchEntry& e : batch) {
-    active_[e.entry.id] = {e.blocks,
-                           e.entry.control,
-                           sinks_[e.entry.id],
-                           {e.entry.queuedAt, std::chrono::steady_clock::now()}};
-    sinks_.erase(e.entry.id);
-  }
-  if (metrics_) metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
+  for (auto& sink : left) sink->onError(clientLeft());  // the queue counted them as dropped
   return batch;
+}
+
+void Batcher::drop(uint64_t id, const Status& why) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return;
+  const std::shared_ptr<ResponseSink> sink = it->second.sink;
+  finish(id);  // the blocks are free before the sink hears
+  if (metrics_ && why.code() == StatusCode::kCancelled)
+    metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
+  sink->onError(why);
 }
 
 void Batcher::finish(uint64_t id) {
@@ -118,7 +141,14 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   for (const Generation& g : out->generations) {
     auto it = active_.find(g.requestId);
     if (it == active_.end()) continue;
-    if (it->second.control && it->second.control->cancelled) continue;  // handled below
+    if (it->second.control && it->second.control->cancelled) {
+      drop(g.requestId, clientLeft());
+      continue;
+    }
+    if (g.error) {  // the shard refused this request alone; it is not in the batch
+      drop(g.requestId, invalidArgumentError(*g.error));
+      continue;
+    }
     if (g.generatedText) {  // free before the last delivery, as in failAll
       const std::shared_ptr<ResponseSink> sink = it->second.sink;
       const RequestTimes times = it->second.times;
@@ -136,8 +166,7 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     auto it = active_.find(id);
     if (it == active_.end()) continue;
     if (it->second.control && it->second.control->cancelled) {
-      if (metrics_) metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
-      finish(id);
+      drop(id, clientLeft());
       continue;
     }
     keep.push_back(id);

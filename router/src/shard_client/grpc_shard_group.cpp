@@ -78,6 +78,7 @@ StepOutput stepFromProto(const Response& r) {
   for (const pb::Generation& g : r.generations()) {
     Generation gen;
     gen.requestId = g.request_id();
+    if (g.has_error()) gen.error = g.error();
     if (g.has_prefill_tokens() && g.prefill_tokens().ids_size() > 0)
       gen.prefillTokens = fromProto(g.prefill_tokens());
     gen.tokens = fromProto(g.tokens());
@@ -101,18 +102,21 @@ StepOutput stepFromProto(const Response& r) {
   return out;
 }
 
+using Deadline = std::chrono::microseconds;
+
 class GrpcShardGroup final : public ShardGroup {
  public:
   GrpcShardGroup(std::vector<std::string> urls,
-                 std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs)
-      : urls_(std::move(urls)), stubs_(std::move(stubs)) {}
+                 std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs,
+                 ShardDeadlines deadlines)
+      : urls_(std::move(urls)), stubs_(std::move(stubs)), deadlines_(deadlines) {}
 
   const std::vector<std::string>& urls() const override { return urls_; }
 
   StatusOr<ShardInfo> info() override {
     pb::InfoResponse r;
-    TG_RETURN_IF_ERROR(
-        fanOut<pb::InfoRequest, pb::InfoResponse>(&pb::ShardService::Stub::Info, {}, &r, "Info"));
+    TG_RETURN_IF_ERROR(fanOut<pb::InfoRequest, pb::InfoResponse>(&pb::ShardService::Stub::Info, {},
+                                                                 &r, "Info", deadlines_.control));
     ShardInfo i;
     i.requiresPadding = r.requires_padding();
     i.dtype = r.dtype();
@@ -132,14 +136,14 @@ class GrpcShardGroup final : public ShardGroup {
   Status health() override {
     pb::HealthResponse r;
     return fanOut<pb::HealthRequest, pb::HealthResponse>(&pb::ShardService::Stub::Health, {}, &r,
-                                                         "Health");
+                                                         "Health", deadlines_.health);
   }
 
   Status clearCache(std::optional<uint64_t> batchId) override {
     pb::ClearCacheRequest req;
     if (batchId) req.set_id(*batchId);
     pb::ClearCacheResponse r;
-    return fanOut(&pb::ShardService::Stub::ClearCache, req, &r, "ClearCache");
+    return fanOut(&pb::ShardService::Stub::ClearCache, req, &r, "ClearCache", deadlines_.control);
   }
 
   StatusOr<WarmupOutput> warmup(uint64_t batchId, const std::vector<BatchEntry>& batch,
@@ -151,7 +155,8 @@ class GrpcShardGroup final : public ShardGroup {
     req.set_max_prefill_tokens(maxPrefillTokens);
     if (maxTotalTokens) req.set_max_total_tokens(*maxTotalTokens);
     pb::WarmupResponse r;
-    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::Warmup, req, &r, "Warmup"));
+    TG_RETURN_IF_ERROR(
+        fanOut(&pb::ShardService::Stub::Warmup, req, &r, "Warmup", deadlines_.warmup));
     WarmupOutput w;
     if (r.has_max_supported_total_tokens())
       w.maxSupportedTotalTokens = r.max_supported_total_tokens();
@@ -166,7 +171,12 @@ class GrpcShardGroup final : public ShardGroup {
     toProto(batchId, batch, req.mutable_batch());
     if (cached) toProto(*cached, req.mutable_cached_batch());
     pb::PrefillResponse r;
-    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::Prefill, req, &r, "Prefill"));
+    uint64_t tokens = 0;
+    for (const BatchEntry& e : batch)
+      tokens += e.chunkLen ? *e.chunkLen : e.entry.request.inputIds.size();
+    if (cached) tokens += cached->requestIds.size();
+    TG_RETURN_IF_ERROR(
+        fanOut(&pb::ShardService::Stub::Prefill, req, &r, "Prefill", stepDeadline(tokens)));
     return stepFromProto(r);
   }
 
@@ -174,7 +184,10 @@ class GrpcShardGroup final : public ShardGroup {
     pb::DecodeRequest req;
     for (const CachedBatch& b : batches) toProto(b, req.add_batches());
     pb::DecodeResponse r;
-    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::Decode, req, &r, "Decode"));
+    uint64_t tokens = 0;
+    for (const CachedBatch& b : batches) tokens += b.requestIds.size();
+    TG_RETURN_IF_ERROR(
+        fanOut(&pb::ShardService::Stub::Decode, req, &r, "Decode", stepDeadline(tokens)));
     return stepFromProto(r);
   }
 
@@ -183,22 +196,30 @@ class GrpcShardGroup final : public ShardGroup {
     req.set_batch_id(batchId);
     for (uint64_t id : keep) req.add_request_ids(id);
     pb::FilterBatchResponse r;
-    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::FilterBatch, req, &r, "FilterBatch"));
+    TG_RETURN_IF_ERROR(
+        fanOut(&pb::ShardService::Stub::FilterBatch, req, &r, "FilterBatch", deadlines_.control));
     return fromProto(r.batch());
   }
 
  private:
-  // Calls every rank in parallel; rank 0's response is kept; the first error wins.
+  Deadline stepDeadline(uint64_t tokens) const {
+    return Deadline(deadlines_.step) + deadlines_.perToken * static_cast<int64_t>(tokens);
+  }
+
+  // Calls every rank in parallel, each call bounded by `deadline`; rank 0's response is kept; the
+  // first error wins (DEADLINE_EXCEEDED names the call and the shard).
   template <typename Req, typename Resp>
   Status fanOut(grpc::Status (pb::ShardService::Stub::*method)(grpc::ClientContext*, const Req&,
                                                                Resp*),
-                const Req& req, Resp* rank0, const char* what) {
+                const Req& req, Resp* rank0, const char* what, Deadline deadline) {
     std::vector<std::future<grpc::Status>> calls;
     std::vector<Resp> others(stubs_.size());
+    const auto until = std::chrono::system_clock::now() + deadline;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       Resp* out = i == 0 ? rank0 : &others[i];
       calls.push_back(std::async(std::launch::async, [&, i, out] {
         grpc::ClientContext ctx;
+        ctx.set_deadline(until);
         return (stubs_[i].get()->*method)(&ctx, req, out);
       }));
     }
@@ -212,6 +233,7 @@ class GrpcShardGroup final : public ShardGroup {
 
   std::vector<std::string> urls_;
   std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs_;
+  ShardDeadlines deadlines_;
 };
 
 std::shared_ptr<grpc::Channel> channel(const std::string& url) {
@@ -224,7 +246,8 @@ std::shared_ptr<grpc::Channel> channel(const std::string& url) {
 }  // namespace
 
 StatusOr<std::unique_ptr<ShardGroup>> connectShardGroup(const std::string& master,
-                                                        std::chrono::milliseconds deadline) {
+                                                        std::chrono::milliseconds deadline,
+                                                        ShardDeadlines deadlines) {
   auto stub = pb::ShardService::NewStub(channel(master));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + deadline);
@@ -239,7 +262,7 @@ StatusOr<std::unique_ptr<ShardGroup>> connectShardGroup(const std::string& maste
   std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs;
   for (const std::string& url : urls) stubs.push_back(pb::ShardService::NewStub(channel(url)));
   return std::unique_ptr<ShardGroup>(
-      std::make_unique<GrpcShardGroup>(std::move(urls), std::move(stubs)));
+      std::make_unique<GrpcShardGroup>(std::move(urls), std::move(stubs), deadlines));
 }
 
 }  // namespace textgen::router

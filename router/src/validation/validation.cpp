@@ -1,7 +1,11 @@
 #include "textgen/router/validation.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
+
+#include "textgen/base/json.h"
+#include "textgen/base/sampling_rules.h"
 
 namespace textgen::router {
 namespace {
@@ -13,46 +17,127 @@ Status fieldType(const std::string& field, const char* expected) {
                               ": invalid type, expected " + expected);
 }
 
+// Typed accessors over untrusted JSON: a missing or null field leaves `out` as it is; a field of
+// another type is a validation error naming it (`prefix` + key). Nothing here throws.
 template <typename T>
-Status readNumber(const json& p, const char* key, std::optional<T>& out) {
+Status readNumber(const json& p, const char* key, std::optional<T>& out,
+                  const char* prefix = "parameters.") {
   auto it = p.find(key);
   if (it == p.end() || it->is_null()) return okStatus();
+  const std::string field = std::string(prefix) + key;
   if constexpr (std::is_floating_point_v<T>) {
-    if (!it->is_number()) return fieldType(std::string("parameters.") + key, "a number");
-    out = it->get<T>();
+    if (!it->is_number()) return fieldType(field, "a number");
+    const double v = it->get<double>();
+    if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<T>::max())
+      return fieldType(field, "a finite number");
+    out = static_cast<T>(v);
   } else if constexpr (std::is_signed_v<T>) {
-    if (!it->is_number_integer()) return fieldType(std::string("parameters.") + key, "an integer");
+    if (!it->is_number_integer()) return fieldType(field, "an integer");
+    if (it->is_number_unsigned() && it->get<uint64_t>() > INT32_MAX)
+      return fieldType(field, "a 32-bit integer");
     const int64_t v = it->get<int64_t>();
-    if (v < INT32_MIN || v > INT32_MAX)
-      return fieldType(std::string("parameters.") + key, "a 32-bit integer");
+    if (v < INT32_MIN || v > INT32_MAX) return fieldType(field, "a 32-bit integer");
     out = static_cast<T>(v);
   } else {
-    if (!it->is_number_unsigned())
-      return fieldType(std::string("parameters.") + key, "a non-negative integer");
+    if (!it->is_number_unsigned()) return fieldType(field, "a non-negative integer");
     const uint64_t v = it->get<uint64_t>();
-    if (v > std::numeric_limits<T>::max())
-      return fieldType(std::string("parameters.") + key, "a smaller integer");
+    if (v > std::numeric_limits<T>::max()) return fieldType(field, "a smaller integer");
     out = static_cast<T>(v);
   }
   return okStatus();
 }
 
-Status readBool(const json& p, const char* key, bool& out) {
+Status readBool(const json& p, const char* key, bool& out, const char* prefix = "parameters.") {
   auto it = p.find(key);
   if (it == p.end() || it->is_null()) return okStatus();
-  if (!it->is_boolean()) return fieldType(std::string("parameters.") + key, "a boolean");
+  if (!it->is_boolean()) return fieldType(std::string(prefix) + key, "a boolean");
   out = it->get<bool>();
   return okStatus();
 }
 
-}  // namespace
+Status readString(const json& p, const char* key, std::optional<std::string>& out,
+                  const char* prefix = "") {
+  auto it = p.find(key);
+  if (it == p.end() || it->is_null()) return okStatus();
+  if (!it->is_string()) return fieldType(std::string(prefix) + key, "a string");
+  out = it->get<std::string>();
+  return okStatus();
+}
 
-StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalidArgumentError("Failed to parse the request body as JSON");
-  if (!j.is_object())
+// A string or a list of strings (OpenAI's `prompt` and `stop`).
+Status readStrings(const json& p, const char* key, std::vector<std::string>& out,
+                   const char* prefix = "") {
+  auto it = p.find(key);
+  if (it == p.end() || it->is_null()) return okStatus();
+  if (it->is_string()) {
+    out.push_back(it->get<std::string>());
+    return okStatus();
+  }
+  if (!it->is_array()) return fieldType(std::string(prefix) + key, "a string or a list of strings");
+  for (const json& s : *it) {
+    if (!s.is_string()) return fieldType(std::string(prefix) + key, "a list of strings");
+    out.push_back(s.get<std::string>());
+  }
+  return okStatus();
+}
+
+StatusOr<json> parseBody(std::string_view body) {
+  auto j = parseJson(body, "the request body");
+  if (!j.ok()) {
+    return invalidArgumentError("Failed to parse the request body as JSON: " +
+                                j.status().message());
+  }
+  if (!j->is_object())
     return invalidArgumentError(
         "Failed to deserialize the JSON body into the target type: expected an object");
+  return std::move(*j);
+}
+
+}  // namespace
+
+StatusOr<CompletionRequest> parseCompletionRequest(std::string_view body) {
+  TG_ASSIGN_OR_RETURN(json j, parseBody(body));
+  CompletionRequest r;
+  if (!j.contains("prompt") || j["prompt"].is_null())
+    return invalidArgumentError(
+        "Failed to deserialize the JSON body into the target type: missing field `prompt`");
+  TG_RETURN_IF_ERROR(readStrings(j, "prompt", r.prompts));
+  TG_RETURN_IF_ERROR(readString(j, "model", r.model));
+  TG_RETURN_IF_ERROR(readString(j, "suffix", r.suffix));
+  TG_RETURN_IF_ERROR(readBool(j, "stream", r.stream, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "max_tokens", r.maxTokens, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "temperature", r.temperature, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "top_p", r.topP, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "seed", r.seed, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "frequency_penalty", r.frequencyPenalty, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "repetition_penalty", r.repetitionPenalty, ""));
+  TG_RETURN_IF_ERROR(readStrings(j, "stop", r.stop));
+  return r;
+}
+
+GenerateRequest CompletionRequest::toGenerate(size_t index) const {
+  GenerateRequest g;
+  g.inputs = prompts[index];
+  GenerateParameters& p = g.parameters;
+  p.topP = topP;
+  p.seed = seed;
+  p.frequencyPenalty = frequencyPenalty;
+  p.repetitionPenalty = repetitionPenalty;
+  p.maxNewTokens = maxTokens;  // unset: fill up to max_total_tokens
+  // OpenAI samples by default; temperature 0 means greedy.
+  const float t = temperature.value_or(1.0f);
+  if (t > 0.0f) {
+    p.doSample = true;
+    p.temperature = temperature;
+  } else if (t < 0.0f) {
+    p.temperature = t;  // refused by validation, never read as greedy
+  }
+  p.stop = stop;
+  return g;
+}
+
+StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body) {
+  TG_ASSIGN_OR_RETURN(json j, parseBody(body));
   GenerateRequest r;
   auto inputs = j.find("inputs");
   if (inputs == j.end())
@@ -91,10 +176,7 @@ StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body) {
   }
   if (auto it = p.find("stop"); it != p.end() && !it->is_null()) {
     if (!it->is_array()) return fieldType("parameters.stop", "a list of strings");
-    for (const json& s : *it) {
-      if (!s.is_string()) return fieldType("parameters.stop", "a list of strings");
-      g.stop.push_back(s.get<std::string>());
-    }
+    TG_RETURN_IF_ERROR(readStrings(p, "stop", g.stop, "parameters."));
   }
   TG_RETURN_IF_ERROR(readNumber(p, "truncate", g.truncate));
   TG_RETURN_IF_ERROR(readBool(p, "watermark", g.watermark));
@@ -103,15 +185,25 @@ StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body) {
   TG_RETURN_IF_ERROR(readNumber(p, "seed", g.seed));
   TG_RETURN_IF_ERROR(readNumber(p, "top_n_tokens", g.topNTokens));
   if (auto it = p.find("grammar"); it != p.end() && !it->is_null()) g.hasGrammar = true;
-  if (auto it = p.find("adapter_id"); it != p.end() && !it->is_null()) {
-    if (!it->is_string()) return fieldType("parameters.adapter_id", "a string");
-    g.adapterId = it->get<std::string>();
-  }
+  TG_RETURN_IF_ERROR(readString(p, "adapter_id", g.adapterId, "parameters."));
   return r;
 }
 
 Validator::Validator(const tokenizer::Tokenizer& tokenizer, ValidationLimits limits)
     : tokenizer_(tokenizer), limits_(limits) {}
+
+StatusOr<tokenizer::Encoding> Validator::tokenize(const std::string& inputs,
+                                                  bool addSpecialTokens) const {
+  if (inputs.empty()) return invalidArgumentError("`inputs` cannot be empty");
+  auto encoding = tokenizer_.encode(inputs, addSpecialTokens);
+  if (!encoding.ok()) return invalidArgumentError("tokenizer error " + encoding.status().message());
+  if (encoding->size() > limits_.maxInputTokens) {
+    return invalidArgumentError("`inputs` must have less than " +
+                                std::to_string(limits_.maxInputTokens) +
+                                " tokens. Given: " + std::to_string(encoding->size()));
+  }
+  return encoding;
+}
 
 StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
                                            Endpoint endpoint) const {
@@ -144,6 +236,13 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   v.typicalP = p.typicalP.value_or(1.0f);
   if (p.topK && *p.topK <= 0) return error("`top_k` must be strictly positive");
   v.topK = p.topK ? static_cast<uint32_t>(*p.topK) : 0;
+  // The ranges the shard checks again (finite, bounded): one definition for both.
+  TG_RETURN_IF_ERROR(checkSamplingValues({.temperature = v.temperature,
+                                          .repetitionPenalty = v.repetitionPenalty,
+                                          .frequencyPenalty = v.frequencyPenalty,
+                                          .topP = v.topP,
+                                          .typicalP = v.typicalP,
+                                          .topK = v.topK}));
   if (p.maxNewTokens && *p.maxNewTokens == 0)
     return error("`max_new_tokens` must be strictly positive");
   if (p.stop.size() > limits_.maxStopSequences) {

@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 
 namespace textgen::router {
 namespace {
@@ -18,6 +19,9 @@ class FakeShards final : public ShardGroup {
  public:
   std::atomic<int> failDecodes{0};
   std::atomic<int> filters{0}, prefills{0}, decodes{0};
+  // Requests the shard refuses alone at Prefill (a Generation with only `error`), as a real shard
+  // does with parameters it cannot take.
+  std::set<uint64_t> refuse;
   // When set, prefills wait for it: a test fills the queue before the first step runs (these
   // shards answer instantly, so one request could otherwise finish before the next is submitted).
   std::shared_future<void> gate;
@@ -47,11 +51,21 @@ class FakeShards final : public ShardGroup {
       reqs = std::move(batches_.at(cached->id));
       batches_.erase(cached->id);
     }
+    std::vector<Generation> refused;
     for (const BatchEntry& e : batch) {
+      if (refuse.contains(e.entry.id)) {
+        Generation g;
+        g.requestId = e.entry.id;
+        g.error = "request " + std::to_string(e.entry.id) + ": temperature must be finite";
+        refused.push_back(g);
+        continue;
+      }
       reqs.push_back({e.entry.id, e.entry.request.inputLength, e.entry.request.maxNewTokens, 0,
                       e.chunkLen, 0});
     }
-    return step(id, std::move(reqs));
+    StepOutput out = step(id, std::move(reqs));
+    for (Generation& g : refused) out.generations.push_back(std::move(g));
+    return out;
   }
   StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches) override {
     ++decodes;
@@ -255,8 +269,74 @@ TEST(BatcherTest, DisconnectIsDroppedWithinAStepAndFreesItsBlocks) {
   ASSERT_TRUE(staying->wait());
   EXPECT_EQ(staying->tokens, expected(2, 20));
   EXPECT_EQ(leaving->tokens, expected(1, 3));  // nothing after the disconnect
+  ASSERT_TRUE(leaving->wait());                // told once, so its route can let go of it
+  ASSERT_TRUE(leaving->error.has_value());
+  EXPECT_EQ(leaving->error->code(), StatusCode::kCancelled);
   EXPECT_GE(shards.filters.load(), 1);
   EXPECT_EQ(b.freeBlocks(), 63u);  // both requests' blocks are back
+}
+
+TEST(BatcherTest, ACancelledRequestThatFinishesInTheSameStepFreesItsBlocks) {
+  FakeShards shards;
+  Batcher b(shards, options(64), nullptr);
+  auto control = std::make_shared<RequestControl>();
+  auto sink = std::make_shared<Collector>();
+  sink->onToken = [&](size_t n) {
+    if (n == 2) control->cancelled = true;  // the step that would deliver token 3 ends it
+  };
+  b.submit(1, request(4, 3), control, sink);
+  ASSERT_TRUE(sink->wait());
+  ASSERT_TRUE(sink->error.has_value());
+  EXPECT_EQ(sink->error->code(), StatusCode::kCancelled);
+  EXPECT_EQ(b.freeBlocks(), 63u);
+  EXPECT_EQ(b.load(), 0u);
+}
+
+TEST(BatcherTest, ARequestCancelledWhileQueuedIsToldAndNeverRuns) {
+  FakeShards shards;
+  MetricsRegistry metrics;
+  Batcher b(shards, options(64), &metrics);
+  std::promise<void> open;
+  shards.gate = open.get_future().share();
+  auto first = std::make_shared<Collector>();
+  b.submit(1, request(4, 5), std::make_shared<RequestControl>(), first);  // holds the loop
+  auto control = std::make_shared<RequestControl>();
+  auto queued = std::make_shared<Collector>();
+  b.submit(2, request(4, 5), control, queued);
+  control->cancelled = true;
+  open.set_value();
+  ASSERT_TRUE(first->wait());
+  ASSERT_TRUE(queued->wait());
+  ASSERT_TRUE(queued->error.has_value());
+  EXPECT_EQ(queued->error->code(), StatusCode::kCancelled);
+  EXPECT_TRUE(queued->tokens.empty());
+  EXPECT_EQ(b.load(), 0u);
+  EXPECT_EQ(b.freeBlocks(), 63u);
+  EXPECT_NE(metrics.render().find("tgi_request_failure{err=\"dropped\"} 1"), std::string::npos)
+      << metrics.render();
+}
+
+TEST(BatcherTest, ARequestTheShardRefusesFailsAloneAndTheBatchGoesOn) {
+  FakeShards shards;
+  Batcher b(shards, options(64), nullptr);
+  shards.refuse = {2};
+  std::promise<void> open;  // all three in one Prefill
+  shards.gate = open.get_future().share();
+  std::vector<std::shared_ptr<Collector>> sinks;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    sinks.push_back(std::make_shared<Collector>());
+    b.submit(id, request(4, 6), std::make_shared<RequestControl>(), sinks.back());
+  }
+  open.set_value();
+  for (auto& s : sinks) ASSERT_TRUE(s->wait());
+  ASSERT_TRUE(sinks[1]->error.has_value());
+  EXPECT_EQ(sinks[1]->error->code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(sinks[1]->error->message().find("temperature"), std::string::npos);
+  EXPECT_EQ(sinks[0]->tokens, expected(1, 6));
+  EXPECT_FALSE(sinks[0]->error.has_value());
+  EXPECT_EQ(sinks[2]->tokens, expected(3, 6));
+  EXPECT_TRUE(b.healthy());
+  EXPECT_EQ(b.freeBlocks(), 63u);
 }
 
 TEST(BatcherTest, ShardFailureFailsInFlightRequestsAndHealthRecovers) {

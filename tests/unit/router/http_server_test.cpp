@@ -1,16 +1,20 @@
 // The HTTP transport with a raw-socket client: whole responses, request bodies, the payload limit,
-// streamed chunks, and a disconnect seen by the writer.
+// streamed chunks, and a disconnect seen by the writer; then the limits enforced while reading
+// (chunked bodies, header and body time, header size), the guard around handlers, keep-alive, and
+// a disconnect reported to a handler that has not answered yet.
 #include "textgen/router/http_server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <stdexcept>
 #include <thread>
 
 namespace textgen::router {
@@ -109,6 +113,202 @@ TEST(HttpServerTest, StreamsChunksAndSeesDisconnects) {
   auto saw = writerSawDisconnect.get_future();
   ASSERT_EQ(saw.wait_for(std::chrono::seconds(15)), std::future_status::ready);
   EXPECT_TRUE(saw.get());
+}
+
+// Reads until the peer closes or `timeout` passes; `closed` tells which.
+std::string readAll(int fd, std::chrono::milliseconds timeout, bool* closed) {
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  *closed = false;
+  char buf[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return out;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      *closed = true;
+      return out;
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+HttpHandler echo(std::atomic<int>* calls = nullptr) {
+  return [calls](const HttpRequest& r, std::shared_ptr<HttpResponder> responder) {
+    if (calls) ++*calls;
+    responder->reply(200, "body=" + r.body, {{"Content-Type", "text/plain"}});
+  };
+}
+
+TEST(HttpServerTest, ChunkedBodiesCountAgainstTheLimitWhileReading) {
+  std::atomic<int> calls{0};
+  auto server = startHttpServer({.port = 0, .payloadLimit = 1000}, echo(&calls));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // Within the limit: the chunks are joined.
+  std::string got = request(port,
+                            "POST /g HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                            "Connection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+  EXPECT_NE(got.find("body=abcde"), std::string::npos) << got;
+  // Over it: 413 once 1000 bytes have arrived, though the client never ends its body.
+  const int fd = connectTo(port);
+  ASSERT_GE(fd, 0);
+  std::string head = "POST /g HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  ::send(fd, head.data(), head.size(), 0);
+  const std::string chunk = "100\r\n" + std::string(256, 'y') + "\r\n";
+  for (int i = 0; i < 5; ++i) ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+  bool closed = false;
+  got = readAll(fd, std::chrono::seconds(10), &closed);
+  ::close(fd);
+  EXPECT_NE(got.find("HTTP/1.1 413"), std::string::npos) << got;
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(calls.load(), 1);  // the handler never saw the oversized body
+}
+
+TEST(HttpServerTest, SlowHeadersAndBodiesAreCut) {
+  std::atomic<int> calls{0};
+  auto server = startHttpServer({.port = 0,
+                                 .headerTimeout = std::chrono::milliseconds(300),
+                                 .bodyTimeout = std::chrono::milliseconds(300)},
+                                echo(&calls));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  for (const std::string& partial :
+       {std::string("POST /g HTTP/1.1\r\nHost: x\r\n"),  // headers never end
+        std::string("POST /g HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")}) {
+    const int fd = connectTo(port);
+    ASSERT_GE(fd, 0);
+    ::send(fd, partial.data(), partial.size(), 0);
+    const auto start = std::chrono::steady_clock::now();
+    bool closed = false;
+    readAll(fd, std::chrono::seconds(10), &closed);
+    ::close(fd);
+    EXPECT_TRUE(closed) << partial;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << partial;
+  }
+  // An idle keep-alive connection is closed the same way.
+  const int fd = connectTo(port);
+  bool closed = false;
+  readAll(fd, std::chrono::seconds(10), &closed);
+  ::close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(calls.load(), 0);
+}
+
+TEST(HttpServerTest, OversizedHeadersAndMalformedRequestsAreRefused) {
+  auto server = startHttpServer({.port = 0, .headerLimit = 1024}, echo());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::string got =
+      request(port, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(4096, 'a') + "\r\n\r\n");
+  EXPECT_NE(got.find("HTTP/1.1 431"), std::string::npos) << got;
+  got = request(port, "NOT A REQUEST\r\n\r\n");
+  EXPECT_NE(got.find("HTTP/1.1 400"), std::string::npos) << got;
+  got = request(port, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n");
+  EXPECT_NE(got.find("HTTP/1.1 400"), std::string::npos) << got;
+}
+
+TEST(HttpServerTest, AnExceptionOrAMissingAnswerIsA500AndTheServerGoesOn) {
+  auto server = startHttpServer({}, [](const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
+    if (r.path == "/throw") throw std::runtime_error("boom");
+    if (r.path == "/throw-int") throw 42;
+    if (r.path == "/forget") return;  // the responder dies unanswered
+    if (r.path == "/twice") resp->reply(200, "first", {});
+    resp->reply(200, "ok", {});
+  });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  for (const char* path : {"/throw", "/throw-int", "/forget"}) {
+    const std::string got = request(
+        port, std::string("GET ") + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    EXPECT_NE(got.find("HTTP/1.1 500"), std::string::npos) << path << ": " << got;
+    EXPECT_NE(got.find(R"("error_type":"internal")"), std::string::npos) << got;
+  }
+  const std::string got =
+      request(port, "GET /twice HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(got.find("first"), std::string::npos);
+  EXPECT_EQ(got.find("ok"), std::string::npos) << "a second answer must be dropped: " << got;
+}
+
+TEST(HttpServerTest, KeepAlivePipeliningAndExpectContinue) {
+  auto server = startHttpServer({}, echo());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = connectTo((*server)->port());
+  // Two requests in one write, then a third with Expect: 100-continue on the same connection.
+  const std::string two =
+      "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1"
+      "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n2";
+  ::send(fd, two.data(), two.size(), 0);
+  bool closed = false;
+  std::string got = readAll(fd, std::chrono::milliseconds(600), &closed);
+  EXPECT_NE(got.find("body=1"), std::string::npos) << got;
+  EXPECT_NE(got.find("body=2"), std::string::npos) << got;
+  EXPECT_FALSE(closed);
+  const std::string head =
+      "POST /c HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n";
+  ::send(fd, head.data(), head.size(), 0);
+  got = readAll(fd, std::chrono::milliseconds(600), &closed);
+  EXPECT_NE(got.find("HTTP/1.1 100 Continue"), std::string::npos) << got;
+  ::send(fd, "xyz", 3, 0);
+  got = readAll(fd, std::chrono::milliseconds(600), &closed);
+  EXPECT_NE(got.find("body=xyz"), std::string::npos) << got;
+  ::close(fd);
+}
+
+TEST(HttpServerTest, AHandlerHearsWhenItsClientLeavesBeforeTheAnswer) {
+  std::promise<void> left;
+  std::shared_ptr<HttpResponder> held;
+  std::mutex m;
+  auto server = startHttpServer({}, [&](const HttpRequest&, std::shared_ptr<HttpResponder> r) {
+    r->onDisconnect([&left] { left.set_value(); });
+    std::lock_guard lock(m);
+    held = r;  // answers later (a generation in progress)
+  });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = connectTo((*server)->port());
+  const std::string req = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+  ::send(fd, req.data(), req.size(), 0);
+  while (true) {
+    std::lock_guard lock(m);
+    if (held) break;
+  }
+  ::close(fd);
+  auto f = left.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  std::lock_guard lock(m);
+  held->reply(200, "too late", {});  // harmless after the client left
+  held.reset();
+}
+
+TEST(HttpServerTest, AStreamToAClientThatReadsNothingEnds) {
+  std::promise<bool> ended;
+  auto server = startHttpServer(
+      {.port = 0, .writeTimeout = std::chrono::milliseconds(500), .streamBacklogLimit = 1 << 20},
+      [&](const HttpRequest&, std::shared_ptr<HttpResponder> r) {
+        auto stream = r->startStream(200, {});
+        std::thread([stream, &ended] {
+          const std::string chunk(64 * 1024, 'z');
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+          while (std::chrono::steady_clock::now() < deadline) {
+            if (!stream->write(chunk)) return ended.set_value(true);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          ended.set_value(false);
+        }).detach();
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = connectTo((*server)->port());
+  const int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  const std::string req = "GET /s HTTP/1.1\r\nHost: x\r\n\r\n";
+  ::send(fd, req.data(), req.size(), 0);
+  auto f = ended.get_future();  // the client never reads: memory must not grow without bound
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(25)), std::future_status::ready);
+  EXPECT_TRUE(f.get());
+  ::close(fd);
 }
 
 }  // namespace

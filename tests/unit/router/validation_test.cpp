@@ -117,7 +117,9 @@ TEST_F(ValidationTest, TruncateKeepsTheLastTokens) {
 }
 
 TEST_F(ValidationTest, MalformedBodiesNameTheField) {
-  EXPECT_EQ(message("{nope"), "Failed to parse the request body as JSON");
+  EXPECT_EQ(message("{nope"),
+            "Failed to parse the request body as JSON: the request body is not valid JSON (at "
+            "byte 3)");
   EXPECT_NE(message(R"({"parameters": {}})").find("missing field `inputs`"), std::string::npos);
   EXPECT_NE(message(R"({"inputs": 5})").find("inputs: invalid type"), std::string::npos);
   EXPECT_NE(message(R"({"inputs": "x", "parameters": {"top_k": 1.5}})").find("parameters.top_k"),
@@ -136,6 +138,88 @@ TEST_F(ValidationTest, SeedIsDrawnWhenUnset) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_NE(a->seed, b->seed);
   EXPECT_EQ(c->seed, 7u);
+}
+
+TEST_F(ValidationTest, DeepNestingIsRefusedBeforeAnyValueIsBuilt) {
+  // 200,000 levels: a recursive copy, dump or destructor of this would overflow the stack.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string& body : {R"({"inputs": "x", "parameters": {"grammar": )" + deep + "}}",
+                                  deep, R"({"prompt": "x", "stop": )" + deep + "}"}) {
+    auto g = parseGenerateRequest(body);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("nests deeper than"), std::string::npos)
+        << g.status().message();
+    auto c = parseCompletionRequest(body);
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find("nests deeper than"), std::string::npos);
+  }
+}
+
+TEST_F(ValidationTest, NonFiniteAndOutOfRangeSamplingValuesAreRefusedWithTheShardsRules) {
+  // 1e39 is beyond float: it used to become +inf, pass "> 0", and fail the whole batch at the
+  // shard. Tiny values turn logits into infinities.
+  for (const char* p :
+       {R"({"temperature": 1e39})", R"({"temperature": 1e-30})", R"({"repetition_penalty": 1e39})",
+        R"({"repetition_penalty": 1e-40})", R"({"temperature": 1e300})"}) {
+    const std::string body = std::string(R"({"inputs": "x", "parameters": )") + p + "}";
+    const std::string m = message(body);
+    EXPECT_NE(m, "OK") << p;
+    EXPECT_TRUE(m.find("temperature") != std::string::npos ||
+                m.find("repetition_penalty") != std::string::npos)
+        << p << ": " << m;
+  }
+  EXPECT_EQ(message(R"({"inputs": "x", "parameters": {"temperature": 0.5,
+                    "repetition_penalty": 1.2, "max_new_tokens": 4}})"),
+            "OK");
+}
+
+TEST_F(ValidationTest, CompletionRequestsAreTyped) {
+  auto ok = parseCompletionRequest(
+      R"({"model": "m", "prompt": ["a", "b"], "max_tokens": 3, "temperature": 0, "stop": "x",
+          "stream": false, "unknown": {"ignored": true}})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->prompts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ok->stop, std::vector<std::string>{"x"});
+  const GenerateRequest g = ok->toGenerate(1);
+  EXPECT_EQ(g.inputs, "b");
+  EXPECT_FALSE(g.parameters.doSample);  // temperature 0 is greedy
+  EXPECT_EQ(g.parameters.maxNewTokens, 3u);
+  // Every field of the wrong type is a 422 naming it (these used to throw from nlohmann and
+  // kill the router).
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"prompt": "x", "stream": "yes"})", "stream"},
+      {R"({"prompt": "x", "model": 5})", "model"},
+      {R"({"prompt": "x", "max_tokens": "ten"})", "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": -1})", "max_tokens"},
+      {R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {R"({"prompt": "x", "seed": 1.5})", "seed"},
+      {R"({"prompt": "x", "stop": [1]})", "stop"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": ["a", 2]})", "prompt"},
+      {R"({"prompt": "x", "suffix": []})", "suffix"},
+      {R"({"max_tokens": 3})", "prompt"},
+      {R"(["prompt"])", "expected an object"},
+  };
+  for (const auto& [body, field] : bad) {
+    auto r = parseCompletionRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_NE(r.status().message().find(field), std::string::npos)
+        << body << ": " << r.status().message();
+  }
+  auto negative = parseCompletionRequest(R"({"prompt": "x", "temperature": -1})");
+  ASSERT_TRUE(negative.ok());
+  auto v = validator_->validate(negative->toGenerate(0), Endpoint::kCompletions);
+  EXPECT_FALSE(v.ok()) << "a negative temperature must not silently mean greedy";
+}
+
+TEST_F(ValidationTest, TokenizeHasTheInputLimit) {
+  EXPECT_TRUE(validator_->tokenize("Hello world", true).ok());
+  auto big = validator_->tokenize(std::string(5000, 'a') + " b c d e f g", true);
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("`inputs` must have less than 32 tokens"),
+            std::string::npos)
+      << big.status().message();
+  EXPECT_FALSE(validator_->tokenize("", true).ok());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -163,6 +164,65 @@ TEST_F(EngineTest, StopSequenceAndFilterErrors) {
   auto kept = engine_->filter(3, {});
   ASSERT_TRUE(kept.ok());
   EXPECT_TRUE(kept->requestIds.empty());
+}
+
+TEST_F(EngineTest, AnInvalidRequestFailsAloneAndTheRestOfItsBatchRuns) {
+  // Values the router refuses, sent anyway (an old router, a hand-made RPC): each is refused on
+  // its own with its reason; the good request's tokens are the reference's.
+  std::vector<RequestSpec> batch;
+  batch.push_back(spec(1, 0, 6));
+  RequestSpec hot = spec(2, 1, 6, 100);
+  hot.sampling.doSample = true;
+  hot.sampling.temperature = std::numeric_limits<float>::infinity();
+  batch.push_back(hot);
+  RequestSpec penalty = spec(3, 1, 6, 200);
+  penalty.sampling.repetitionPenalty = 1e-38f;
+  batch.push_back(penalty);
+  RequestSpec tooFewBlocks = spec(4, 1, 6, 300);
+  tooFewBlocks.blocks.resize(1);
+  batch.push_back(tooFewBlocks);
+  batch.push_back(spec(1, 1, 6, 400));  // an id already in this batch
+  auto s = engine_->prefill(1, std::move(batch), std::nullopt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::map<uint64_t, std::string> errors;
+  std::vector<uint32_t> tokens;
+  for (const auto& g : s->generations) {
+    if (g.error) {
+      errors[g.requestId] += *g.error;
+    } else {
+      tokens.push_back(g.tokens.ids.at(0));
+      EXPECT_EQ(g.requestId, 1u);
+    }
+  }
+  EXPECT_NE(errors[2].find("temperature"), std::string::npos) << errors[2];
+  EXPECT_NE(errors[3].find("repetition_penalty"), std::string::npos) << errors[3];
+  EXPECT_NE(errors[4].find("blocks"), std::string::npos) << errors[4];
+  EXPECT_NE(errors[1].find("already in use"), std::string::npos) << errors[1];
+  ASSERT_TRUE(s->batch.has_value());
+  EXPECT_EQ(s->batch->requestIds, std::vector<uint64_t>{1});
+  while (s->batch) {
+    s = engine_->decode({1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (const auto& g : s->generations) tokens.push_back(g.tokens.ids.at(0));
+  }
+  EXPECT_EQ(tokens, greedy(0, 6));
+  // A batch of refusals only: answered, nothing cached.
+  RequestSpec alone = spec(9, 0, 6);
+  alone.inputIds.clear();
+  auto only = engine_->prefill(2, {alone}, std::nullopt);
+  ASSERT_TRUE(only.ok()) << only.status();
+  ASSERT_EQ(only->generations.size(), 1u);
+  EXPECT_TRUE(only->generations[0].error.has_value());
+  EXPECT_FALSE(only->batch.has_value());
+}
+
+TEST_F(EngineTest, DecodeOfTheSameBatchTwiceLeavesNoEmptyBatchBehind) {
+  ASSERT_TRUE(engine_->prefill(1, {spec(1, 0, 6)}, std::nullopt).ok());
+  auto s = engine_->decode({1, 1});
+  ASSERT_TRUE(s.ok()) << s.status();
+  // The duplicate used to leave a null batch under id 1's old slot: a later decode crashed.
+  auto again = engine_->decode({1});
+  ASSERT_TRUE(again.ok()) << again.status();
 }
 
 }  // namespace

@@ -51,6 +51,15 @@ struct GenerationResult {
   TokenList tokens;
   std::optional<FinishedText> finished;
   std::vector<TokenList> topTokens;  // one per token in `tokens`
+  // Prefill refused this request alone (the reason); nothing else is set and it is not batched.
+  std::optional<std::string> error;
+
+  static GenerationResult refusal(uint64_t id, std::string why) {
+    GenerationResult g;
+    g.requestId = id;
+    g.error = std::move(why);
+    return g;
+  }
 };
 
 struct BatchInfo {
@@ -92,6 +101,8 @@ class Engine {
   StatusOr<WarmupResult> warmup(uint64_t batchId, std::vector<RequestSpec> requests,
                                 std::optional<uint32_t> maxInputTokens, uint32_t maxPrefillTokens,
                                 std::optional<uint32_t> maxTotalTokens);
+  // A request that fails validation is refused alone (a GenerationResult with `error`); the others
+  // run. Errors of the call itself (no KV cache, unknown cached batch) fail it whole.
   StatusOr<StepResult> prefill(uint64_t batchId, std::vector<RequestSpec> requests,
                                std::optional<uint64_t> cachedBatchId);
   StatusOr<StepResult> decode(const std::vector<uint64_t>& batchIds);

@@ -35,7 +35,9 @@ class ResponseSink {
   virtual ~ResponseSink() = default;
   // One step's tokens for this request; `finished` when generation ended.
   virtual void onGeneration(const Generation& generation, const RequestTimes& times) = 0;
-  // The request failed (shard error): no more calls follow.
+  // The request ended without a result: no more calls follow. CANCELLED when its client left
+  // (nothing needs answering), INVALID_ARGUMENT when the shard refused it alone, any other code
+  // when its batch failed.
   virtual void onError(const Status& error) = 0;
 };
 
@@ -83,6 +85,9 @@ class Batcher {
   std::optional<CachedBatch> absorb(StatusOr<StepOutput> out, const char* method);
   void failAll(const Status& error);
   void finish(uint64_t id);
+  // Ends one running request: frees its blocks, then tells its sink `why` (CANCELLED when its
+  // client left, which is also counted as a "dropped" failure).
+  void drop(uint64_t id, const Status& why);
 
   ShardGroup& shards_;
   BatcherOptions options_;

@@ -43,6 +43,8 @@ class RouterApp {
   // Admission and replica choice; nullptr and a 429 (or 503 without replicas) already sent.
   std::shared_ptr<Replica> admit(std::shared_ptr<HttpResponder>& responder);
   HttpHeaders baseHeaders(const HttpRequest& request) const;
+  // --api-key: "Authorization: Bearer <key>", compared in constant time.
+  bool authorized(const HttpRequest& request) const;
 
   RouterOptions options_;
   const tokenizer::Tokenizer& tokenizer_;
@@ -58,5 +60,19 @@ std::string openApiDocument();
 
 // TGI's error body: {"error": message, "error_type": type}.
 std::string errorJson(const std::string& message, const std::string& type);
+
+// How a request that failed after admission is answered. A shard's failure is TGI's 424
+// "generation"; a request the shard refused alone is a 422 "validation"; a request cancelled
+// because its client left is answered nothing (status 0) and counted as "dropped" by the batcher.
+struct GenerationError {
+  int status = 424;
+  const char* type = "generation";
+  const char* countAs = "generation";  // tgi_request_failure's err label; null: counted elsewhere
+};
+GenerationError generationError(const Status& error);
+
+// Marks every control cancelled when the responder's client goes away.
+void cancelOnDisconnect(HttpResponder& responder,
+                        std::vector<std::shared_ptr<RequestControl>> controls);
 
 }  // namespace textgen::router

@@ -60,6 +60,8 @@ struct Generation {
   TokenList tokens;
   std::vector<TokenList> topTokens;
   std::optional<GeneratedText> generatedText;
+  // Set when the shard refused this request alone (it is not in the returned batch).
+  std::optional<std::string> error;
 };
 
 struct StepOutput {
@@ -94,9 +96,23 @@ class ShardGroup {
   virtual const std::vector<std::string>& urls() const = 0;
 };
 
+// Every RPC to a shard has a deadline, so a frozen shard (stopped, deadlocked, partitioned) fails
+// the calls it holds within seconds instead of hanging the replica and /health; the replica
+// recovers (ClearCache + Warmup) once the shard answers again. Prefill and Decode get a deadline
+// derived from their batch: `step` plus `perToken` for each token the call computes (prompt tokens
+// for Prefill, one per request for Decode).
+struct ShardDeadlines {
+  std::chrono::milliseconds health{2'000};
+  std::chrono::milliseconds control{10'000};  // Info, ClearCache, FilterBatch
+  std::chrono::milliseconds warmup{600'000};  // sizes the KV cache, captures graphs
+  std::chrono::milliseconds step{10'000};
+  std::chrono::microseconds perToken{50'000};
+};
+
 // Connects to the master ("unix:///path" or "host:port"), discovers the ranks and connects to each.
 // UNAVAILABLE when the master does not answer before `deadline`.
 StatusOr<std::unique_ptr<ShardGroup>> connectShardGroup(const std::string& master,
-                                                        std::chrono::milliseconds deadline);
+                                                        std::chrono::milliseconds deadline,
+                                                        ShardDeadlines deadlines = {});
 
 }  // namespace textgen::router

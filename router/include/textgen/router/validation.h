@@ -43,9 +43,29 @@ struct GenerateRequest {
   bool addSpecialTokens = true;
 };
 
-// Parses TGI's request JSON; a malformed body or a field of the wrong type is a validation error
-// naming the field.
+// Parses TGI's request JSON; a malformed body, nesting past kMaxJsonDepth, or a field of the wrong
+// type is a validation error naming the field. Never throws.
 StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body);
+
+// OpenAI's POST /v1/completions body, typed. Unknown fields are ignored, as OpenAI's and TGI's.
+struct CompletionRequest {
+  std::vector<std::string> prompts;  // `prompt`: a string or a list of strings
+  std::optional<std::string> model;
+  std::optional<std::string> suffix;
+  bool stream = false;
+  std::optional<uint32_t> maxTokens;
+  std::optional<float> temperature;
+  std::optional<float> topP;
+  std::optional<uint64_t> seed;
+  std::optional<float> frequencyPenalty;
+  std::optional<float> repetitionPenalty;
+  std::vector<std::string> stop;
+  // TGI's GenerateRequest for prompt `index`: sampling unless temperature is 0.
+  GenerateRequest toGenerate(size_t index) const;
+};
+
+// Same rules as parseGenerateRequest.
+StatusOr<CompletionRequest> parseCompletionRequest(std::string_view body);
 
 struct ValidationLimits {
   uint32_t maxBestOf = 2;
@@ -86,6 +106,8 @@ class Validator {
   // INVALID_ARGUMENT with TGI's message (HTTP 422, error_type "validation"); UNIMPLEMENTED for a
   // parameter whose feature textgen does not have yet (also 422).
   StatusOr<ValidRequest> validate(const GenerateRequest& request, Endpoint endpoint) const;
+  // `inputs` tokenized under the same limits as validate() (at most max_input_tokens); /tokenize.
+  StatusOr<tokenizer::Encoding> tokenize(const std::string& inputs, bool addSpecialTokens) const;
   const ValidationLimits& limits() const { return limits_; }
 
  private:
