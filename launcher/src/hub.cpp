@@ -4,10 +4,14 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "textgen/base/file.h"
+#include "textgen/base/json.h"
 
 namespace textgen::launcher {
 namespace {
@@ -22,10 +26,54 @@ std::string envOr(const char* name, const std::string& fallback) {
   return v && *v ? std::string(v) : fallback;
 }
 
-// Files a textgen shard and router need: top-level JSON and safetensors.
+// Files a textgen shard and router need: top-level JSON and safetensors, plain names only.
 bool wanted(const std::string& f) {
-  if (f.find('/') != std::string::npos) return false;
+  if (f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f.front() == '.')
+    return false;
+  for (unsigned char c : f) {
+    if (c < 0x20 || c == 0x7f) return false;
+  }
   return f.ends_with(".json") || f.ends_with(".safetensors");
+}
+
+// A revision becomes a path under refs/ (refs/pr/1 nests, as in huggingface_hub), so it must be a
+// git ref name (the rules of git check-ref-format) or a commit id: no '..', no component that
+// starts with '.' or ends with ".lock", no empty component, no leading or trailing '/', no control
+// characters, space, '~', '^', ':', '?', '*', '[', '\\' or "@{", at most 255 bytes.
+Status checkRevision(const std::string& rev) {
+  auto bad = [&](const std::string& why) {
+    std::string shown;
+    for (unsigned char c : rev.substr(0, 80)) {
+      shown += c < 0x20 || c == 0x7f ? '?' : static_cast<char>(c);
+    }
+    return invalidArgumentError("revision '" + shown + "' is not a valid git ref name: " + why);
+  };
+  if (rev.empty() || rev.size() > 255) return bad("must be 1 to 255 bytes");
+  for (unsigned char c : rev) {
+    if (c < 0x20 || c == 0x7f ||
+        std::string_view(" ~^:?*[\\").find(static_cast<char>(c)) != std::string_view::npos)
+      return bad("control characters, space and ~^:?*[\\ are not allowed");
+  }
+  if (rev.find("..") != std::string::npos) return bad("'..' is not allowed");
+  if (rev.find("@{") != std::string::npos || rev == "@") return bad("'@{' is not allowed");
+  if (rev.front() == '/' || rev.back() == '/' || rev.back() == '.')
+    return bad("must not start with '/' or end with '/' or '.'");
+  size_t start = 0;
+  while (start <= rev.size()) {
+    const size_t end = std::min(rev.find('/', start), rev.size());
+    const std::string_view part(rev.data() + start, end - start);
+    if (part.empty() || part.front() == '.' || part.ends_with(".lock"))
+      return bad("each '/' component must be non-empty, not start with '.', not end with '.lock'");
+    start = end + 1;
+  }
+  return okStatus();
+}
+
+// The commit the hub names becomes snapshots/<commit>: exactly 40 lowercase hex digits.
+bool isCommitId(const std::string& s) {
+  return s.size() == 40 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 struct HttpResult {
@@ -147,11 +195,11 @@ StatusOr<std::string> resolveModel(const std::string& modelId, const std::string
   if (slash != std::string::npos) repoDir.replace(std::string("models--").size() + slash, 1, "--");
   const fs::path repo = fs::path(o.cacheDir) / repoDir;
   const std::string rev = revision.empty() ? "main" : revision;
+  TG_RETURN_IF_ERROR(checkRevision(rev));
   // A snapshot completed earlier needs no network.
-  if (std::ifstream ref(repo / "refs" / rev); ref) {
-    std::string commit;
-    std::getline(ref, commit);
-    if (!commit.empty() && fs::exists(repo / "snapshots" / commit / ".textgen-complete")) {
+  if (auto ref = readRegularFile((repo / "refs" / rev).string(), 4096); ref.ok()) {
+    const std::string commit = ref->substr(0, ref->find_first_of("\r\n"));
+    if (isCommitId(commit) && fs::exists(repo / "snapshots" / commit / ".textgen-complete")) {
       return (repo / "snapshots" / commit).string();
     }
   }
@@ -161,26 +209,49 @@ StatusOr<std::string> resolveModel(const std::string& modelId, const std::string
   if (api.status != 200)
     return httpError(api.status, "model " + modelId + " (revision " + rev + ") on " + o.endpoint,
                      modelId);
-  json info = json::parse(api.body, nullptr, false);
-  if (info.is_discarded() || !info.contains("sha") || !info.contains("siblings")) {
+  auto parsed = parseJson(api.body, o.endpoint + "'s answer for model " + modelId);
+  if (!parsed.ok()) return unavailableError(parsed.status().message());
+  const json& info = *parsed;
+  auto sha = info.is_object() ? info.find("sha") : info.end();
+  auto siblings = info.is_object() ? info.find("siblings") : info.end();
+  if (sha == info.end() || siblings == info.end() || !siblings->is_array()) {
     return unavailableError(o.endpoint + ": unexpected answer for model " + modelId);
   }
-  const std::string commit = info["sha"].get<std::string>();
+  if (!sha->is_string() || !isCommitId(sha->get<std::string>())) {
+    return unavailableError(o.endpoint + ": model " + modelId + " revision " + rev +
+                            ": the commit id " + sha->dump().substr(0, 80) +
+                            " is not 40 hex digits");
+  }
+  const std::string commit = sha->get<std::string>();
   const fs::path snapshot = repo / "snapshots" / commit;
   fs::create_directories(snapshot);
   fs::create_directories(
       (repo / "refs" / rev).parent_path());  // refs/pr/1 nests, as in huggingface_hub
-  for (const json& s : info["siblings"]) {
-    const std::string name = s.value("rfilename", "");
-    if (!wanted(name)) continue;
+  for (const json& s : *siblings) {
+    auto rfilename = s.is_object() ? s.find("rfilename") : s.end();
+    if (rfilename == s.end() || !rfilename->is_string()) {
+      return unavailableError(o.endpoint + ": model " + modelId +
+                              ": a sibling without a string 'rfilename'");
+    }
+    const std::string name = rfilename->get<std::string>();
+    if (name.empty() || !wanted(name)) continue;
     const fs::path target = snapshot / name;
+    auto fileError = [&](const std::string& what) {
+      return unavailableError(o.endpoint + ": model " + modelId + " file " + name + ": " + what);
+    };
     std::optional<uint64_t> size;
     std::string expectSha;
-    if (s.contains("lfs") && s["lfs"].is_object()) {
-      size = s["lfs"].value("size", uint64_t{0});
-      expectSha = s["lfs"].value("sha256", "");
-    } else if (s.contains("size")) {
-      size = s["size"].get<uint64_t>();
+    auto lfs = s.find("lfs");
+    const json& sizeSource = lfs != s.end() && lfs->is_object() ? *lfs : s;
+    if (auto sz = sizeSource.find("size"); sz != sizeSource.end() && !sz->is_null()) {
+      if (!sz->is_number_unsigned()) return fileError("'size' is not a byte count");
+      size = sz->get<uint64_t>();
+    }
+    if (lfs != s.end() && lfs->is_object()) {
+      if (auto h = lfs->find("sha256"); h != lfs->end() && !h->is_null()) {
+        if (!h->is_string()) return fileError("'lfs.sha256' is not a string");
+        expectSha = h->get<std::string>();
+      }
     }
     if (fs::exists(target) && (!size || fs::file_size(target) == *size)) continue;
     const fs::path partial = target.string() + ".incomplete";

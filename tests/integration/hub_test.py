@@ -4,7 +4,8 @@
 a CDN path that honours Range. Checks: a download into the HF cache layout (refs/, snapshots/), an
 interrupted transfer resumed with Range, files the shard does not need skipped, a gated model
 refused without / with a bad HF_TOKEN (401, named) and served with the right one, an unknown model
-and revision (404), a listed file the hub does not serve (404), a corrupted blob (sha256 mismatch, not installed), a second run with the hub
+and revision (404), a listed file the hub does not serve (404), a corrupted blob (sha256 mismatch, not installed),
+revisions that are not git ref names and hub answers with a bad commit id or wrong JSON types refused, a second run with the hub
 gone served from the cache, and the launcher serving a hub id end to end.
 Usage: hub_test.py LAUNCHER MODEL_DIR"""
 import hashlib
@@ -36,7 +37,11 @@ FILES = {n: open(os.path.join(MODEL_DIR, n), "rb").read() for n in sorted(os.lis
 FILES.pop("reference.json", None)
 # Repos: public, gated (needs TOKEN), corrupt (the hub's sha256 does not match the blob).
 REPOS = {"textgen-test/llama-gqa": {}, "textgen-test/gated": {"gated": True}, "textgen-test/corrupt": {"corrupt": True},
-         "textgen-test/missing-file": {"missing": "model.safetensors"}}
+         "textgen-test/missing-file": {"missing": "model.safetensors"},
+         # Hostile answers: a commit id that is a path, a commit id and siblings of the wrong JSON type.
+         "textgen-test/sha-path": {"sha": "../../../escaped"}, "textgen-test/sha-number": {"sha": 123},
+         "textgen-test/sibling-types": {"siblings": [{"rfilename": 5}]},
+         "textgen-test/size-type": {"siblings": [{"rfilename": "config.json", "size": "big"}]}}
 
 
 class Hub(http.server.BaseHTTPRequestHandler):
@@ -79,7 +84,8 @@ class Hub(http.server.BaseHTTPRequestHandler):
                         sha = "0" * 64
                     s["lfs"] = {"sha256": sha, "size": len(data), "pointerSize": 134}
                 siblings.append(s)
-            body = json.dumps({"id": repo, "sha": COMMIT, "siblings": siblings}).encode()
+            siblings = REPOS[repo].get("siblings", siblings)
+            body = json.dumps({"id": repo, "sha": REPOS[repo].get("sha", COMMIT), "siblings": siblings}).encode()
             return self.reply(200, body, {"Content-Type": "application/json"})
         if len(parts) >= 5 and parts[2] == "resolve":
             repo, name = parts[0] + "/" + parts[1], "/".join(parts[4:])
@@ -184,6 +190,32 @@ def main():
     # A bad hub id is refused before any request.
     r = download(endpoint, cache, "../etc")
     check(r.returncode == 1 and "neither a local directory nor a hub id" in r.stderr, f"bad id: {r.stderr}")
+
+    # A revision becomes a path under refs/: names that are not git ref names are refused before any
+    # request, and nothing is written outside the cache.
+    before = len(Hub.log)
+    for rev in ["../../../escaped", "main/../../escaped", "/etc/passwd", "refs\\pr\\1", "bad\x01rev", "x" * 300,
+                "refs//pr", "main.lock", ".hidden", "refs/.x", "a b", "a~1", "a:b", "a@{1}", "main/"]:
+        r = download(endpoint, cache, "textgen-test/llama-gqa", revision=rev)
+        check(r.returncode == 1 and "is not a valid git ref name" in r.stderr, f"revision {rev!r}: {r.returncode} {r.stderr}")
+    check(len(Hub.log) == before, f"bad revisions sent no request: {Hub.log[before:]}")
+    check(not os.path.exists(os.path.join(cache, "escaped")) and not os.path.exists(os.path.join(os.path.dirname(cache), "escaped")),
+          "a bad revision created nothing outside the cache")
+    r = download(endpoint, cache, "textgen-test/llama-gqa", revision=COMMIT)
+    check(r.returncode == 0 and r.stdout.strip() == snap, f"a commit id is a valid revision: {r.stderr[-300:]}")
+
+    # The commit id the hub answers becomes snapshots/<commit>: 40 hex digits or an error; wrong JSON
+    # types in the answer are errors too, never an abort.
+    r = download(endpoint, cache, "textgen-test/sha-path")
+    check(r.returncode == 1 and "is not 40 hex digits" in r.stderr, f"commit id a path: {r.returncode} {r.stderr}")
+    check(not os.path.exists(os.path.join(cache, "escaped")) and not os.path.exists(os.path.join(os.path.dirname(cache), "escaped")),
+          "a bad commit id created nothing outside the cache")
+    r = download(endpoint, cache, "textgen-test/sha-number")
+    check(r.returncode == 1 and "is not 40 hex digits" in r.stderr, f"commit id a number: {r.returncode} {r.stderr}")
+    r = download(endpoint, cache, "textgen-test/sibling-types")
+    check(r.returncode == 1 and "rfilename" in r.stderr, f"rfilename a number: {r.returncode} {r.stderr}")
+    r = download(endpoint, cache, "textgen-test/size-type")
+    check(r.returncode == 1 and "'size' is not a byte count" in r.stderr, f"size a string: {r.returncode} {r.stderr}")
 
     # The hub goes away: the cache serves, by branch and by commit.
     server.shutdown()
