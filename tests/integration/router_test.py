@@ -202,6 +202,84 @@ def test_errors(s):
     check(status == 413, f"payload limit {status}")
 
 
+def alive(s):
+    return request(s.port, "GET", "/health")[0] == 200
+
+
+def test_hostile_requests(s):
+    """Inputs that used to kill the router (an exception escaping a route, a stack overflow) or to
+    fail other users' requests; each is now a 4xx and the router serves on."""
+    for body, field in [({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "model": 5}, "model"),
+                        ({"prompt": "x", "max_tokens": "ten"}, "max_tokens"), ({"prompt": 5}, "prompt"),
+                        ({"prompt": "x", "temperature": "hot"}, "temperature"), ({"prompt": ["a", 1]}, "prompt")]:
+        status, _, b = request(s.port, "POST", "/v1/completions", body)
+        check(status == 422 and field in json.loads(b)["error"], f"/v1/completions {body}: {status} {b[:200]}")
+    check(alive(s), "alive after wrong-typed fields")
+    deep = "[" * 100000 + "]" * 100000
+    for path, body in [("/v1/completions", '{"prompt": "x", "stop": ' + deep + "}"),
+                       ("/generate", '{"inputs": "x", "parameters": {"grammar": ' + deep + "}}"),
+                       ("/tokenize", '{"inputs": ' + deep + "}")]:
+        status, _, b = request(s.port, "POST", path, body)
+        check(status == 422 and "nests deeper" in b, f"deep nesting on {path}: {status} {b[:200]}")
+    check(alive(s), "alive after deep nesting")
+    # A chunked body is counted while it arrives: 413 long before 3 MB have been sent.
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"10000\r\n" + b"a" * 0x10000 + b"\r\n"
+    got = b""
+    try:
+        for _ in range(48):
+            sock.sendall(chunk)
+    except OSError:
+        pass  # the server closed after answering
+    sock.settimeout(10)
+    try:
+        while b"\r\n\r\n" not in got:
+            data = sock.recv(4096)
+            if not data:
+                break
+            got += data
+    except OSError:
+        pass
+    sock.close()
+    check(got.startswith(b"HTTP/1.1 413"), f"chunked body over --payload-limit: {got[:80]}")
+    # /tokenize has /generate's input limit (the reference router allows 255 input tokens).
+    status, _, b = request(s.port, "POST", "/tokenize", {"inputs": "hello world " * 400})
+    check(status == 422 and "must have less than" in b, f"/tokenize over max_input_tokens: {status} {b[:200]}")
+    # Sampling values the shard would refuse are refused here, and fail no one else.
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("sse", sse(
+        s.port, "/generate_stream", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 20}})))
+    t.start()
+    for params in ({"temperature": 1e39, "do_sample": True}, {"repetition_penalty": 1e-40},
+                   {"temperature": 1e-30, "do_sample": True}):
+        status, _, b = request(s.port, "POST", "/generate", {"inputs": PROMPTS[1], "parameters": params})
+        check(status == 422, f"{params}: {status} {b[:200]}")
+    t.join(timeout=60)
+    events = box.get("sse", (None, None, []))[2]
+    check(events and json.loads(events[-1]).get("generated_text") is not None,
+          f"a concurrent stream finishes: {events[-1:]}")
+
+
+def test_api_key(workdir):
+    s = Server(workdir, ["--api-key", "s3cret"])
+    try:
+        for path, body in [("/generate", {"inputs": "x"}), ("/generate_stream", {"inputs": "x"}),
+                           ("/v1/completions", {"prompt": "x"}), ("/tokenize", {"inputs": "x"}), ("/", {"inputs": "x"})]:
+            check(request(s.port, "POST", path, body)[0] == 401, f"{path} without the key")
+            check(request(s.port, "POST", path, body, {"Authorization": "Bearer s3cre"})[0] == 401,
+                  f"{path} with a wrong key")
+        status, _, _ = request(s.port, "POST", "/tokenize", {"inputs": "hello"}, {"Authorization": "Bearer s3cret"})
+        check(status == 200, f"/tokenize with the key: {status}")
+        status, _, _ = request(s.port, "POST", "/generate", {"inputs": "hello", "parameters": {"max_new_tokens": 2}},
+                               {"Authorization": "bearer s3cret"})
+        check(status == 200, f"the scheme is case-insensitive: {status}")
+        for path in ("/health", "/info", "/metrics", "/v1/models", "/ping"):
+            check(request(s.port, "GET", path)[0] == 200, f"{path} stays open, as in TGI")
+    finally:
+        s.close()
+
+
 def test_disconnect_frees_request(s):
     before = metric(s.port, 'tgi_request_failure{err="dropped"}')
     sock = socket.create_connection(("127.0.0.1", s.port))
@@ -420,7 +498,7 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_many_streams, test_disconnect_frees_request, test_promtool):
+                     test_hostile_requests, test_many_streams, test_disconnect_frees_request, test_promtool):
             test(s)
         test_prometheus_scrape(s, workdir)
         test_node_clients(s)
@@ -428,6 +506,7 @@ def main():
     finally:
         s.close()
     test_overload(workdir)
+    test_api_key(workdir)
     test_replicas(workdir)
     test_discovery(workdir)
     shutil.rmtree(workdir, ignore_errors=True)

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -215,41 +216,66 @@ TEST_F(ShardGrpcTest, BadInputIsAnErrorAndTheShardKeepsServing) {
     pb::WarmupResponse resp;
     ASSERT_TRUE(stub_->Warmup(&ctx, req, &resp).ok());
   }
-  auto prefillStatus = [&](pb::Request r, uint64_t batchId = 7) {
+  auto prefill = [&](std::vector<pb::Request> rs, uint64_t batchId, pb::PrefillResponse* resp) {
     grpc::ClientContext ctx;
     pb::PrefillRequest req;
     req.mutable_batch()->set_id(batchId);
-    *req.mutable_batch()->add_requests() = std::move(r);
-    req.mutable_batch()->set_size(1);
+    for (pb::Request& r : rs) *req.mutable_batch()->add_requests() = std::move(r);
+    req.mutable_batch()->set_size(static_cast<uint32_t>(rs.size()));
+    return stub_->Prefill(&ctx, req, resp);
+  };
+  // A request the shard cannot take is refused alone: the call succeeds, the request's Generation
+  // carries only the reason, and nothing is cached for it.
+  auto refusal = [&](pb::Request r) -> std::string {
     pb::PrefillResponse resp;
-    return stub_->Prefill(&ctx, req, &resp);
+    grpc::Status st = prefill({std::move(r)}, 7, &resp);
+    if (!st.ok()) return "the whole call failed: " + st.error_message();
+    if (resp.generations_size() != 1 || !resp.generations(0).has_error() || resp.has_batch())
+      return "not refused: " + resp.ShortDebugString();
+    return resp.generations(0).error();
   };
   pb::Request outOfRange = request(1, 0, 4);
   outOfRange.set_blocks(0, 1000000);
-  grpc::Status s = prefillStatus(outOfRange);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("out of range"), std::string::npos) << s.error_message();
+  EXPECT_NE(refusal(outOfRange).find("out of range"), std::string::npos) << refusal(outOfRange);
 
   pb::Request tooLong = request(2, 0, 4);
   tooLong.clear_input_ids();
   for (int i = 0; i < 300; ++i) tooLong.add_input_ids(5);
   for (int b = 0; b < 20; ++b) tooLong.add_blocks(100 + b);
-  s = prefillStatus(tooLong);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("longer than the model allows"), std::string::npos)
-      << s.error_message();
+  EXPECT_NE(refusal(tooLong).find("longer than the model allows"), std::string::npos)
+      << refusal(tooLong);
 
   pb::Request badToken = request(3, 0, 4);
   badToken.set_input_ids(0, 999999);
-  EXPECT_EQ(prefillStatus(badToken).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refusal(badToken).find("out of vocabulary"), std::string::npos);
 
   pb::Request watermark = request(4, 0, 4);
   watermark.mutable_parameters()->set_watermark(true);
-  EXPECT_EQ(prefillStatus(watermark).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_NE(refusal(watermark).find("watermarking is not implemented"), std::string::npos);
 
   pb::Request badTemp = request(5, 0, 4);
   badTemp.mutable_parameters()->set_temperature(-1.0f);
-  EXPECT_EQ(prefillStatus(badTemp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refusal(badTemp).find("`temperature`"), std::string::npos) << refusal(badTemp);
+
+  // Beside a good request, a bad one fails alone and the good one is generated and cached.
+  {
+    pb::Request infinite = request(9, 0, 4);
+    infinite.mutable_parameters()->set_do_sample(true);
+    infinite.mutable_parameters()->set_temperature(std::numeric_limits<float>::infinity());
+    pb::PrefillResponse resp;
+    ASSERT_TRUE(prefill({request(10, 1, 4), std::move(infinite)}, 11, &resp).ok());
+    ASSERT_EQ(resp.generations_size(), 2);
+    for (const pb::Generation& g : resp.generations()) {
+      EXPECT_EQ(g.has_error(), g.request_id() == 9) << g.ShortDebugString();
+      if (g.request_id() == 10) {
+        EXPECT_EQ(g.tokens().ids_size(), 1);
+      }
+    }
+    ASSERT_TRUE(resp.has_batch());
+    EXPECT_EQ(
+        std::vector<uint64_t>(resp.batch().request_ids().begin(), resp.batch().request_ids().end()),
+        std::vector<uint64_t>{10});
+  }
   {
     grpc::ClientContext ctx;
     pb::PrefillRequest req;  // empty batch
@@ -266,7 +292,11 @@ TEST_F(ShardGrpcTest, BadInputIsAnErrorAndTheShardKeepsServing) {
     EXPECT_NE(d.error_message().find("not found"), std::string::npos);
   }
   // Still serving: a good request works, then ClearCache drops it.
-  ASSERT_TRUE(prefillStatus(request(6, 1, 4), 8).ok());
+  {
+    pb::PrefillResponse resp;
+    ASSERT_TRUE(prefill({request(6, 1, 4)}, 8, &resp).ok());
+    ASSERT_TRUE(resp.has_batch());
+  }
   {
     grpc::ClientContext ctx;
     pb::ClearCacheResponse resp;
