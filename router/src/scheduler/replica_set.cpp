@@ -4,10 +4,10 @@
 #include <netdb.h>
 
 #include <algorithm>
-#include <fstream>
 #include <set>
 #include <sstream>
 
+#include "textgen/base/file.h"
 #include "textgen/base/log.h"
 
 namespace textgen::router {
@@ -80,8 +80,10 @@ StatusOr<std::vector<std::string>> Discovery::resolve(const std::string& source)
     }
   };
   if (source.rfind("file:", 0) == 0) {
-    std::ifstream in(source.substr(5));
-    if (!in) return notFoundError("discovery file " + source.substr(5) + " cannot be read");
+    // A regular file only (a FIFO would block discovery forever), of bounded size.
+    auto text = readRegularFile(source.substr(5), 1 << 20);
+    if (!text.ok()) return text.status().withContext("discovery file " + source.substr(5));
+    std::istringstream in(*text);
     std::string line;
     while (std::getline(in, line)) {
       line.erase(

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -23,6 +24,11 @@ TEST(DiscoveryTest, ResolvesStaticFileAndDnsSources) {
   EXPECT_EQ(*f, (std::vector<std::string>{"unix:///r0-0", "10.1.2.3:7000"}));
   std::filesystem::remove(path);
   EXPECT_EQ(Discovery::resolve("file:" + path.string()).status().code(), StatusCode::kNotFound);
+  // A FIFO in the file's place is refused at once (reading it would block discovery forever).
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  const auto fifo = Discovery::resolve("file:" + path.string());
+  EXPECT_EQ(fifo.status().code(), StatusCode::kInvalidArgument) << fifo.status();
+  std::filesystem::remove(path);
 
   auto d = Discovery::resolve("dns:localhost:5001");
   ASSERT_TRUE(d.ok()) << d.status();
