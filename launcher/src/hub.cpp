@@ -182,8 +182,10 @@ HubOptions hubOptionsFromEnv() {
   return o;
 }
 
-StatusOr<std::string> resolveModel(const std::string& modelId, const std::string& revision,
-                                   const HubOptions& o) {
+namespace {
+
+StatusOr<std::string> resolveModelOrThrow(const std::string& modelId, const std::string& revision,
+                                          const HubOptions& o) {
   if (fs::is_directory(modelId)) return modelId;
   const size_t slash = modelId.find('/');
   if (modelId.empty() || modelId.find("..") != std::string::npos || modelId.front() == '/' ||
@@ -304,6 +306,21 @@ StatusOr<std::string> resolveModel(const std::string& modelId, const std::string
   std::ofstream(repo / "refs" / rev) << commit;
   std::ofstream(snapshot / ".textgen-complete") << commit << "\n";
   return snapshot.string();
+}
+
+}  // namespace
+
+StatusOr<std::string> resolveModel(const std::string& modelId, const std::string& revision,
+                                   const HubOptions& o) {
+  // The cache's file operations throw on a read-only, full or vanished cache: an error naming the
+  // path, never an abort.
+  try {
+    return resolveModelOrThrow(modelId, revision, o);
+  } catch (const fs::filesystem_error& e) {
+    return Status(e.code() == std::errc::permission_denied ? StatusCode::kPermissionDenied
+                                                           : StatusCode::kInternal,
+                  std::string("hub cache: ") + e.what());
+  }
 }
 
 }  // namespace textgen::launcher

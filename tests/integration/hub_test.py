@@ -217,6 +217,14 @@ def main():
     r = download(endpoint, cache, "textgen-test/size-type")
     check(r.returncode == 1 and "'size' is not a byte count" in r.stderr, f"size a string: {r.returncode} {r.stderr}")
 
+    # A cache the launcher cannot write (here a file where its folder should be): an error naming
+    # it, not an abort from an escaping filesystem exception.
+    blocked = tempfile.mktemp(prefix="textgen-hub-blocked-")
+    open(blocked, "w").close()
+    r = download(endpoint, os.path.join(blocked, "hub"), "textgen-test/llama-gqa")
+    check(r.returncode == 1 and "hub cache" in r.stderr, f"unwritable cache: {r.returncode} {r.stderr[-300:]}")
+    os.unlink(blocked)
+
     # The hub goes away: the cache serves, by branch and by commit.
     server.shutdown()
     server.server_close()
