@@ -312,7 +312,7 @@ def run_make_run_demo(section, cmd, expected, docs):
         out = json.loads(r.stdout or "{}") if r.returncode == 0 else {}
         check(isinstance(out.get("generated_text"), str) and out["generated_text"],
               f"the printed curl command works: {curl!r} -> {r.returncode} {r.stdout[:200]!r} {r.stderr[-200:]!r}")
-        console = [(sec, c, exp) for d, sec, c, exp in docs if d == "README.md" and c.startswith("curl 127.0.0.1:3000")]
+        console = [(sec, c, exp) for d, sec, c, exp in docs if d == "README.md" and c.startswith("curl ") and "127.0.0.1:3000/" in c]
         check(len(console) == 3, f"README shows three curl examples: {[c[1][:40] for c in console]}")
         for sec, c, exp in console:
             readme_curl(sec, c, exp, port)
