@@ -4,15 +4,20 @@
 # with CUDA 13 (kernels for sm_80 and sm_90a) on Debian 12, as the development machines do; the
 # runtime stage carries the binaries, their shared libraries and the CUDA runtime libraries.
 #
-#   docker build -t ghcr.io/textgen-dev/textgen:0.1.0 .
+#   docker build --build-arg CUDA_KEYRING=<URL of NVIDIA's cuda-keyring .deb for debian12/x86_64> \
+#     -t textgen:0.1.0 .
+# then push it to your registry and set the chart's image.repository. The CUDA repository is a build
+# argument: no archive's host is written into this repository.
 #
 # Not built in CI (its machines have no container engine): CI builds the same tree natively.
 ARG DEBIAN=bookworm
 
 FROM debian:${DEBIAN} AS build
 ARG CUDA_APT=13-0
+ARG CUDA_KEYRING
+RUN test -n "$CUDA_KEYRING" || { echo "pass --build-arg CUDA_KEYRING=<cuda-keyring .deb URL>" >&2; exit 1; }
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates curl gnupg && \
-    curl -fsSL https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb \
+    curl -fsSL "$CUDA_KEYRING" \
       -o /tmp/cuda-keyring.deb && dpkg -i /tmp/cuda-keyring.deb && apt-get update && \
     apt-get install -y --no-install-recommends cuda-nvcc-${CUDA_APT} cuda-cudart-dev-${CUDA_APT} \
       libcublas-dev-${CUDA_APT} cuda-cupti-dev-${CUDA_APT} libnccl-dev && \
@@ -36,8 +41,9 @@ RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTEXTGEN_BUILD_TES
 
 FROM debian:${DEBIAN}-slim
 ARG CUDA_APT=13-0
+ARG CUDA_KEYRING
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates curl gnupg util-linux && \
-    curl -fsSL https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb \
+    curl -fsSL "$CUDA_KEYRING" \
       -o /tmp/cuda-keyring.deb && dpkg -i /tmp/cuda-keyring.deb && apt-get update && \
     apt-get install -y --no-install-recommends cuda-cudart-${CUDA_APT} libcublas-${CUDA_APT} libnccl2 && \
     apt-get purge -y curl gnupg && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* /tmp/*.deb

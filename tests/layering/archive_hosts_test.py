@@ -35,13 +35,6 @@ ALLOWED = {
     # (HF_ENDPOINT overrides it): serving `--model-id org/name` depends on it.
     ("launcher/include/textgen/launcher/hub.h", "huggingface[.]co"): "TGI's HF_ENDPOINT default",
     ("launcher/src/hub.cpp", "huggingface[.]co"): "TGI's HF_ENDPOINT default",
-    # The image the chart deploys, and the tag the Dockerfile's comment shows: where users pull the
-    # project's own image from, not something the build downloads.
-    ("charts/textgen/values.yaml", "ghcr[.]io"): "the published image of the chart's default values",
-    ("Dockerfile", "ghcr[.]io"): "the image's published name, in a usage comment",
-    # The container image installs CUDA from NVIDIA's apt repository: inside `docker build` the host's
-    # apt configuration is not visible. Reported; to be replaced by a build argument.
-    ("Dockerfile", "developer[.]download[.]nvidia[.]com"): "CUDA's apt repository in the image build",
 }
 
 
