@@ -20,10 +20,21 @@ PROTO_DIR = os.path.join(ROOT, "proto")
 PROTO = os.path.join(PROTO_DIR, "textgen/shard/v1/shard.proto")
 
 
+# Seeds that crash code whose fix is pending (docs/fuzzing.md, triage): written to
+# tests/fuzz/crashes/<target>/ instead, so that the smoke run in `make test` replays only inputs that
+# pass. Move a name out of here once `tools/fuzz.sh regress` says it is fixed.
+HELD_OUT = {
+    # weights.cpp WeightStore::load: memcpy to a zero-element Tensor's null data() (UBSan nonnull).
+    "safetensors": {"zero-dims", "zero-times-huge"},
+}
+CRASHES = os.path.join(ROOT, "tests/fuzz/crashes")
+
+
 def write(target, data, name=None):
     if isinstance(data, str):
         data = data.encode()
-    d = os.path.join(OUT, target)
+    held = name in HELD_OUT.get(target, ())
+    d = os.path.join(CRASHES if held else OUT, target)
     os.makedirs(d, exist_ok=True)
     name = name or hashlib.sha1(data).hexdigest()[:16]
     with open(os.path.join(d, name), "wb") as f:
@@ -69,8 +80,9 @@ def safetensors_corpus():
     dtypes = ["F64", "I64", "U64", "F32", "I32", "U32", "F16", "BF16", "I16", "U16", "I8", "U8", "BOOL", "F8_E4M3",
               "F8_E5M2"]
     write("safetensors", safetensors([(f"t.{d}", d, [2, 2], None) for d in dtypes]), "all-dtypes")
-    shapes = [[], [0], [1], [4], [2, 3], [3, 2], [2, 2, 2], [1, 4, 1], [0, 5], [5, 0], [2, 1, 2, 1]]
+    shapes = [[], [1], [4], [2, 3], [3, 2], [2, 2, 2], [1, 4, 1], [2, 1, 2, 1]]
     write("safetensors", safetensors([(f"s{i}", "F32", s, None) for i, s in enumerate(shapes)]), "shapes")
+    write("safetensors", safetensors([("s", "F32", [0], None), ("t", "F32", [2, 0], None)]), "zero-dims")
     write("safetensors", safetensors([]), "empty")
     write("safetensors", safetensors([], {"format": "pt", "note": "x"}), "metadata-only")
     write("safetensors", safetensors([("a", "F32", [2], None)], data_extra=b"\0" * 8), "trailing-data")
@@ -243,6 +255,8 @@ REQUESTS = [
 def router_request_corpus():
     for i, r in enumerate(REQUESTS):
         write("router_request", compact(r), f"req-{i:02d}")
+    for i, c in enumerate(COMPLETIONS):
+        write("router_request", compact(c), f"completions-{i:02d}")
     write("router_request", "not json", "not-json")
     write("router_request", "[]", "array")
     write("router_request", "{\"inputs\": \"a\\u0000b\\ud800\"}", "escapes")
@@ -252,7 +266,7 @@ def router_request_corpus():
 METHODS = ["GET", "POST", "OPTIONS", "PUT", "DELETE", "HEAD", "", "post"]
 ROUTES = ["/generate", "/", "/generate_stream", "/v1/completions", "/tokenize", "/info", "/health", "/metrics",
           "/v1/models", "/api-doc/openapi.json", "/v1/chat/completions", "/invocations", "/generate/", "//generate",
-          "/GENERATE", "/docs"]
+          "/GENERATE", "/docs", "/ping"]
 COMPLETIONS = [
     {"model": "llama-gqa", "prompt": "The quick brown fox", "max_tokens": 5},
     {"model": "llama-gqa", "prompt": ["a", "b"], "max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "seed": 1},
@@ -276,8 +290,8 @@ def router_routes_corpus():
     write("router_routes", req("POST", "/", 0, compact(REQUESTS[10])), "compat-stream")
     for i, c in enumerate(COMPLETIONS):
         write("router_routes", req("POST", "/v1/completions", 0, compact(c)), f"completions-{i:02d}")
-    for route in ["/info", "/health", "/metrics", "/v1/models", "/api-doc/openapi.json", "/docs"]:
-        write("router_routes", req("GET", route, 0, ""), "get" + route.replace("/", "-"))
+    for route in ["/info", "/health", "/metrics", "/v1/models", "/api-doc/openapi.json", "/docs", "/ping", "/"]:
+        write("router_routes", req("GET", route, 0, ""), "get" + (route.replace("/", "-") if route != "/" else "-root"))
     write("router_routes", req("OPTIONS", "/generate", 8, ""), "options-cors")
     write("router_routes", req("POST", "/generate", 1 | 2 | 8, compact(REQUESTS[1])), "auth-ok")
     write("router_routes", req("POST", "/generate", 1 | 4, compact(REQUESTS[1])), "auth-wrong")

@@ -1,7 +1,9 @@
-// A request body through TGI's request parsing and validation (parseGenerateRequest, then
-// Validator::validate for each endpoint) with the tokenizer of the router's test model, under the
-// default limits and under small ones. A request that validates satisfies every limit it was
-// checked against: the scheduler and the shards rely on that.
+// A request body through the router's request parsing and validation — TGI's (parseGenerateRequest,
+// then Validator::validate for each endpoint) and OpenAI's completions (parseCompletionRequest,
+// each prompt through toGenerate and validate), and /tokenize's Validator::tokenize — with the
+// tokenizer of the router's test model, under the default limits and under small ones. A request
+// that validates satisfies every limit it was checked against: the scheduler and the shards rely on
+// that.
 #include "fuzz_util.h"
 #include "textgen/router/validation.h"
 
@@ -34,6 +36,27 @@ void checkValid(const ValidRequest& v, const ValidationLimits& l, const std::str
   for (uint32_t id : v.inputIds) FUZZ_CHECK(id < tokenizer().vocabSize(), body);
 }
 
+void validateEverywhere(const GenerateRequest& request, const std::string& body) {
+  static const Validator defaults(tokenizer(), ValidationLimits{});
+  static const Validator small(tokenizer(), ValidationLimits{.maxBestOf = 1,
+                                                             .maxStopSequences = 1,
+                                                             .maxTopNTokens = 1,
+                                                             .maxInputTokens = 8,
+                                                             .maxTotalTokens = 12});
+  for (const Validator* validator : {&defaults, &small}) {
+    for (Endpoint e : {Endpoint::kGenerate, Endpoint::kGenerateStream, Endpoint::kCompletions}) {
+      auto v = validator->validate(request, e);
+      if (v.ok()) {
+        checkValid(*v, validator->limits(), body);
+      } else {
+        FUZZ_CHECK(!v.status().message().empty(), "an error without a message");
+      }
+    }
+    auto t = validator->tokenize(request.inputs, request.addSpecialTokens);
+    if (t.ok()) FUZZ_CHECK(t->size() <= validator->limits().maxInputTokens, body);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -44,25 +67,17 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data), size);
   auto request = parseGenerateRequest(body);
-  if (!request.ok()) {
+  if (request.ok()) {
+    validateEverywhere(*request, body);
+  } else {
     FUZZ_CHECK(!request.status().message().empty(), "an error without a message");
-    return 0;
   }
-  static const Validator defaults(tokenizer(), ValidationLimits{});
-  static const Validator small(tokenizer(), ValidationLimits{.maxBestOf = 1,
-                                                             .maxStopSequences = 1,
-                                                             .maxTopNTokens = 1,
-                                                             .maxInputTokens = 8,
-                                                             .maxTotalTokens = 12});
-  for (const Validator* validator : {&defaults, &small}) {
-    for (Endpoint e : {Endpoint::kGenerate, Endpoint::kGenerateStream, Endpoint::kCompletions}) {
-      auto v = validator->validate(*request, e);
-      if (v.ok()) {
-        checkValid(*v, validator->limits(), body);
-      } else {
-        FUZZ_CHECK(!v.status().message().empty(), "an error without a message");
-      }
-    }
+  auto completion = parseCompletionRequest(body);
+  if (completion.ok()) {
+    for (size_t i = 0; i < completion->prompts.size() && i < 4; ++i)
+      validateEverywhere(completion->toGenerate(i), body);
+  } else {
+    FUZZ_CHECK(!completion.status().message().empty(), "an error without a message");
   }
   return 0;
 }

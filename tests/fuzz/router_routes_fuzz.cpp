@@ -5,7 +5,8 @@
 //
 // Input: byte 0 picks the method (low 3 bits) and the route (high 5 bits; past the list, the path
 // is read from the input up to a newline); byte 1 flags: bit 0 an app with an API key and CORS,
-// bit 1 the right bearer token, bit 2 a wrong one, bit 3 an Origin header; the rest is the body.
+// bit 1 the right bearer token, bit 2 a wrong one, bit 3 an Origin header, bit 4 the scheme in
+// lower case; the rest is the body.
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -33,7 +34,8 @@ const char* const kRoutes[] = {"/generate",
                                "/generate/",
                                "//generate",
                                "/GENERATE",
-                               "/docs"};
+                               "/docs",
+                               "/ping"};
 constexpr size_t kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
 
 class RecordingStream final : public HttpStream {
@@ -127,7 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     request.path = std::string(in.until('\n'));
   }
-  if (flags & 2) request.headers["authorization"] = "Bearer secret";
+  if (flags & 2) request.headers["authorization"] = flags & 16 ? "bearer secret" : "Bearer secret";
   if (flags & 4) request.headers["authorization"] = "Bearer wrong";
   if (flags & 8) request.headers["origin"] = "https://example.com";
   request.headers["content-type"] = "application/json";

@@ -51,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto limit = static_cast<uint32_t>(tok.vocabSize() + 8);
     while (!in.empty()) ids.push_back(in.u16() % limit);
   } else {
-    ids = textgen::fuzz::checkEncode(tok, in.rest(), addSpecial, /*mustAccept=*/true);
+    ids = textgen::fuzz::checkEncode(tok, in.rest(), addSpecial, /*fixture=*/true);
   }
   textgen::fuzz::checkStreaming(tok, ids, skipSpecial);
   for (uint32_t id : ids) {

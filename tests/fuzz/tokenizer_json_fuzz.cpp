@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (std::string_view text : kTexts) {
     for (bool addSpecial : {true, false}) {
       const std::vector<uint32_t> ids =
-          textgen::fuzz::checkEncode(t, text, addSpecial, /*mustAccept=*/false);
+          textgen::fuzz::checkEncode(t, text, addSpecial, /*fixture=*/false);
       textgen::fuzz::checkStreaming(t, ids, !addSpecial);
     }
   }
