@@ -279,6 +279,9 @@ int run(int argc, char** argv) {
     ShardGroup* shards = group.get();
     const uint32_t prefill = f.maxBatchPrefillTokens, blockSize = info.blockSize;
     bo.recover = [shards, maxInput, maxTotal, prefill, blockSize]() -> Status {
+      // Health first, under its short deadline: while a shard stays frozen or gone, each batch
+      // fails within that deadline instead of waiting out ClearCache's and Warmup's.
+      TG_RETURN_IF_ERROR(shards->health());
       TG_RETURN_IF_ERROR(shards->clearCache(std::nullopt));
       auto w =
           shards->warmup(0, warmupBatch(maxInput, prefill, blockSize), maxInput, prefill, maxTotal);

@@ -125,7 +125,9 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     healthy_ = false;
     failAll(Status(StatusCode::kInternal,
                    "Request failed during generation: " + out.status().message()));
-    (void)shards_.clearCache(std::nullopt);
+    // recover() clears the shards before the next batch; without it, clear now (a frozen shard
+    // would hold the loop for ClearCache's deadline here).
+    if (!options_.recover) (void)shards_.clearCache(std::nullopt);
     return std::nullopt;
   }
   healthy_ = true;
