@@ -41,9 +41,13 @@ for family in ["gpt2", "llama2", "t5"]:
 rc, out, _ = run(["--tokenizer", f"{fixtures}/gpt2"], ['"ok"', "not json", "[1, 2]", '"fine"'])
 check(rc == 1, f"bad lines: exit {rc}")
 check("ids" in out[0] and "error" in out[1] and "error" in out[2] and "ids" in out[3], f"bad lines: {out}")
+# Ids outside the vocabulary are an error, not an empty text; deep nesting is refused.
+rc, out, _ = run(["--tokenizer", f"{fixtures}/gpt2", "--decode"], ["[1, 4000000000]", "[1, 2]", "[" * 100000 + "]" * 100000])
+check(rc == 1 and "not in the vocabulary" in out[0].get("error", "") and "text" in out[1] and "error" in out[2],
+      f"--decode of unknown ids: {rc} {out}")
 # Missing directory and missing flag.
 p = subprocess.run([binary, "--tokenizer", "/nonexistent"], input="", capture_output=True, text=True)
-check(p.returncode == 1 and "cannot open" in p.stderr, f"missing dir: {p.returncode} {p.stderr}")
+check(p.returncode == 1 and "/nonexistent/tokenizer.json: No such file" in p.stderr, f"missing dir: {p.returncode} {p.stderr}")
 p = subprocess.run([binary], input="", capture_output=True, text=True)
 check(p.returncode == 2 and "usage" in p.stderr, "missing --tokenizer")
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "textgen/base/json.h"
 #include "textgen/tokenizer/tokenizer.h"
 
 namespace {
@@ -47,22 +48,28 @@ int main(int argc, char** argv) {
   int status = 0;
   std::string line;
   while (std::getline(std::cin, line)) {
-    nlohmann::json in = nlohmann::json::parse(line, nullptr, false);
+    auto parsed = textgen::parseJson(line, "the input line");
+    nlohmann::json in = parsed.ok() ? std::move(*parsed) : nlohmann::json();
     nlohmann::json out;
     if (decode) {
       std::vector<uint32_t> ids;
       bool ok = in.is_array();
+      std::string unknown;
       for (const auto& v : in) {
         if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX) {
           ok = false;
           break;
         }
+        if (!(*tok)->idToToken(v.get<uint32_t>()) && unknown.empty())
+          unknown = std::to_string(v.get<uint64_t>());
         ids.push_back(v.get<uint32_t>());
       }
-      if (ok) {
-        out["text"] = (*tok)->decode(ids, !special);
-      } else {
+      if (!ok) {
         out["error"] = "expected a JSON array of token ids";
+      } else if (!unknown.empty()) {
+        out["error"] = "token id " + unknown + " is not in the vocabulary";
+      } else {
+        out["text"] = (*tok)->decode(ids, !special);
       }
     } else if (!in.is_string()) {
       out["error"] = "expected a JSON string";
