@@ -10,7 +10,7 @@
 #   tools/fuzz.sh repro TARGET FILE...       run inputs once, symbolized stack on a crash
 #   tools/fuzz.sh triage DIR                 repro every crash file of a campaign's output
 #   tools/fuzz.sh regress                    replay tests/fuzz/crashes/<target>/* (saved reproducers)
-#   tools/fuzz.sh pack DEST                  binaries + libraries + corpora + fixtures + run script
+#   tools/fuzz.sh pack [DEST]               binaries + libraries + corpora + fixtures + run script
 #
 # Environment: FUZZ_BUILD (build-fuzz), CC/CXX (clang-16/clang++-16), JOBS (nproc).
 set -euo pipefail
@@ -42,8 +42,9 @@ cmd_build() {
     CC=${CC:-clang-16} CXX=${CXX:-clang++-16} cmake -S . -B "$build" -G Ninja \
       -DTEXTGEN_FUZZ=ON -DTEXTGEN_CUDA=OFF -DTEXTGEN_BUILD_BENCH=OFF -DTEXTGEN_WERROR=OFF \
       -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" \
-      "-DCMAKE_C_FLAGS_DEBUG=-O1 -gline-tables-only" >"$build.configure.log" 2>&1 ||
-      { cat "$build.configure.log" >&2; die "configure failed"; }
+      "-DCMAKE_C_FLAGS_DEBUG=-O1 -gline-tables-only" >"$build-configure.log" 2>&1 ||
+      { cat "$build-configure.log" >&2; die "configure failed"; }
+    rm -f "$build-configure.log"
   fi
   cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${what[@]}"
 }
@@ -159,10 +160,10 @@ cmd_regress() {
 }
 
 # DEST/: bin/ + lib/ (device-pack: the fuzzers and their non-system libraries), corpus/, dict/,
-# fixtures/ (what the targets load), run-campaign.sh; and DEST.tgz to carry.
+# fixtures/ (what the targets load), run-campaign.sh; and DEST.txz to carry.
 cmd_pack() {
-  [ $# -eq 1 ] || die "usage: fuzz.sh pack DEST (a git-ignored folder, e.g. .gpu/fuzz)"
-  local dest=$1 pack=../shared/tools/device-pack
+  [ $# -le 1 ] || die "usage: fuzz.sh pack [DEST] (a git-ignored folder; default .fuzz-pack)"
+  local dest=${1:-.fuzz-pack} pack=../shared/tools/device-pack
   [ -x "$pack" ] || die "$pack not found (it lives in ../shared beside the checkout)"
   cmd_build fuzzers
   rm -rf "$dest"
@@ -186,9 +187,10 @@ cmd_pack() {
   local parent base
   parent=$(dirname "$dest")
   base=$(basename "$dest")
-  tar -C "$parent" -czf "$dest.tgz" "$base"
-  du -sh "$dest" "$dest.tgz"
-  echo "fuzz.sh: carry $dest.tgz; there: tar xzf $base.tgz && $base/run-campaign.sh -t SECONDS -w WORKERS -o OUTDIR"
+  # xz: with a checkout beside it, the archive must stay well under what a device run carries.
+  XZ_OPT="-T0 -6" tar -C "$parent" -cJf "$dest.txz" "$base"
+  du -sh "$dest" "$dest.txz"
+  echo "fuzz.sh: carry $dest.txz; there: tar xJf $base.txz && $base/run-campaign.sh -t SECONDS -w WORKERS -o OUTDIR"
 }
 
 [ $# -ge 1 ] || { sed -n '2,16p' "$0"; exit 2; }
