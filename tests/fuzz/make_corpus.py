@@ -23,10 +23,7 @@ PROTO = os.path.join(PROTO_DIR, "textgen/shard/v1/shard.proto")
 # Seeds that crash code whose fix is pending (docs/fuzzing.md, triage): written to
 # tests/fuzz/crashes/<target>/ instead, so that the smoke run in `make test` replays only inputs that
 # pass. Move a name out of here once `tools/fuzz.sh regress` says it is fixed.
-HELD_OUT = {
-    # weights.cpp WeightStore::load: memcpy to a zero-element Tensor's null data() (UBSan nonnull).
-    "safetensors": {"zero-dims", "zero-times-huge"},
-}
+HELD_OUT = {}
 CRASHES = os.path.join(ROOT, "tests/fuzz/crashes")
 
 

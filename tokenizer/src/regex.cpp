@@ -107,8 +107,13 @@ std::shared_ptr<const Regex> Regex::literal(std::string_view text) {
 }
 
 bool Regex::find(std::string_view text, size_t from, size_t* start, size_t* end) const {
-  // One match-data block per thread, grown on demand; the pattern's group count is small.
-  thread_local pcre2_match_data* md = pcre2_match_data_create(32, nullptr);
+  // One match-data block per thread (the pattern's group count is small), freed with the thread.
+  struct MatchData {
+    pcre2_match_data* md = pcre2_match_data_create(32, nullptr);
+    ~MatchData() { pcre2_match_data_free(md); }
+  };
+  thread_local MatchData data;
+  pcre2_match_data* md = data.md;
   const int rc = pcre2_match(compiled_->code, reinterpret_cast<PCRE2_SPTR>(text.data()),
                              text.size(), from, PCRE2_NO_UTF_CHECK, md, nullptr);
   if (rc < 0) return false;  // no match (or a resource limit: treated as no match)

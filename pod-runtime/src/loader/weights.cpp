@@ -150,6 +150,7 @@ StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
   Tensor t(dtype, outShape.empty() ? std::vector<int64_t>{1} : outShape);
   const bool same = info->dtype == std::string(fileDtypeName(dtype));
   auto* dst = static_cast<unsigned char*>(t.data());
+  if (outer == 0 || part == 0 || inner == 0) return t;  // no elements (and no buffer) to fill
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t m = 0; m < part; ++m) {
       const int64_t srcRow = (o * full + shard.rank * part + m) * inner;
