@@ -24,9 +24,10 @@ StatusOr<VocabMap> parseVocabObject(const Json& j, const std::string& path) {
   VocabMap vocab;
   vocab.reserve(it->size());
   for (auto e = it->begin(); e != it->end(); ++e) {
-    if (!e.value().is_number_unsigned() || e.value().get<uint64_t>() > UINT32_MAX) {
-      return jsonError(childPath(path, "vocab"),
-                       "id of '" + e.key() + "' is not a 32-bit unsigned integer");
+    if (!e.value().is_number_unsigned() || e.value().get<uint64_t>() >= kMaxTokenId) {
+      return jsonError(
+          childPath(path, "vocab"),
+          "id of '" + e.key() + "' is not an integer in [0, " + std::to_string(kMaxTokenId) + ")");
     }
     vocab.emplace(e.key(), e.value().get<uint32_t>());
   }

@@ -32,8 +32,9 @@ StatusOr<std::vector<AddedToken>> parseAddedTokens(const Json& root) {
     AddedToken a;
     TG_ASSIGN_OR_RETURN(a.content, getString(t, path, "content"));
     auto id = t.find("id");
-    if (id == t.end() || !id->is_number_unsigned() || id->get<uint64_t>() > UINT32_MAX) {
-      return jsonError(path, "missing or invalid 'id'");
+    if (id == t.end() || !id->is_number_unsigned() || id->get<uint64_t>() >= kMaxTokenId) {
+      return jsonError(
+          path, "missing 'id', or not an integer in [0, " + std::to_string(kMaxTokenId) + ")");
     }
     a.id = id->get<uint32_t>();
     TG_ASSIGN_OR_RETURN(a.singleWord, getBoolOr(t, path, "single_word", false));

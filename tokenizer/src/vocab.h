@@ -17,6 +17,10 @@ struct StringHash {
 
 using VocabMap = std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>>;
 
+// Token ids are below this (the loader's bound on config.json's vocab_size): the reverse table is
+// dense, so one huge id in a small file must not decide how much memory it takes.
+inline constexpr uint64_t kMaxTokenId = uint64_t{1} << 24;
+
 inline std::optional<uint32_t> lookup(const VocabMap& vocab, std::string_view token) {
   auto it = vocab.find(token);
   if (it == vocab.end()) return std::nullopt;
@@ -26,10 +30,11 @@ inline std::optional<uint32_t> lookup(const VocabMap& vocab, std::string_view to
 // id -> token; ids without a token map to null.
 class ReverseVocab {
  public:
+  // Ids are below kMaxTokenId (checked where vocabularies are parsed).
   void build(const VocabMap& vocab) {
-    uint32_t maxId = 0;
-    for (const auto& [token, id] : vocab) maxId = std::max(maxId, id);
-    tokens_.assign(vocab.empty() ? 0 : maxId + 1, nullptr);
+    size_t size = 0;
+    for (const auto& [token, id] : vocab) size = std::max(size, size_t{id} + 1);
+    tokens_.assign(size, nullptr);
     for (const auto& [token, id] : vocab) tokens_[id] = &token;
   }
   const std::string* get(uint32_t id) const { return id < tokens_.size() ? tokens_[id] : nullptr; }

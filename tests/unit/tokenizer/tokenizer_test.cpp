@@ -261,6 +261,27 @@ TEST(TokenizerTest, DeepNestingIsAnError) {
   EXPECT_TRUE(tok.ok()) << tok.status();
 }
 
+TEST(TokenizerTest, HugeTokenIdsAreErrorsNotAllocations) {
+  // The reverse vocabulary is dense: an id of 2^32-1 wrapped its size to 0 and wrote out of bounds
+  // (a SIGSEGV loading router and shard alike), and an id of 10^8 took a gigabyte.
+  const std::string base = fixtureJson("llama2");
+  for (uint64_t id : {uint64_t{4294967295}, uint64_t{100000000}, uint64_t{1} << 24}) {
+    json vocab = json::parse(base);
+    vocab["model"]["vocab"]["<unk>"] = id;
+    auto tok = Tokenizer::fromJson(vocab.dump());
+    ASSERT_FALSE(tok.ok()) << id;
+    EXPECT_NE(tok.status().message().find("is not an integer in [0, 16777216)"), std::string::npos)
+        << tok.status().message();
+    json added = json::parse(base);
+    added["added_tokens"][0]["id"] = id;
+    tok = Tokenizer::fromJson(added.dump());
+    ASSERT_FALSE(tok.ok()) << id;
+  }
+  json ok = json::parse(base);
+  ok["model"]["vocab"]["<unk>"] = (uint64_t{1} << 24) - 1;
+  EXPECT_TRUE(Tokenizer::fromJson(ok.dump()).ok());
+}
+
 TEST(TokenizerTest, WrongTypesNameThePath) {
   json base = json::parse(fixtureJson("llama3"));
   auto with = [&](auto edit) {
