@@ -131,7 +131,7 @@ TEST(TokenizerTest, MalformedFilesNameComponentAndPath) {
                    }),
                    "/model/merges/5: merge token 'zzzq' is not in the vocabulary"});
   cases.push_back({"vocab id type", with([](json& j) { j["model"]["vocab"]["a"] = "seven"; }),
-                   "/model/vocab: id of 'a' is not a 32-bit unsigned integer"});
+                   "/model/vocab: id of 'a' is not an integer in [0, 16777216)"});
   cases.push_back({"unknown decoder", with([](json& j) {
                      j["decoder"] = {{"type", "Telepathy"}};
                    }),
@@ -147,7 +147,7 @@ TEST(TokenizerTest, MalformedFilesNameComponentAndPath) {
        "/post_processor/processors/1/single/0: special token '<|begin_of_text|>' missing"});
   cases.push_back({"added token without id",
                    with([](json& j) { j["added_tokens"][0].erase("id"); }),
-                   "/added_tokens/0: missing or invalid 'id'"});
+                   "/added_tokens/0: missing 'id', or not an integer in [0, 16777216)"});
   cases.push_back({"model type", with([](json& j) { j["model"]["type"] = "Markov"; }),
                    "/model: unsupported model type 'Markov'"});
   for (const BadCase& c : cases) {
