@@ -137,7 +137,8 @@ StatusOr<Flags> parse(int argc, char** argv) {
       TG_RETURN_IF_ERROR(u32(f.maxClientBatchSize));
     } else if (a == "--validation-workers") {
       TG_RETURN_IF_ERROR(u32(f.validationWorkers));
-      if (f.validationWorkers == 0) return invalidArgumentError("`validation_workers` must be > 0");
+      if (f.validationWorkers == 0 || f.validationWorkers > 256)
+        return invalidArgumentError("`validation_workers` must be > 0 and <= 256");
     } else if (a == "--payload-limit") {
       TG_ASSIGN_OR_RETURN(f.payloadLimit, number(a, v));
     } else if (a == "--header-timeout-ms") {
@@ -330,6 +331,7 @@ int run(int argc, char** argv) {
                .maxInputTokens = maxInput,
                .maxTotalTokens = maxTotal};
   ro.apiKey = f.apiKey;
+  ro.validationWorkers = f.validationWorkers;
   ro.corsAllowOrigins = f.cors;
   RouterApp app(ro, **tok, replicas, metrics);
   auto server = startHttpServer({.host = f.hostname,

@@ -8,6 +8,7 @@ and bounded polling, never fixed sleeps.
 import http.client
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -30,8 +31,9 @@ def check(cond, what):
         print("FAIL:", what, flush=True)
 
 
-def start(cmd, ready_prefix):
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(cmd, ready_prefix, nofile=None):
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
     for line in p.stdout:
         if line.startswith(ready_prefix):
             return p, line[len(ready_prefix):].strip()
@@ -48,14 +50,14 @@ def stop(p):
 
 
 class Server:
-    def __init__(self, workdir, router_flags=()):
+    def __init__(self, workdir, router_flags=(), router_nofile=None):
         self.shard, self.shard_addr = start(
             [SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, "sock"), "--kv-cache-memory", "8000000",
              "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")
         self.router, url = start(
             [ROUTER, "--tokenizer-name", MODEL, "--model-id", "llama-gqa", "--shard-master", self.shard_addr,
              "--hostname", "127.0.0.1", "--port", "0", "--max-batch-prefill-tokens", "256", "--log-level", "warn",
-             "--max-concurrent-requests", "512", *router_flags], "textgen-router ready ")
+             "--max-concurrent-requests", "512", *router_flags], "textgen-router ready ", router_nofile)
         self.port = int(url.rsplit(":", 1)[1])
 
     def close(self):
@@ -280,6 +282,88 @@ def test_api_key(workdir):
         s.close()
 
 
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_descriptor_exhaustion(workdir):
+    """Out of file descriptors, the router backs off instead of spinning on accept() and flooding
+    its log, and serves again once connections close."""
+    s = Server(workdir, router_nofile=64)
+    try:
+        idle = []
+        for _ in range(100):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+            except OSError:
+                break
+        before = cpu_seconds(s.router.pid)
+        t0 = time.time()
+        while time.time() - t0 < 2:
+            time.sleep(0.1)
+        spent = cpu_seconds(s.router.pid) - before
+        check(spent < 0.5, f"router CPU while out of descriptors: {spent:.2f} s in 2 s")
+        for c in idle:
+            c.close()
+        deadline, status = time.time() + 20, None
+        while time.time() < deadline and status != 200:
+            try:
+                status = request(s.port, "GET", "/health", timeout=5)[0]
+            except OSError:
+                time.sleep(0.1)
+        check(status == 200, f"serving again after the connections closed: {status}")
+    finally:
+        s.router.send_signal(signal.SIGTERM)
+        try:
+            _, err = s.router.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            s.router.kill()
+            _, err = s.router.communicate()
+        lines = err.count("accept failed")
+        check(lines < 20, f"accept failures are reported at most once a second: {lines} lines")
+        stop(s.shard)
+
+
+def test_large_inputs_do_not_stall_others(s):
+    """Tokenizing 2 MB prompts runs on the validation workers, not the HTTP threads: /health stays
+    prompt while eight of them are in flight (it took 2.2 s when they ran on the HTTP threads),
+    and at most --validation-workers of them hold their tokens in memory at once."""
+    body = {"inputs": "a " * 950000}
+    box = in_parallel_start(8, lambda _: request(s.port, "POST", "/tokenize", body, timeout=120))
+    time.sleep(0.3)  # let the large requests arrive first (the check below is on latency, not order)
+    t0 = time.time()
+    status = request(s.port, "GET", "/health")[0]
+    health = time.time() - t0
+    t0 = time.time()
+    gen = generate(s.port, PROMPTS[0], 4)[0]
+    small = time.time() - t0
+    codes = [r[0] if r else None for r in in_parallel_join(box)]
+    check(status == 200 and health < 1.0, f"/health during large prompts: {status} in {health:.2f} s")
+    # It waits in the validation workers' queue behind the large prompts (FIFO, as TGI's).
+    print(f"  small /generate during eight 2 MB prompts: {gen} in {small:.2f} s", flush=True)
+    check(gen == 200, f"small /generate during large prompts: {gen} in {small:.2f} s")
+    check(set(codes) <= {422, 429}, f"the large prompts are refused: {codes}")
+
+
+def in_parallel_start(n, fn):
+    out = [None] * n
+
+    def run(i):
+        out[i] = fn(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def in_parallel_join(box, timeout=180):
+    threads, out = box
+    for t in threads:
+        t.join(timeout=timeout)
+    return out
+
+
 def test_disconnect_frees_request(s):
     before = metric(s.port, 'tgi_request_failure{err="dropped"}')
     sock = socket.create_connection(("127.0.0.1", s.port))
@@ -498,7 +582,7 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_hostile_requests, test_many_streams, test_disconnect_frees_request, test_promtool):
+                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_promtool):
             test(s)
         test_prometheus_scrape(s, workdir)
         test_node_clients(s)
@@ -507,6 +591,7 @@ def main():
         s.close()
     test_overload(workdir)
     test_api_key(workdir)
+    test_descriptor_exhaustion(workdir)
     test_replicas(workdir)
     test_discovery(workdir)
     shutil.rmtree(workdir, ignore_errors=True)

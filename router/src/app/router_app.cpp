@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "textgen/base/log.h"
 #include "textgen/base/version.h"
+#include "worker_pool.h"
 
 namespace textgen::router {
 
@@ -34,7 +36,8 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       tokenizer_(tokenizer),
       replicas_(replicas),
       metrics_(metrics),
-      validator_(tokenizer, options_.limits) {
+      validator_(tokenizer, options_.limits),
+      workers_(std::make_unique<WorkerPool>(options_.validationWorkers)) {
   // TGI's metric names, help texts and bucket layouts (dashboards and autoscaling rules match
   // them).
   const auto duration = tgiDurationBuckets();
@@ -82,6 +85,8 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
   metrics_.gaugeSet("tgi_batch_current_size", 0);
   metrics_.gaugeSet("tgi_batch_current_max_tokens", 0);
 }
+
+RouterApp::~RouterApp() = default;
 
 HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
   HttpHeaders h;
@@ -158,22 +163,26 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     responder->reply(401, errorJson("Unauthorized", "unauthorized"), baseHeaders(request));
     return;
   }
-  if (request.method == "POST" && (p == "/generate" || p == "/")) {
-    if (p == "/") {
-      auto parsed = parseGenerateRequest(request.body);
-      if (parsed.ok() && parsed->stream) {
-        generateStream(request, responder);
-        return;
+  const bool work =
+      request.method == "POST" && (p == "/generate" || p == "/" || p == "/generate_stream" ||
+                                   p == "/v1/completions" || p == "/tokenize");
+  if (work) {
+    // Parsing, validation and tokenization on the validation workers, off the server's threads.
+    auto task = [this, request, responder]() mutable {
+      try {
+        handleWork(request, responder);
+      } catch (const std::exception& e) {  // the HTTP layer's guard does not reach this thread
+        spdlog::error("{} {}: unhandled exception: {}", request.method, request.path, e.what());
+        responder->reply(500, errorJson("Internal server error", "internal"), {});
       }
+    };
+    if (!workers_->post(std::move(task), options_.maxConcurrentRequests)) {
+      metrics_.counterAdd("tgi_request_failure", 1, {{"err", "overloaded"}});
+      responder->reply(429, errorJson("Model is overloaded", "overloaded"), baseHeaders(request));
     }
-    generate(request, responder, p == "/");
-  } else if (request.method == "POST" && p == "/generate_stream") {
-    generateStream(request, responder);
-  } else if (request.method == "POST" && p == "/v1/completions") {
-    completions(request, responder);
-  } else if (request.method == "POST" && p == "/tokenize") {
-    tokenize(request, responder);
-  } else if (request.method == "GET" && p == "/info") {
+    return;
+  }
+  if (request.method == "GET" && p == "/info") {
     info(responder);
   } else if (request.method == "GET" && (p == "/health" || p == "/ping" || p == "/")) {
     health(responder);
@@ -192,6 +201,26 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
                      baseHeaders(request));
   } else {
     responder->reply(404, errorJson("Not Found", "not_found"), baseHeaders(request));
+  }
+}
+
+void RouterApp::handleWork(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  const std::string& p = request.path;
+  if (p == "/generate" || p == "/") {
+    if (p == "/") {
+      auto parsed = parseGenerateRequest(request.body);
+      if (parsed.ok() && parsed->stream) {
+        generateStream(request, responder);
+        return;
+      }
+    }
+    generate(request, responder, p == "/");
+  } else if (p == "/generate_stream") {
+    generateStream(request, responder);
+  } else if (p == "/v1/completions") {
+    completions(request, responder);
+  } else {
+    tokenize(request, responder);
   }
 }
 

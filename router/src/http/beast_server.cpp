@@ -176,7 +176,8 @@ class BeastResponder final : public HttpResponder {
   BeastResponder(std::shared_ptr<Session> session, std::string path, size_t streamLimit)
       : session_(std::move(session)), path_(std::move(path)), streamLimit_(streamLimit) {}
   ~BeastResponder() override {
-    if (!answered_.exchange(true)) {
+    // A route whose client left answers nothing, by design; any other silence is a bug.
+    if (!answered_.exchange(true) && !session_->gone()) {
       spdlog::error("{}: the handler gave no answer; answering 500", path_);
       session_->reply(500, kInternalError, {});
     }
@@ -566,6 +567,7 @@ class BeastServer final : public HttpServer {
     // (operations ending with "aborted") so that nothing queued keeps a session alive.
     error_code ignored;
     acceptor_.close(ignored);
+    backoff_.cancel();
     std::vector<std::shared_ptr<Session>> live;
     {
       std::lock_guard l(state_->sessionsMutex);
@@ -584,7 +586,24 @@ class BeastServer final : public HttpServer {
     acceptor_.async_accept(
         asio::make_strand(state_->io), [this](error_code ec, tcp::socket socket) {
           if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-          if (!ec) {
+          if (ec) {
+            // Out of descriptors (EMFILE/ENFILE) or memory: the pending connection stays in the
+            // backlog, so accepting again at once would spin. Back off; say so once a second.
+            const auto now = std::chrono::steady_clock::now();
+            ++acceptErrors_;
+            if (now - lastAcceptLog_ >= std::chrono::seconds(1)) {
+              spdlog::warn("accept failed: {} ({} times since the last report); backing off",
+                           ec.message(), acceptErrors_);
+              acceptErrors_ = 0;
+              lastAcceptLog_ = now;
+            }
+            backoff_.expires_after(std::chrono::milliseconds(50));
+            backoff_.async_wait([this](error_code e) {
+              if (!e && acceptor_.is_open()) accept();
+            });
+            return;
+          }
+          {
             error_code ignored;
             socket.set_option(tcp::no_delay(true), ignored);
             auto session = std::make_shared<Session>(std::move(socket), state_);
@@ -597,8 +616,6 @@ class BeastServer final : public HttpServer {
               state_->sessions.push_back(session);
             }
             session->start();
-          } else {
-            spdlog::warn("accept failed: {}", ec.message());
           }
           accept();
         });
@@ -606,6 +623,9 @@ class BeastServer final : public HttpServer {
 
   std::shared_ptr<ServerState> state_;
   tcp::acceptor acceptor_;
+  asio::steady_timer backoff_{state_->io};  // accept() after an error (one strand: accept's)
+  size_t acceptErrors_ = 0;
+  std::chrono::steady_clock::time_point lastAcceptLog_{};
   size_t liveHint_ = 0;
   unsigned threads_;
   std::vector<std::thread> pool_;

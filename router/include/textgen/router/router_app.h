@@ -20,18 +20,24 @@ struct RouterOptions {
   uint32_t maxConcurrentRequests = 128;
   uint32_t maxClientBatchSize = 4;
   ValidationLimits limits;
-  std::string apiKey;  // empty: no authentication
+  std::string apiKey;              // empty: no authentication
+  unsigned validationWorkers = 2;  // threads that parse, validate and tokenize (TGI's flag)
   std::vector<std::string> corsAllowOrigins;
 };
+
+class WorkerPool;
 
 class RouterApp {
  public:
   RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer, ReplicaSet& replicas,
             MetricsRegistry& metrics);
+  ~RouterApp();
 
   void handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
 
  private:
+  // The POST routes, on a validation worker.
+  void handleWork(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void generate(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
                 bool compatList);
   void generateStream(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
@@ -53,6 +59,7 @@ class RouterApp {
   Validator validator_;
   std::atomic<uint32_t> inFlight_{0};
   std::atomic<uint64_t> nextId_{1};
+  std::unique_ptr<WorkerPool> workers_;  // last: its threads stop before the rest goes
 };
 
 // GET /api-doc/openapi.json.
