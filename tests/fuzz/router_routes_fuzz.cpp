@@ -7,9 +7,12 @@
 // is read from the input up to a newline); byte 1 flags: bit 0 an app with an API key and CORS,
 // bit 1 the right bearer token, bit 2 a wrong one, bit 3 an Origin header, bit 4 the scheme in
 // lower case; the rest is the body.
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "fuzz_util.h"
 #include "textgen/router/router_app.h"
@@ -53,22 +56,24 @@ class RecordingStream final : public HttpStream {
   bool closed_ = false;
 };
 
-// No `override` here: the interface is gaining members (onDisconnect); a plain declaration
-// implements one where it exists and is harmless where it does not.
+// Thread-safe: the POST routes answer from a validation worker.
 class RecordingResponder final : public HttpResponder {
  public:
-  void reply(int code, const std::string& text, const HttpHeaders&) {
+  void reply(int code, const std::string& text, const HttpHeaders&) override {
+    std::lock_guard lock(mutex);
     ++answers;
     status = code;
     body = text;
   }
-  std::shared_ptr<HttpStream> startStream(int code, const HttpHeaders&) {
+  std::shared_ptr<HttpStream> startStream(int code, const HttpHeaders&) override {
+    std::lock_guard lock(mutex);
     ++answers;
     status = code;
     stream = std::make_shared<RecordingStream>();
     return stream;
   }
-  void onDisconnect(std::function<void()>) {}  // the client never leaves
+  void onDisconnect(std::function<void()>) override {}  // the client never leaves
+  std::mutex mutex;
   int answers = 0;
   int status = 0;
   std::string body;
@@ -139,6 +144,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto responder = std::make_shared<RecordingResponder>();
   app.app.handle(request, responder);
   const std::string what = request.method + " " + request.path + " " + request.body;
+  // Done when the route let go of the responder (no replica: nothing keeps it); a route that
+  // holds it for 10 s is a hang.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (responder.use_count() > 1) {
+    FUZZ_CHECK(std::chrono::steady_clock::now() < deadline, "no end after 10 s: " + what);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  std::lock_guard lock(responder->mutex);
   FUZZ_CHECK(responder->answers == 1, std::to_string(responder->answers) + " answers to " + what);
   // Nothing else is in flight, so admission must never answer "overloaded": a 429 here means an
   // earlier request kept its slot.
