@@ -34,8 +34,13 @@ inline bool validUtf8(std::string_view s) {
   return true;
 }
 
+// `windowed`: the decoder strips more than the first character of a fused window (Fuse, then
+// Strip with start >= 2 or stop >= 1). Streaming by prefix windows (TGI's method, which Hugging
+// Face tokenizers' own DecodeStream shares) then differs from decode() by design: with tokenizers
+// 0.23.2, DecodeStream gives the same streamed text as ours for tests/fuzz/crashes/tokenizer_json/
+// strip-start-2-streaming, not decode()'s. Only the UTF-8 check applies there.
 inline void checkStreaming(const tokenizer::Tokenizer& tok, std::span<const uint32_t> ids,
-                           bool skipSpecial) {
+                           bool skipSpecial, bool windowed = false) {
   const std::string full = tok.decode(ids, skipSpecial);
   tokenizer::IncrementalDecoder d(tok, skipSpecial);
   std::string streamed;
@@ -45,6 +50,7 @@ inline void checkStreaming(const tokenizer::Tokenizer& tok, std::span<const uint
     streamed += piece;
   }
   streamed += d.flush();
+  if (windowed) return;
   FUZZ_CHECK(streamed == full, "streamed '" + streamed + "' but decode gives '" + full + "'");
 }
 

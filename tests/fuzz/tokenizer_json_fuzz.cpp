@@ -2,7 +2,37 @@
 // byte and tokenizer_config.json. A tokenizer that loads is then used: fixed texts (ASCII,
 // multi-byte characters, special-token look-alikes, bytes that are not UTF-8) are encoded and
 // decoded, and its first ids are streamed, with the checks of tokenizer_checks.h.
+#include "textgen/base/json.h"
 #include "tokenizer_checks.h"
+
+namespace {
+
+// A decoder Sequence with Fuse before a Strip of start >= 2 or stop >= 1: it strips inside what a
+// window of streaming fuses, not only at the sequence's start (see checkStreaming).
+bool fusedStrip(std::string_view json) {
+  auto j = textgen::parseJson(json, "tokenizer.json");
+  if (!j.ok() || !j->is_object()) return false;
+  auto d = j->find("decoder");
+  if (d == j->end() || !d->is_object()) return false;
+  auto list = d->find("decoders");
+  if (list == d->end() || !list->is_array()) return false;
+  bool fused = false;
+  for (const auto& step : *list) {
+    if (!step.is_object()) continue;
+    const auto type = step.find("type");
+    if (type == step.end() || !type->is_string()) continue;
+    if (*type == "Fuse") fused = true;
+    const auto start = step.find("start"), stop = step.find("stop");
+    const bool startsDeep =
+        start != step.end() && start->is_number_unsigned() && start->get<uint64_t>() >= 2;
+    const bool stops =
+        stop != step.end() && stop->is_number_unsigned() && stop->get<uint64_t>() > 0;
+    if (fused && *type == "Strip" && (startsDeep || stops)) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using textgen::tokenizer::Tokenizer;
@@ -16,6 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const Tokenizer& t = **tok;
+  const bool windowed = fusedStrip(in.substr(0, nul));
   static const std::string_view kTexts[] = {"Hello world",
                                             " the  quick\tbrown\nfox ",
                                             "héllo 中文 😀",
@@ -30,13 +61,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (bool addSpecial : {true, false}) {
       const std::vector<uint32_t> ids =
           textgen::fuzz::checkEncode(t, text, addSpecial, /*fixture=*/false);
-      textgen::fuzz::checkStreaming(t, ids, !addSpecial);
+      textgen::fuzz::checkStreaming(t, ids, !addSpecial, windowed);
     }
   }
   std::vector<uint32_t> first;
   for (uint32_t id = 0; id < std::min<size_t>(t.vocabSize() + 2, 48); ++id) first.push_back(id);
-  textgen::fuzz::checkStreaming(t, first, false);
-  textgen::fuzz::checkStreaming(t, first, true);
+  textgen::fuzz::checkStreaming(t, first, false, windowed);
+  textgen::fuzz::checkStreaming(t, first, true, windowed);
   (void)t.bosTokenId();
   (void)t.eosTokenId();
   return 0;
