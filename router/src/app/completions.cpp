@@ -71,10 +71,17 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
     if (finished_ == texts_.size()) complete();
   }
 
+  // Every prompt's control: when one fails, the others stop too (nobody waits for them).
+  void setControls(std::vector<std::shared_ptr<RequestControl>> controls) {
+    std::lock_guard lock(mutex_);
+    controls_ = std::move(controls);
+  }
+
   void onError(const Status& e) {
     std::lock_guard lock(mutex_);
     if (done_) return;
     done_ = true;
+    for (const auto& c : controls_) c->cancelled = true;
     const GenerationError err = generationError(e);
     if (err.countAs) metrics_.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (stream_) {
@@ -132,6 +139,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
   std::mutex mutex_;
   std::shared_ptr<HttpResponder> responder_;
   std::shared_ptr<HttpStream> stream_;
+  std::vector<std::shared_ptr<RequestControl>> controls_;
   HttpHeaders headers_;
   std::string model_;
   std::vector<uint32_t> promptTokens_;
@@ -208,6 +216,7 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
   std::vector<std::shared_ptr<RequestControl>> controls;
   for (size_t i = 0; i < valid.size(); ++i) controls.push_back(std::make_shared<RequestControl>());
   cancelOnDisconnect(*responder, controls);
+  sink->setControls(controls);
   for (size_t i = 0; i < valid.size(); ++i) {
     replica->batcher->submit(nextId_++, std::move(valid[i]), controls[i],
                              std::make_shared<PromptSink>(sink, i, controls[i]));

@@ -165,10 +165,16 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
     absorb(c, g);
     if (c.generated && ++finished_ == results_.size()) respond();
   }
+  // The controls of every sequence: when one fails, the others stop too (nobody waits for them).
+  void setControls(std::vector<std::shared_ptr<RequestControl>> controls) {
+    std::lock_guard lock(mutex_);
+    controls_ = std::move(controls);
+  }
   void onSequenceError(const Status& e) {
     std::lock_guard lock(mutex_);
     if (done_) return;
     done_ = true;
+    for (const auto& c : controls_) c->cancelled = true;
     tracker_->release();
     const GenerationError err = generationError(e);
     if (err.countAs) tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
@@ -214,6 +220,7 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
   HttpHeaders headers_;
   ValidRequest request_;
   std::vector<Collected> results_;
+  std::vector<std::shared_ptr<RequestControl>> controls_;
   size_t finished_ = 0;
   bool done_ = false;
   bool compatList_;
@@ -336,6 +343,7 @@ void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpRespond
   std::vector<std::shared_ptr<RequestControl>> controls;
   for (size_t i = 0; i < n; ++i) controls.push_back(std::make_shared<RequestControl>());
   cancelOnDisconnect(*responder, controls);  // TGI drops a request whose client left
+  sink->setControls(controls);
   for (size_t i = 0; i < n; ++i) {
     ValidRequest copy = *v;
     if (n > 1) copy.seed = v->seed + i;  // each best_of sequence samples differently

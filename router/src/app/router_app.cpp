@@ -37,7 +37,8 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       replicas_(replicas),
       metrics_(metrics),
       validator_(tokenizer, options_.limits),
-      workers_(std::make_unique<WorkerPool>(options_.validationWorkers)) {
+      workers_(std::make_unique<WorkerPool>(options_.validationWorkers)),
+      healthWorkers_(std::make_unique<WorkerPool>(2)) {
   // TGI's metric names, help texts and bucket layouts (dashboards and autoscaling rules match
   // them).
   const auto duration = tgiDurationBuckets();
@@ -174,6 +175,9 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
       } catch (const std::exception& e) {  // the HTTP layer's guard does not reach this thread
         spdlog::error("{} {}: unhandled exception: {}", request.method, request.path, e.what());
         responder->reply(500, errorJson("Internal server error", "internal"), {});
+      } catch (...) {
+        spdlog::error("{} {}: unhandled exception", request.method, request.path);
+        responder->reply(500, errorJson("Internal server error", "internal"), {});
       }
     };
     if (!workers_->post(std::move(task), options_.maxConcurrentRequests)) {
@@ -185,7 +189,9 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
   if (request.method == "GET" && p == "/info") {
     info(responder);
   } else if (request.method == "GET" && (p == "/health" || p == "/ping" || p == "/")) {
-    health(responder);
+    // A shard's Health RPC can take its whole deadline: never on the server's threads.
+    if (!healthWorkers_->post([this, responder] { health(responder); }, 64))
+      responder->reply(503, errorJson("unhealthy", "healthcheck"), {});
   } else if (request.method == "GET" && p == "/metrics") {
     responder->reply(200, metrics_.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
   } else if (request.method == "GET" && p == "/api-doc/openapi.json") {

@@ -171,6 +171,14 @@ class BeastStream final : public HttpStream {
   bool closed_ = false;
 };
 
+// What a refused second startStream() gets: writes go nowhere.
+class ClosedStream final : public HttpStream {
+ public:
+  bool write(const std::string&) override { return false; }
+  bool clientConnected() const override { return false; }
+  void close() override {}
+};
+
 class BeastResponder final : public HttpResponder {
  public:
   BeastResponder(std::shared_ptr<Session> session, std::string path, size_t streamLimit)
@@ -187,12 +195,9 @@ class BeastResponder final : public HttpResponder {
     session_->reply(status, body, headers);
   }
   std::shared_ptr<HttpStream> startStream(int status, const HttpHeaders& headers) override {
+    if (!claim()) return std::make_shared<ClosedStream>();  // touches nothing of the session
     auto stream = std::make_shared<BeastStream>(session_);
     stream->setLimit(streamLimit_);
-    if (!claim()) {
-      stream->close();
-      return stream;
-    }
     session_->beginStream(status, headers);
     return stream;
   }
@@ -218,7 +223,8 @@ class BeastResponder final : public HttpResponder {
 void Session::arm(std::chrono::milliseconds d) {
   timer_.expires_after(d);
   timer_.async_wait([self = shared_from_this()](error_code ec) {
-    if (ec) return;  // re-armed or cancelled
+    // Re-armed or cancelled; or re-armed after this expiry was already queued.
+    if (ec || self->timer_.expiry() > std::chrono::steady_clock::now()) return;
     // Reads or a write overran their time: the pending operations end with an error.
     error_code ignored;
     self->socket_.cancel(ignored);
@@ -344,7 +350,10 @@ void Session::watch() {
         if (!ec) {
           self->buffer_.commit(n);
           if (self->phase_ == Phase::kHandling) return self->watch();
-          return self->nextRequest();
+          // The answer was written and nextRequest()'s cancel came too late for this read: the
+          // next request's first bytes are in the buffer; read it.
+          if (self->phase_ == Phase::kHeader) return self->readHeader();
+          return;
         }
         if (ec == asio::error::operation_aborted && self->phase_ == Phase::kHeader) {
           return self->readHeader();  // cancelled so the next request can be read

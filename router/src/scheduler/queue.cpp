@@ -7,6 +7,14 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
                                          BlockAllocator& allocator,
                                          std::vector<uint64_t>* dropped) {
   std::vector<BatchEntry> batch;
+  // Requests whose client left go first, wherever they wait: not only once they reach the head
+  // (a head that cannot get blocks would keep them, their sinks and connections, meanwhile).
+  std::erase_if(entries_, [&](const QueueEntry& e) {
+    if (!e.control || !e.control->cancelled) return false;
+    if (metrics_) metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
+    if (dropped) dropped->push_back(e.id);
+    return true;
+  });
   if (entries_.empty()) return batch;
   if (minSize && entries_.size() < *minSize) return batch;
   if (maxSize && *maxSize == 0) return batch;

@@ -103,5 +103,18 @@ TEST(QueueTest, DroppedClientsAreSkippedAndCounted) {
   EXPECT_NE(m.render().find("tgi_batch_next_size_count 1"), std::string::npos);
 }
 
+TEST(QueueTest, ClientsThatLeftAreDroppedEvenBehindAHeadThatWaitsForBlocks) {
+  Queue q(16, false);
+  BlockAllocator blocks(4, 16);                                    // 3 usable blocks: 48 tokens
+  q.append(entry(1, 40, 40, std::make_shared<RequestControl>()));  // needs 5 blocks: waits
+  auto gone = std::make_shared<RequestControl>();
+  q.append(entry(2, 4, 4, gone));
+  gone->cancelled = true;
+  std::vector<uint64_t> dropped;
+  EXPECT_TRUE(q.nextBatch(std::nullopt, std::nullopt, 100, blocks, &dropped).empty());
+  EXPECT_EQ(dropped, std::vector<uint64_t>{2});  // not held until request 1 gets its blocks
+  EXPECT_EQ(q.size(), 1u);
+}
+
 }  // namespace
 }  // namespace textgen::router

@@ -59,7 +59,9 @@ class RouterApp {
   Validator validator_;
   std::atomic<uint32_t> inFlight_{0};
   std::atomic<uint64_t> nextId_{1};
-  std::unique_ptr<WorkerPool> workers_;  // last: its threads stop before the rest goes
+  // Last: their threads stop before the rest goes.
+  std::unique_ptr<WorkerPool> workers_;
+  std::unique_ptr<WorkerPool> healthWorkers_;  // /health's shard RPCs, off the server's threads
 };
 
 // GET /api-doc/openapi.json.
