@@ -255,6 +255,11 @@ def test_abandoned_streams(s):
     check(started == 300, f"every abandoned stream got its first event ({started} of 300)")
     m1, waited = wait_for("queue and batch to empty", lambda: idle(s.port), 60)
     check(m1 is not None, f"tgi_queue_size and tgi_batch_current_size back to 0 within 60 s ({waited:.1f} s)")
+    # The gauges read 0 while a batch's first Prefill is in flight (they are set between steps):
+    # wait until every stream has ended one way or the other before counting.
+    ended = lambda m: (m.get(DROPPED, 0) - m0.get(DROPPED, 0)) + \
+        (m.get("tgi_request_success", 0) - m0.get("tgi_request_success", 0)) >= started and m
+    m1, _ = wait_for("every stream to end", lambda: ended(metrics(s.port)), 30)
     m1 = m1 or metrics(s.port)
     dropped = m1.get(DROPPED, 0) - m0.get(DROPPED, 0)
     succeeded = m1.get("tgi_request_success", 0) - m0.get("tgi_request_success", 0)
