@@ -15,6 +15,8 @@ packages=(
   libboost-dev
   # CPU backend and tokenizer
   libopenblas-dev libpcre2-dev libutf8proc-dev
+  # CPU collectives for tensor parallelism without GPUs (TCP)
+  libgloo-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3
   # the sanitizer and fuzzing build (tools/fuzz.sh, docs/fuzzing.md): clang, libFuzzer, and

@@ -88,7 +88,7 @@ void measure(const std::string& label, Model& model, Backend& backend, int64_t b
              int64_t promptLen, int64_t steps, std::vector<Row>& rows) {
   const int64_t bs = 16;
   const int64_t perSeq = (promptLen + steps + bs - 1) / bs;
-  auto cache = KvCache::create(backend, model.config(), perSeq * batch, bs);
+  auto cache = KvCache::create(backend, model.kvShape(), perSeq * batch, bs);
   if (!cache.ok()) return;
   std::vector<std::vector<uint32_t>> blocks(batch);
   for (int64_t s = 0; s < batch; ++s) {

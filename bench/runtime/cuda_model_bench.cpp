@@ -278,10 +278,10 @@ int main(int argc, char** argv) {
   size_t freeBytes = 0, total = 0;
   cudaMemGetInfo(&freeBytes, &total);
   const int64_t bs = 16;
-  const int64_t perBlock = KvCache::bytesPerBlock(c, bs, dtype);
+  const int64_t perBlock = KvCache::bytesPerBlock((*model)->kvShape(), bs, dtype);
   const int64_t numBlocks =
       static_cast<int64_t>((static_cast<double>(freeBytes) - (6.0 * (1 << 30))) / perBlock);
-  auto cache = KvCache::create(**backend, c, numBlocks, bs, dtype);
+  auto cache = KvCache::create(**backend, (*model)->kvShape(), numBlocks, bs, dtype);
   if (!cache.ok()) {
     std::fprintf(stderr, "%s\n", cache.status().toString().c_str());
     return 1;

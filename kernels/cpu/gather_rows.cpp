@@ -17,9 +17,14 @@ Status gatherRowsReference(const GatherRowsParams& p) {
   TG_RETURN_IF_ERROR(validateGatherRows(p));
   const size_t rowBytes = static_cast<size_t>(p.width) * dtypeSize(p.dtype);
   for (int64_t r = 0; r < p.rows; ++r) {
-    const int32_t id = p.ids[r];
-    if (id < 0 || id >= p.tableRows)
-      return invalidArgumentError("gather_rows: id " + std::to_string(id) + " out of range");
+    const int64_t id = p.ids[r] - p.idOffset;
+    if (id < 0 || id >= p.tableRows) {
+      if (!p.zeroOutside)
+        return invalidArgumentError("gather_rows: id " + std::to_string(p.ids[r]) +
+                                    " out of range");
+      std::memset(static_cast<char*>(p.out) + r * rowBytes, 0, rowBytes);
+      continue;
+    }
     std::memcpy(static_cast<char*>(p.out) + r * rowBytes,
                 static_cast<const char*>(p.table) + id * rowBytes, rowBytes);
   }

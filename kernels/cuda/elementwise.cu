@@ -18,11 +18,11 @@ using cuda::roundTo;
 // One block per row; copies `units` elements of type U (a 16-byte vector, or the scalar type).
 template <typename U>
 __global__ void gatherRowsKernel(const U* table, const int32_t* ids, U* out, int64_t units,
-                                 int64_t tableRows) {
+                                 int64_t tableRows, int64_t idOffset) {
   cuda::waitForPrimary();
   cuda::allowDependents();
   const int64_t r = blockIdx.x;
-  const int32_t id = ids[r];
+  const int64_t id = ids[r] - idOffset;
   U* dst = out + r * units;
   if (id < 0 || id >= tableRows) {
     for (int64_t i = threadIdx.x; i < units; i += blockDim.x) dst[i] = U{};
@@ -191,12 +191,12 @@ Status invokeGatherRows(const GatherRowsParams& p, Stream stream) {
     const int64_t units = rowBytes / 16;
     return cuda::launch("gather_rows", gatherRowsKernel<uint4>, grid, threadsFor(units), 0, stream,
                         static_cast<const uint4*>(p.table), p.ids, static_cast<uint4*>(p.out),
-                        units, p.tableRows);
+                        units, p.tableRows, p.idOffset);
   }
   const int64_t units = rowBytes / 2;  // every dtype is a whole number of 2-byte units
   return cuda::launch("gather_rows", gatherRowsKernel<uint16_t>, grid, threadsFor(units), 0, stream,
                       static_cast<const uint16_t*>(p.table), p.ids, static_cast<uint16_t*>(p.out),
-                      units, p.tableRows);
+                      units, p.tableRows, p.idOffset);
 }
 
 Status invokeRope(const RopeParams& p, Stream stream) {

@@ -4,19 +4,25 @@
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
-//                 [--shard-urls ADDR,ADDR,...] [--json-output] [--log-level info]
+//                 [--shard-urls ADDR,ADDR,...] [--collective-timeout SECONDS]
+//                 [--json-output] [--log-level info]
 // The device defaults to CUDA where there is one. On CUDA the dtype defaults to the checkpoint's
 // (float16 for a float32 checkpoint, as TGI does) and the KV pool is sized at Warmup from free
 // device memory; on the CPU it is float32 and the pool a fraction of MemAvailable.
 // Rank and world size come from RANK / WORLD_SIZE (MASTER_ADDR / MASTER_PORT for the collective),
-// as in TGI. With --uds-path the socket is PATH-RANK, and ServiceDiscovery returns every rank's
-// socket. On TCP, --shard-urls lists every rank's address as the router should dial it (rank order;
-// in Kubernetes the pods' DNS names, which textgen-operator passes); without it a single-rank
-// shard answers with its own 127.0.0.1 address.
+// as in TGI. With WORLD_SIZE > 1 the ranks meet through rank 0's rendezvous store, connect NCCL
+// (CUDA) or Gloo (CPU), and each loads its Megatron share of the weights; a rank whose peer dies,
+// or whose collective stops for --collective-timeout, exits non-zero (the group restarts whole).
+// With several GPUs visible, rank r uses device r (else device 0: CUDA_VISIBLE_DEVICES per rank).
+// With --uds-path the socket is PATH-RANK, and ServiceDiscovery returns every rank's socket. On
+// TCP, --shard-urls lists every rank's address as the router should dial it (rank order; in
+// Kubernetes the pods' DNS names, which textgen-operator passes); without it a single-rank shard
+// answers with its own 127.0.0.1 address.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/service_type.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -30,6 +36,7 @@
 #include "../src/service/shard_service.h"
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
+#include "textgen/runtime/communicator.h"
 #include "textgen/runtime/engine.h"
 #include "textgen/tokenizer/tokenizer.h"
 
@@ -53,6 +60,9 @@ struct Flags {
   std::string logLevel = "info";
   int rank = 0;
   int worldSize = 1;
+  std::string masterAddr = "localhost";
+  int masterPort = 29500;
+  int collectiveTimeoutS = 300;
   std::vector<std::string> shardUrls;
 };
 
@@ -119,6 +129,12 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
         if (n > 0) f.cudaGraphs.push_back(n);  // "0" disables graphs, as in TGI
         pos = comma + 1;
       }
+    } else if (a == "--collective-timeout") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      TG_ASSIGN_OR_RETURN(int64_t t, parseInt(a, v));
+      if (t < 1 || t > 86400)
+        return invalidArgumentError("--collective-timeout must be in [1, 86400] seconds");
+      f.collectiveTimeoutS = static_cast<int>(t);
     } else if (a == "--kv-cache-memory") {
       TG_ASSIGN_OR_RETURN(f.kvCacheMemory, value());
     } else if (a == "--threads") {
@@ -154,9 +170,13 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
   };
   TG_ASSIGN_OR_RETURN(f.rank, envInt("RANK", 0));
   TG_ASSIGN_OR_RETURN(f.worldSize, envInt("WORLD_SIZE", 1));
-  if (f.worldSize < 1 || f.rank < 0 || f.rank >= f.worldSize) {
-    return invalidArgumentError("RANK must be in [0, WORLD_SIZE)");
+  if (f.worldSize < 1 || f.worldSize > 1024 || f.rank < 0 || f.rank >= f.worldSize) {
+    return invalidArgumentError("RANK must be in [0, WORLD_SIZE) and WORLD_SIZE in [1, 1024]");
   }
+  if (const char* a = std::getenv("MASTER_ADDR"); a && *a) f.masterAddr = a;
+  TG_ASSIGN_OR_RETURN(f.masterPort, envInt("MASTER_PORT", 29500));
+  if (f.masterPort < 1 || f.masterPort > 65535)
+    return invalidArgumentError("MASTER_PORT must be in [1, 65535]");
   if (!f.shardUrls.empty() && !f.udsPath.empty())
     return invalidArgumentError(
         "--shard-urls is for TCP shards (--port); --uds-path names its own");
@@ -190,9 +210,19 @@ StatusOr<int64_t> kvBudget(const std::string& spec) {
   return parseInt("--kv-cache-memory", spec);
 }
 
+// With several GPUs visible, rank r takes device r; with one (CUDA_VISIBLE_DEVICES per rank, or
+// one GPU per container), device 0.
+int deviceFor(int rank) {
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!v || !*v) return rank;  // every GPU of the machine is visible
+  const std::string list = v;
+  const auto count = 1 + std::count(list.begin(), list.end(), ',');
+  return count > 1 ? rank : 0;
+}
+
 StatusOr<std::unique_ptr<runtime::Backend>> pickBackend(const Flags& f) {
   if (f.device == "cpu") return runtime::makeCpuBackend(f.threads);
-  auto cuda = runtime::makeCudaBackend(0);
+  auto cuda = runtime::makeCudaBackend(f.worldSize > 1 ? deviceFor(f.rank) : 0);
   if (cuda.ok() || f.device == "cuda") return cuda;
   spdlog::info("no CUDA device ({}): using the CPU backend", cuda.status().message());
   return runtime::makeCpuBackend(f.threads);
@@ -241,24 +271,67 @@ int run(int argc, char** argv) {
   auto budget = f.kvCacheMemory.empty() ? StatusOr<int64_t>(cuda ? 0 : *kvBudget("0.25"))
                                         : kvBudget(f.kvCacheMemory);
   if (!budget.ok()) return fail(budget.status());
+  // Tensor parallelism: meet the other ranks, then connect the collectives. A peer lost from here
+  // on ends this process (its group restarts whole); so does a collective that fails.
+  std::unique_ptr<runtime::Rendezvous> rendezvous;
+  std::unique_ptr<runtime::Communicator> comm;
+  if (f.worldSize > 1) {
+    auto fatal = [](const std::string& why) {
+      if (gStop) return;  // shutting down: peers leave too
+      spdlog::critical("tensor-parallel group failed: {}; exiting so that the group restarts", why);
+      spdlog::default_logger()->flush();
+      std::_Exit(3);
+    };
+    spdlog::info("rank {} of {}: meeting the others at {}:{}", f.rank, f.worldSize, f.masterAddr,
+                 f.masterPort);
+    auto r = runtime::Rendezvous::join({.masterAddr = f.masterAddr,
+                                        .masterPort = f.masterPort,
+                                        .rank = f.rank,
+                                        .worldSize = f.worldSize});
+    if (!r.ok()) return fail(r.status());
+    rendezvous = std::move(*r);
+    const auto timeout = std::chrono::seconds(f.collectiveTimeoutS);
+    auto c =
+        runtime::makeCommunicator(**backend, *rendezvous, {.timeout = timeout, .onFatal = fatal});
+    if (!c.ok()) return fail(c.status());
+    comm = std::move(*c);
+    if (auto s = rendezvous->barrier("connected"); !s.ok()) return fail(s);
+    rendezvous->watchPeers([fatal](const std::string& why) {
+      // A peer's exit during a graceful stop is expected: give our own SIGTERM a moment.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      fatal(why);
+    });
+    spdlog::info("rank {} of {}: {} connected", f.rank, f.worldSize, comm->name());
+  }
   auto model =
       runtime::loadModel(f.modelId, **backend,
-                         {.rank = f.rank,
-                          .worldSize = f.worldSize,
+                         {.comm = comm.get(),
                           .dtype = *dtype,
                           .graphBatchSizes = cuda ? f.cudaGraphs : std::vector<int64_t>{}});
   if (!model.ok()) return fail(model.status().withContext("loading " + f.modelId));
   auto tok = tokenizer::Tokenizer::fromDirectory(f.modelId);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer of " + f.modelId));
   spdlog::info("backend {}, dtype {}", (*backend)->name(), kernels::dtypeName(*dtype));
-  runtime::Engine engine(
-      **model, **tok, **backend,
-      {.blockSize = f.blockSize, .kvCacheBytes = *budget, .memoryFraction = f.cudaMemoryFraction});
+  runtime::Engine engine(**model, **tok, **backend,
+                         {.blockSize = f.blockSize,
+                          .kvCacheBytes = *budget,
+                          .memoryFraction = f.cudaMemoryFraction,
+                          .comm = comm.get()});
 
   runtime::ShardServiceOptions options;
   options.dtype = std::string(kernels::dtypeName(*dtype));
   options.deviceType = cuda ? "cuda" : "cpu";
   options.worldSize = f.worldSize;
+  if (f.worldSize > 1) {
+    options.stepTimeout = std::chrono::seconds(f.collectiveTimeoutS);
+    options.warmupTimeout = std::chrono::seconds(std::max(f.collectiveTimeoutS, 1800));
+    options.onHang = [](const std::string& why) {
+      if (gStop) return;
+      spdlog::critical("{}; exiting so that the group restarts", why);
+      spdlog::default_logger()->flush();
+      std::_Exit(3);
+    };
+  }
   std::string listen;
   // A TCP shard on port 0 learns its port only once listening: ServiceDiscovery reads it then.
   auto boundPort = std::make_shared<std::atomic<int>>(0);

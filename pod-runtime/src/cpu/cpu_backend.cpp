@@ -107,6 +107,14 @@ class CpuBackend final : public Backend {
   }
   Status argmax(const kernels::ArgmaxParams& p) override { return kernels::argmaxReference(p); }
   Status sample(const kernels::SampleParams& p) override { return kernels::sampleReference(p); }
+  Status copy2d(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t widthBytes,
+                size_t height) override {
+    for (size_t r = 0; r < height; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dstPitch,
+                  static_cast<const char*>(src) + r * srcPitch, widthBytes);
+    }
+    return okStatus();
+  }
 };
 
 }  // namespace

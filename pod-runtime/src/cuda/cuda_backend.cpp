@@ -170,6 +170,15 @@ class CudaBackend final : public Backend {
   Status sample(const kernels::SampleParams& p) override {
     return kernels::invokeSample(p, stream_);
   }
+  Status copy2d(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t widthBytes,
+                size_t height) override {
+    if (height == 0 || widthBytes == 0) return okStatus();
+    return cudaStatus(cudaMemcpy2DAsync(dst, dstPitch, src, srcPitch, widthBytes, height,
+                                        cudaMemcpyDeviceToDevice, stream_),
+                      "copy2d");
+  }
+
+  cudaStream_t stream() const { return stream_; }
 
  private:
   int device_ = 0;
@@ -179,6 +188,11 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+// The stream the backend's work goes to (NCCL enqueues collectives on it).
+cudaStream_t cudaBackendStream(Backend& backend) {
+  return static_cast<CudaBackend&>(backend).stream();
+}
 
 StatusOr<std::unique_ptr<Backend>> makeCudaBackend(int device, bool smallBatchGemv) {
   auto backend = std::make_unique<CudaBackend>();

@@ -398,9 +398,9 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
                                       std::optional<uint32_t> maxInputTokens,
                                       uint32_t maxPrefillTokens,
                                       std::optional<uint32_t> maxTotalTokens) {
-  const ModelConfig& c = model_.config();
   const kernels::DType dtype = model_.dtype();
-  const int64_t perBlock = KvCache::bytesPerBlock(c, options_.blockSize, dtype);
+  const KvShape kv = model_.kvShape();
+  const int64_t perBlock = KvCache::bytesPerBlock(kv, options_.blockSize, dtype);
   int64_t needed = 1;
   for (const RequestSpec& r : requests) {
     for (uint32_t b : r.blocks) needed = std::max<int64_t>(needed, int64_t{b} + 1);
@@ -426,7 +426,8 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
                                     std::to_string(options_.blockSize) +
                                     " tokens; the warmup batch needs " + std::to_string(needed));
     }
-    TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, c, numBlocks, options_.blockSize, dtype));
+    TG_ASSIGN_OR_RETURN(cache_,
+                        KvCache::create(backend_, kv, numBlocks, options_.blockSize, dtype));
     TG_RETURN_IF_ERROR(runWarmupBatch());
   } else {
     // Sized from device memory, as TGI does: run the warmup prefill with a cache just big enough
@@ -436,7 +437,7 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
       return failedPreconditionError(std::string("the ") + backend_.name() +
                                      " backend needs an explicit KV cache budget");
     }
-    TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, c, needed, options_.blockSize, dtype));
+    TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, kv, needed, options_.blockSize, dtype));
     TG_RETURN_IF_ERROR(runWarmupBatch());
     cache_.reset();
     TG_RETURN_IF_ERROR(backend_.synchronize());
@@ -445,6 +446,13 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
                           (1.0 - options_.memoryFraction) * static_cast<double>(mem.total);
     numBlocks = static_cast<int64_t>(std::max(0.0, budget * options_.safetyFraction) /
                                      static_cast<double>(perBlock));
+    // Tensor-parallel ranks hold the same blocks: the smallest pool of any rank (the router
+    // hears rank 0's answer only).
+    if (options_.comm) {
+      auto least = allReduceMin(backend_, *options_.comm, numBlocks);
+      if (!least.ok()) return least.status().withContext("agreeing on the KV pool size");
+      numBlocks = *least;
+    }
     if (numBlocks < needed) {
       return resourceExhaustedError(
           "not enough device memory for the KV cache: " + std::to_string(mem.free >> 20) +
@@ -454,7 +462,7 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
           " blocks; the warmup batch needs " + std::to_string(needed) +
           ": lower --max-batch-prefill-tokens or use a larger GPU");
     }
-    auto cache = KvCache::create(backend_, c, numBlocks, options_.blockSize, dtype);
+    auto cache = KvCache::create(backend_, kv, numBlocks, options_.blockSize, dtype);
     if (!cache.ok())
       return cache.status().withContext("KV cache of " + std::to_string(numBlocks) + " blocks");
     cache_ = std::move(*cache);

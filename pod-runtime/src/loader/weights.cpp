@@ -120,7 +120,7 @@ StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
     return invalidArgumentError("weight '" + name + "': invalid shard");
   }
   if (shape.empty()) shape.push_back(1);
-  if (shape[shard.dim] % shard.worldSize != 0) {
+  if (!shard.pad && shape[shard.dim] % shard.worldSize != 0) {
     return invalidArgumentError("weight '" + name + "': dimension " + std::to_string(shard.dim) +
                                 " (" + std::to_string(shape[shard.dim]) +
                                 ") does not divide by world size " +
@@ -134,7 +134,8 @@ StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
   for (int d = 0; d < shard.dim; ++d) overflow |= __builtin_mul_overflow(outer, shape[d], &outer);
   for (size_t d = shard.dim + 1; d < shape.size(); ++d)
     overflow |= __builtin_mul_overflow(inner, shape[d], &inner);
-  const int64_t full = shape[shard.dim], part = full / shard.worldSize;
+  const int64_t full = shape[shard.dim],
+                part = (full + shard.worldSize - 1) / shard.worldSize;  // exact unless `pad`
   const std::string_view bytes = file->bytes(*info);
   const size_t es = info->dtype == "F32" ? 4 : 2, outEs = kernels::dtypeSize(dtype);
   int64_t total = 0;
@@ -153,6 +154,7 @@ StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
   if (outer == 0 || part == 0 || inner == 0) return t;  // no elements (and no buffer) to fill
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t m = 0; m < part; ++m) {
+      if (shard.rank * part + m >= full) break;  // padding: the tensor is zero-initialised
       const int64_t srcRow = (o * full + shard.rank * part + m) * inner;
       const char* src = bytes.data() + srcRow * es;
       unsigned char* d = dst + (o * part + m) * inner * outEs;

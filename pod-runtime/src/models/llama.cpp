@@ -30,13 +30,38 @@ class LlamaModel final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   DType dtype() const override { return dtype_; }
+  KvShape kvShape() const override { return {config_.numLayers, kvHeads_, config_.headDim}; }
+
+  // Megatron's splits over `world` ranks: attention heads and the MLP's intermediate columns are
+  // divided (key/value heads replicated when there are fewer than ranks), the vocabulary split in
+  // padded parts. A shape that does not divide is refused, naming the dimension.
+  Status partition(int rank, int world) {
+    const ModelConfig& c = config_;
+    rank_ = rank;
+    world_ = world;
+    auto refuse = [&](const char* what, int64_t n) {
+      return invalidArgumentError(std::string(what) + " (" + std::to_string(n) +
+                                  ") does not divide across " + std::to_string(world) +
+                                  " tensor-parallel ranks");
+    };
+    if (c.numHeads % world != 0) return refuse("num_attention_heads", c.numHeads);
+    if (c.intermediateSize % world != 0) return refuse("intermediate_size", c.intermediateSize);
+    if (c.numKvHeads >= world ? c.numKvHeads % world != 0 : world % c.numKvHeads != 0)
+      return refuse("num_key_value_heads", c.numKvHeads);
+    heads_ = c.numHeads / world;
+    kvHeads_ = std::max<int64_t>(c.numKvHeads / world, 1);
+    inter_ = c.intermediateSize / world;
+    vocabPart_ = (c.vocabSize + world - 1) / world;
+    // Rank r's query heads [r*heads, (r+1)*heads) read key/value head r*heads / (heads per group).
+    kvShard_ = c.numKvHeads >= world ? Shard{0, rank, world}
+                                     : Shard{0, rank / (world / static_cast<int>(c.numKvHeads)),
+                                             static_cast<int>(c.numKvHeads)};
+    return okStatus();
+  }
 
   Status load(const WeightStore& w, const ModelOptions& options) {
-    if (options.worldSize != 1) {
-      return unimplementedError("tensor parallelism (world size " +
-                                std::to_string(options.worldSize) +
-                                ") is not implemented yet: shards load, ranks cannot communicate");
-    }
+    comm_ = options.comm;
+    TG_RETURN_IF_ERROR(comm_ ? partition(comm_->rank(), comm_->worldSize()) : partition(0, 1));
     dtype_ = options.dtype;
     TG_RETURN_IF_ERROR(backend_.supports(dtype_));
     graphSizes_ = options.graphBatchSizes;
@@ -48,9 +73,9 @@ class LlamaModel final : public Model {
     const ModelConfig& c = config_;
     const int64_t h = c.hiddenSize, qOut = c.numHeads * c.headDim, kvOut = c.numKvHeads * c.headDim;
     // Column-parallel weights split their output rows across ranks, row-parallel ones their input
-    // columns; the embedding and the head split the vocabulary.
-    const Shard column{0, options.rank, options.worldSize}, row{1, options.rank, options.worldSize};
-    TG_ASSIGN_OR_RETURN(embed_, upload(w, {{std::string(spec_.embed), {c.vocabSize, h}, column}}));
+    // columns; the embedding and the head split the vocabulary (padded to equal parts).
+    const Shard column{0, rank_, world_}, row{1, rank_, world_}, vocab{0, rank_, world_, true};
+    TG_ASSIGN_OR_RETURN(embed_, upload(w, {{std::string(spec_.embed), {c.vocabSize, h}, vocab}}));
     TG_ASSIGN_OR_RETURN(finalNorm_, upload(w, {{std::string(spec_.finalNorm), {h}, {}}}));
     if (c.tieWordEmbeddings || !w.contains(std::string(spec_.lmHead))) {
       if (!c.tieWordEmbeddings)
@@ -58,7 +83,7 @@ class LlamaModel final : public Model {
       lmHead_ = embed_.get();
     } else {
       TG_ASSIGN_OR_RETURN(ownLmHead_,
-                          upload(w, {{std::string(spec_.lmHead), {c.vocabSize, h}, column}}));
+                          upload(w, {{std::string(spec_.lmHead), {c.vocabSize, h}, vocab}}));
       lmHead_ = ownLmHead_.get();
     }
     layers_.resize(c.numLayers);
@@ -67,8 +92,8 @@ class LlamaModel final : public Model {
       TG_ASSIGN_OR_RETURN(l.inputNorm, upload(w, {{layerName(spec_.inputNorm, i), {h}, {}}}));
       // q, k and v stacked: one GEMM yields [rows, qOut + 2 kvOut].
       TG_ASSIGN_OR_RETURN(l.qkv, upload(w, {{layerName(spec_.q, i), {qOut, h}, column},
-                                            {layerName(spec_.k, i), {kvOut, h}, column},
-                                            {layerName(spec_.v, i), {kvOut, h}, column}}));
+                                            {layerName(spec_.k, i), {kvOut, h}, kvShard_},
+                                            {layerName(spec_.v, i), {kvOut, h}, kvShard_}}));
       TG_ASSIGN_OR_RETURN(l.o, upload(w, {{layerName(spec_.o, i), {h, qOut}, row}}));
       TG_ASSIGN_OR_RETURN(l.postNorm, upload(w, {{layerName(spec_.postNorm, i), {h}, {}}}));
       // Gate and up stacked: one GEMM yields [rows, 2 * intermediate].
@@ -209,8 +234,8 @@ class LlamaModel final : public Model {
   Status enqueue(const Metadata& meta, KvCache& cache) {
     const ModelConfig& c = config_;
     const int64_t rows = meta.layout.rows, n = meta.layout.logitRows;
-    const int64_t h = c.hiddenSize, hd = c.headDim, nh = c.numHeads, nkv = c.numKvHeads,
-                  inter = c.intermediateSize, qkvOut = (nh + 2 * nkv) * hd;
+    const int64_t h = c.hiddenSize, hd = c.headDim, nh = heads_, nkv = kvHeads_, inter = inter_,
+                  qkvOut = (nh + 2 * nkv) * hd;
     const DType dt = dtype_;
     void* x = ws_.residual->data();
     void* hs = ws_.hidden->data();
@@ -222,8 +247,17 @@ class LlamaModel final : public Model {
     void* act = ws_.act->data();
     const auto eps = static_cast<float>(c.rmsNormEps);
 
-    TG_RETURN_IF_ERROR(
-        backend_.gatherRows({embed_->data(), meta.ids, x, rows, h, c.vocabSize, dt}));
+    // Each rank embeds the tokens of its part of the vocabulary (zero rows for the others).
+    TG_RETURN_IF_ERROR(backend_.gatherRows({.table = embed_->data(),
+                                            .ids = meta.ids,
+                                            .out = x,
+                                            .rows = rows,
+                                            .width = h,
+                                            .tableRows = vocabPart_,
+                                            .dtype = dt,
+                                            .idOffset = rank_ * vocabPart_,
+                                            .zeroOutside = world_ > 1}));
+    TG_RETURN_IF_ERROR(allReduce(x, rows * h));
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (int64_t i = 0; i < c.numLayers; ++i) {
       Layer& l = layers_[i];
@@ -284,6 +318,7 @@ class LlamaModel final : public Model {
            .maxContext = meta.layout.maxContext,
            .dtype = dt}));
       TG_RETURN_IF_ERROR(backend_.linear({attn, l.o->data(), hs, rows, nh * hd, h, dt}));
+      TG_RETURN_IF_ERROR(allReduce(hs, rows * h));
       TG_RETURN_IF_ERROR(backend_.rmsNorm({.input = hs,
                                            .residual = x,
                                            .residualOut = x,
@@ -296,6 +331,7 @@ class LlamaModel final : public Model {
       TG_RETURN_IF_ERROR(backend_.linear({hs, l.gateUp->data(), gateUp, rows, h, 2 * inter, dt}));
       TG_RETURN_IF_ERROR(backend_.siluMul({gateUp, act, rows, inter, dt}));
       TG_RETURN_IF_ERROR(backend_.linear({act, l.down->data(), hs, rows, inter, h, dt}));
+      TG_RETURN_IF_ERROR(allReduce(hs, rows * h));
     }
     // Final norm of the wanted rows only, then the head.
     void* pickedHs = ws_.pickedHidden->data();
@@ -311,7 +347,28 @@ class LlamaModel final : public Model {
                                          .hiddenSize = h,
                                          .eps = eps,
                                          .dtype = dt}));
-    return backend_.linear({pickedHs, lmHead_->data(), ws_.logits->data(), n, h, c.vocabSize, dt});
+    if (world_ == 1)
+      return backend_.linear(
+          {pickedHs, lmHead_->data(), ws_.logits->data(), n, h, c.vocabSize, dt});
+    // Each rank's part of the vocabulary, gathered as [rank][row][part], then laid out as whole
+    // rows (the padding of the last part dropped): every rank holds every logit.
+    TG_RETURN_IF_ERROR(
+        backend_.linear({pickedHs, lmHead_->data(), ws_.partLogits->data(), n, h, vocabPart_, dt}));
+    TG_RETURN_IF_ERROR(
+        comm_->allGather(ws_.partLogits->data(), ws_.gatheredLogits->data(), n * vocabPart_, dt));
+    const size_t es = kernels::dtypeSize(dt);
+    for (int r = 0; r < world_; ++r) {
+      const int64_t width = std::min(vocabPart_, c.vocabSize - r * vocabPart_);
+      if (width <= 0) break;
+      TG_RETURN_IF_ERROR(backend_.copy2d(at(*ws_.logits, r * vocabPart_, dt), c.vocabSize * es,
+                                         at(*ws_.gatheredLogits, r * n * vocabPart_, dt),
+                                         vocabPart_ * es, width * es, n));
+    }
+    return okStatus();
+  }
+
+  Status allReduce(void* data, int64_t count) {
+    return world_ == 1 ? okStatus() : comm_->allReduceSum(data, count, dtype_);
   }
 
   Layout eagerLayout(const ForwardBatch& b) const {
@@ -395,6 +452,7 @@ class LlamaModel final : public Model {
     int64_t rows = 0, logitRows = 0;
     std::unique_ptr<Buffer> residual, hidden, qkv, attn, gateUp, act;
     std::unique_ptr<Buffer> pickedHidden, pickedResidual, logits;
+    std::unique_ptr<Buffer> partLogits, gatheredLogits;  // tensor parallelism: the head's parts
     std::unique_ptr<Buffer> meta, invFreq, greedy;
     // kernels::sample: inputs, float32/float64 scratch, outputs.
     std::unique_ptr<Buffer> sampleIn, sampleWork, sampleProbs, sampleOut;
@@ -511,16 +569,20 @@ class LlamaModel final : public Model {
     if (rows > ws_.rows) {
       TG_RETURN_IF_ERROR(alloc(ws_.residual, rows, c.hiddenSize));
       TG_RETURN_IF_ERROR(alloc(ws_.hidden, rows, c.hiddenSize));
-      TG_RETURN_IF_ERROR(alloc(ws_.qkv, rows, (c.numHeads + 2 * c.numKvHeads) * c.headDim));
-      TG_RETURN_IF_ERROR(alloc(ws_.attn, rows, c.numHeads * c.headDim));
-      TG_RETURN_IF_ERROR(alloc(ws_.gateUp, rows, 2 * c.intermediateSize));
-      TG_RETURN_IF_ERROR(alloc(ws_.act, rows, c.intermediateSize));
+      TG_RETURN_IF_ERROR(alloc(ws_.qkv, rows, (heads_ + 2 * kvHeads_) * c.headDim));
+      TG_RETURN_IF_ERROR(alloc(ws_.attn, rows, heads_ * c.headDim));
+      TG_RETURN_IF_ERROR(alloc(ws_.gateUp, rows, 2 * inter_));
+      TG_RETURN_IF_ERROR(alloc(ws_.act, rows, inter_));
       ws_.rows = rows;
     }
     if (logitRows > ws_.logitRows) {
       TG_RETURN_IF_ERROR(alloc(ws_.pickedHidden, logitRows, c.hiddenSize));
       TG_RETURN_IF_ERROR(alloc(ws_.pickedResidual, logitRows, c.hiddenSize));
       TG_RETURN_IF_ERROR(alloc(ws_.logits, logitRows, c.vocabSize));
+      if (world_ > 1) {
+        TG_RETURN_IF_ERROR(alloc(ws_.partLogits, logitRows, vocabPart_));
+        TG_RETURN_IF_ERROR(alloc(ws_.gatheredLogits, logitRows, world_ * vocabPart_));
+      }
       ws_.logitRows = logitRows;
     }
     return okStatus();
@@ -577,6 +639,11 @@ class LlamaModel final : public Model {
   ModelConfig config_;
   ArchitectureSpec spec_;
   Backend& backend_;
+  // Tensor parallelism: this rank's share (everything, on one rank).
+  Communicator* comm_ = nullptr;
+  int rank_ = 0, world_ = 1;
+  int64_t heads_ = 0, kvHeads_ = 0, inter_ = 0, vocabPart_ = 0;
+  Shard kvShard_;
   DType dtype_ = DType::kF32;
   float ropeScaling_ = 1.0f;  // multiplies cos and sin
   std::unique_ptr<Buffer> embed_, finalNorm_, ownLmHead_;

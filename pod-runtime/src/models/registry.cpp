@@ -23,12 +23,12 @@ StatusOr<std::unique_ptr<Model>> loadModel(const std::string& modelDir, Backend&
   return unimplementedError("architecture '" + config.architecture + "' is not supported");
 }
 
-int64_t KvCache::bytesPerBlock(const ModelConfig& c, int64_t blockSize, kernels::DType dtype) {
-  return 2 * c.numLayers * blockSize * c.numKvHeads * c.headDim *
+int64_t KvCache::bytesPerBlock(const KvShape& c, int64_t blockSize, kernels::DType dtype) {
+  return 2 * c.layers * blockSize * c.kvHeads * c.headDim *
          static_cast<int64_t>(kernels::dtypeSize(dtype));
 }
 
-StatusOr<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const ModelConfig& c,
+StatusOr<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const KvShape& c,
                                                    int64_t numBlocks, int64_t blockSize,
                                                    kernels::DType dtype) {
   if (numBlocks <= 0 || blockSize <= 0)
@@ -39,9 +39,11 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const Model
   cache->dtype_ = dtype;
   static std::atomic<uint64_t> nextId{1};
   cache->id_ = nextId++;
-  const size_t bytes = static_cast<size_t>(numBlocks * blockSize * c.numKvHeads * c.headDim) *
+  if (c.layers <= 0 || c.kvHeads <= 0 || c.headDim <= 0)
+    return invalidArgumentError("KV cache needs positive layers, heads and head size");
+  const size_t bytes = static_cast<size_t>(numBlocks * blockSize * c.kvHeads * c.headDim) *
                        kernels::dtypeSize(dtype);
-  for (int64_t i = 0; i < c.numLayers; ++i) {
+  for (int64_t i = 0; i < c.layers; ++i) {
     TG_ASSIGN_OR_RETURN(auto k, backend.allocate(bytes));
     TG_ASSIGN_OR_RETURN(auto v, backend.allocate(bytes));
     cache->keys_.push_back(std::move(k));

@@ -2,7 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "textgen/shard/v1/shard.grpc.pb.h"
 
@@ -181,6 +184,7 @@ class ShardService final : public pb::ShardService::Service {
   grpc::Status Warmup(grpc::ServerContext*, const pb::WarmupRequest* in,
                       pb::WarmupResponse* out) override {
     std::lock_guard lock(mutex_);
+    Watch watch(*this, "Warmup", options_.warmupTimeout);
     auto requests = fromProto(in->batch());
     if (!requests.ok()) return toGrpc(requests.status());
     auto w = engine_.warmup(
@@ -199,6 +203,7 @@ class ShardService final : public pb::ShardService::Service {
   grpc::Status Prefill(grpc::ServerContext*, const pb::PrefillRequest* in,
                        pb::PrefillResponse* out) override {
     std::lock_guard lock(mutex_);
+    Watch watch(*this, "Prefill", options_.stepTimeout);
     std::vector<GenerationResult> refused;
     auto requests = fromProto(in->batch(), &refused);
     if (!requests.ok()) return toGrpc(requests.status());
@@ -218,6 +223,7 @@ class ShardService final : public pb::ShardService::Service {
   grpc::Status Decode(grpc::ServerContext*, const pb::DecodeRequest* in,
                       pb::DecodeResponse* out) override {
     std::lock_guard lock(mutex_);
+    Watch watch(*this, "Decode", options_.stepTimeout);
     std::vector<uint64_t> ids;
     for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
     auto s = engine_.decode(ids);
@@ -227,10 +233,73 @@ class ShardService final : public pb::ShardService::Service {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
+  // Arms the watchdog for one engine call (calls are serialised by mutex_).
+  class Watch {
+   public:
+    Watch(ShardService& s, const char* what, std::chrono::milliseconds timeout) : s_(s) {
+      if (timeout.count() <= 0 || !s.options_.onHang) return;
+      std::lock_guard lock(s.watchMu_);
+      s.watchWhat_ = what;
+      s.watchTimeout_ = timeout;
+      s.watchDeadline_ = Clock::now() + timeout;
+      s.watchArmed_ = true;
+      s.ensureWatchdog();
+    }
+    ~Watch() {
+      std::lock_guard lock(s_.watchMu_);
+      s_.watchArmed_ = false;
+    }
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+
+   private:
+    ShardService& s_;
+  };
+
+  // Under watchMu_.
+  void ensureWatchdog() {
+    if (watchdog_.joinable()) return;
+    watchdog_ = std::thread([this] {
+      std::unique_lock lock(watchMu_);
+      while (!watchStop_) {
+        watchCv_.wait_for(lock, std::chrono::milliseconds(100));
+        if (watchArmed_ && Clock::now() > watchDeadline_) {
+          const std::string why = std::string(watchWhat_) + " did not finish within " +
+                                  std::to_string(watchTimeout_.count()) +
+                                  " ms: a tensor-parallel peer is gone or stuck";
+          watchArmed_ = false;
+          lock.unlock();
+          options_.onHang(why);
+          lock.lock();
+        }
+      }
+    });
+  }
+
+ public:
+  ~ShardService() override {
+    {
+      std::lock_guard lock(watchMu_);
+      watchStop_ = true;
+    }
+    watchCv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+  }
+
+ private:
   Engine& engine_;
   const Model& model_;
   ShardServiceOptions options_;
   std::mutex mutex_;
+  std::mutex watchMu_;
+  std::condition_variable watchCv_;
+  std::thread watchdog_;
+  bool watchArmed_ = false, watchStop_ = false;
+  const char* watchWhat_ = "";
+  std::chrono::milliseconds watchTimeout_{0};
+  Clock::time_point watchDeadline_;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The gRPC ShardService over an Engine: the only code in pod-runtime that sees protobuf types.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,11 @@ struct ShardServiceOptions {
   std::string dtype = "float32";
   std::string deviceType = "cpu";
   int worldSize = 1;
+  // A Warmup, Prefill or Decode still running after this long calls onHang (tensor parallelism:
+  // a peer that stopped inside a collective stops this rank too). Zero: no watchdog.
+  std::chrono::milliseconds stepTimeout{0};
+  std::chrono::milliseconds warmupTimeout{0};
+  std::function<void(const std::string&)> onHang;
 };
 
 // The returned service calls into `engine` under a mutex (one RPC at a time, as a shard must).

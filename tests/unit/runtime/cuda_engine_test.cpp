@@ -58,7 +58,7 @@ TEST_F(CudaEngineTest, WarmupSizesTheKvPoolFromFreeDeviceMemory) {
   auto w = engine.warmup(0, warmupBatch(200), std::nullopt, 200, std::nullopt);
   ASSERT_TRUE(w.ok()) << w.status();
   const MemoryInfo after = *backend_->memoryInfo();
-  const int64_t perToken = KvCache::bytesPerBlock(model_->config(), 16, kernels::DType::kF16) / 16;
+  const int64_t perToken = KvCache::bytesPerBlock(model_->kvShape(), 16, kernels::DType::kF16) / 16;
   const double expected = 0.93 * static_cast<double>(before.free) / static_cast<double>(perToken);
   std::printf("free before %zu MiB, after %zu MiB, max_supported_total_tokens %u (%.0f expected)\n",
               before.free >> 20, after.free >> 20, w->maxSupportedTotalTokens, expected);

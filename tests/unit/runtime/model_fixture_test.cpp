@@ -199,7 +199,7 @@ TEST_P(ModelFixtureTest, EachPromptAloneMatchesTransformers) {
   const int64_t vocab = vocab_;
   for (const json& p : ref["prompts"]) {
     SCOPED_TRACE(p["text"].get<std::string>());
-    auto cache = KvCache::create(*backend, model->config(), kNumBlocks, kBlockSize, dtype_);
+    auto cache = KvCache::create(*backend, model->kvShape(), kNumBlocks, kBlockSize, dtype_);
     ASSERT_TRUE(cache.ok());
     Sequence s;
     s.tokens = p["input_ids"].get<std::vector<uint32_t>>();
@@ -249,7 +249,7 @@ TEST_P(ModelFixtureTest, BatchedRequestsJoinAndLeaveMatchAlone) {
   Model* model = model_.get();
   const json& ref = ref_;
   const int64_t vocab = vocab_;
-  auto cache = KvCache::create(*backend, model->config(), kNumBlocks, kBlockSize, dtype_);
+  auto cache = KvCache::create(*backend, model->kvShape(), kNumBlocks, kBlockSize, dtype_);
   ASSERT_TRUE(cache.ok());
   // Blocks handed out in a shuffled order so sequences interleave in the cache.
   std::vector<uint32_t> freeBlocks(kNumBlocks);

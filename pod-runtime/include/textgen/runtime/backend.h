@@ -82,6 +82,10 @@ class Backend {
   }
   virtual Status launch(Graph&) { return unimplementedError(std::string(name()) + ": no graphs"); }
 
+  // Copies `height` rows of `widthBytes` between pitched regions of backend memory (enqueued).
+  virtual Status copy2d(void* dst, size_t dstPitch, const void* src, size_t srcPitch,
+                        size_t widthBytes, size_t height) = 0;
+
   virtual Status gatherRows(const kernels::GatherRowsParams& p) = 0;
   virtual Status rmsNorm(const kernels::RmsNormParams& p) = 0;
   virtual Status linear(const kernels::GemmParams& p) = 0;

@@ -90,6 +90,8 @@ struct EngineOptions {
   double memoryFraction = 1.0;   // share of the device this process may use (TGI's
                                  // --cuda-memory-fraction)
   double safetyFraction = 0.93;  // of the remaining memory given to the KV pool (TGI's wiggle room)
+  // Tensor parallelism: the ranks agree on the KV pool size through it (null: one rank).
+  Communicator* comm = nullptr;
 };
 
 class Engine {

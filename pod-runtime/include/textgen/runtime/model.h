@@ -9,18 +9,24 @@
 
 #include "textgen/base/status_or.h"
 #include "textgen/runtime/backend.h"
+#include "textgen/runtime/communicator.h"
 #include "textgen/runtime/model_config.h"
 
 namespace textgen::runtime {
 
-// Paged keys and values of every layer: [numBlocks * blockSize slots, numKvHeads, headDim] each.
+// What one rank keeps per cached token and layer: its share of the key/value heads.
+struct KvShape {
+  int64_t layers = 0, kvHeads = 0, headDim = 0;
+};
+
+// Paged keys and values of every layer: [numBlocks * blockSize slots, kvHeads, headDim] each.
 class KvCache {
  public:
-  static StatusOr<std::unique_ptr<KvCache>> create(Backend& backend, const ModelConfig& config,
+  static StatusOr<std::unique_ptr<KvCache>> create(Backend& backend, const KvShape& shape,
                                                    int64_t numBlocks, int64_t blockSize,
                                                    kernels::DType dtype = kernels::DType::kF32);
   // Bytes one block takes across all layers (keys and values).
-  static int64_t bytesPerBlock(const ModelConfig& config, int64_t blockSize,
+  static int64_t bytesPerBlock(const KvShape& shape, int64_t blockSize,
                                kernels::DType dtype = kernels::DType::kF32);
 
   int64_t numBlocks() const { return numBlocks_; }
@@ -67,8 +73,9 @@ struct SampledToken {
 };
 
 struct ModelOptions {
-  int rank = 0;                                 // tensor-parallel rank of this process
-  int worldSize = 1;                            // tensor-parallel degree
+  // Tensor parallelism: this process's rank of the group (Megatron splits; every rank returns
+  // the same logits). Null: the whole model on one rank.
+  Communicator* comm = nullptr;
   kernels::DType dtype = kernels::DType::kF32;  // weights, activations and KV cache
   // Decode steps of up to these many sequences replay a captured graph (padded to the next
   // size), on backends with graphs; empty: never (TGI's --cuda-graphs).
@@ -80,6 +87,8 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual kernels::DType dtype() const = 0;
+  // This rank's share of the KV cache.
+  virtual KvShape kvShape() const = 0;
   // Logits [logitRows.size(), vocab] on the host. INVALID_ARGUMENT for an inconsistent batch
   // (a slot or token id out of range, rows not covered by the sequences).
   virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;

@@ -14,11 +14,14 @@
 
 namespace textgen::runtime {
 
-// A tensor-parallel slice: rank `rank` of `worldSize` equal parts along dimension `dim`.
+// A tensor-parallel slice: rank `rank` of `worldSize` equal parts along dimension `dim`. With
+// `pad`, a dimension that does not divide gives parts of ceil(size / worldSize), the last ones
+// completed with zeros (a vocabulary split over ranks).
 struct Shard {
   int dim = 0;
   int rank = 0;
   int worldSize = 1;
+  bool pad = false;
 };
 
 class WeightStore {

@@ -1,0 +1,358 @@
+// Tensor parallelism on the CPU: the rendezvous store (including hostile and lost peers), Gloo's
+// collectives, and every model fixture sharded over 2 and 4 ranks (threads of this process, each
+// with its own backend and Gloo connection over loopback TCP) against the same model on one rank:
+// float32 logits within tolerance, greedy tokens equal, and every rank with the same bits.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "textgen/runtime/communicator.h"
+#include "textgen/runtime/model.h"
+
+namespace textgen::runtime {
+namespace {
+
+using kernels::DType;
+using namespace std::chrono_literals;
+
+// A port nothing listens on now (the kernel's choice for port 0).
+int freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+Rendezvous::Options rdv(int port, int rank, int world, std::chrono::milliseconds timeout = 30s) {
+  return {.masterAddr = "127.0.0.1",
+          .masterPort = port,
+          .rank = rank,
+          .worldSize = world,
+          .timeout = timeout};
+}
+
+// Runs fn on `world` ranks at once, each with its own CPU backend and Gloo communicator.
+void onRanks(int world, const std::function<void(int rank, Backend&, Communicator&)>& fn,
+             std::chrono::milliseconds collectiveTimeout = 60s) {
+  const int port = freePort();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto backend = makeCpuBackend(1);
+      auto rendezvous = Rendezvous::join(rdv(port, r, world));
+      ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
+      auto comm =
+          makeCommunicator(*backend, **rendezvous, {.timeout = collectiveTimeout, .onFatal = {}});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      EXPECT_STREQ((*comm)->name(), "gloo");
+      fn(r, *backend, **comm);
+      // Nobody leaves while another rank may still read the store.
+      EXPECT_TRUE((*rendezvous)->barrier("done").ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(Rendezvous, StoreIsSharedAndWaits) {
+  const int port = freePort();
+  auto r0 = std::async(std::launch::async, [&] { return Rendezvous::join(rdv(port, 0, 2)); });
+  auto r1 = Rendezvous::join(rdv(port, 1, 2));
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  auto zero = r0.get();
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  // A get waits for a later set by another rank.
+  auto later = std::async(std::launch::async, [&] { return (*r1)->get("k", 10s); });
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE((*zero)->set("k", std::string("v\0w", 3)).ok());
+  auto got = later.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::string("v\0w", 3));
+  ASSERT_TRUE((*r1)->set("from1", "x").ok());
+  EXPECT_EQ(*(*zero)->get("from1", 1s), "x");
+  EXPECT_EQ((*r1)->get("missing", 100ms).status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*zero)->get("missing", 100ms).status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*r1)->set(std::string(2000, 'k'), "v").code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Rendezvous, RefusesBadRanksAndNamesTheAddressWhenRankZeroIsAbsent) {
+  EXPECT_EQ(Rendezvous::join(rdv(freePort(), 2, 2)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Rendezvous::join(rdv(0, 0, 2)).status().code(), StatusCode::kInvalidArgument);
+  const int port = freePort();
+  const auto start = std::chrono::steady_clock::now();
+  auto lonely = Rendezvous::join(rdv(port, 1, 2, 700ms));
+  EXPECT_EQ(lonely.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(lonely.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << lonely.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+
+  auto zero = Rendezvous::join(rdv(port, 0, 2));
+  ASSERT_TRUE(zero.ok());
+  // Another world size, and the same rank twice, are refused.
+  EXPECT_EQ(Rendezvous::join(rdv(port, 1, 3)).status().code(), StatusCode::kFailedPrecondition);
+  auto one = Rendezvous::join(rdv(port, 1, 2));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(Rendezvous::join(rdv(port, 1, 2)).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// Raw bytes to rank 0's port: garbage, oversized lengths, a hello and then junk, a silent
+// connection. The store keeps serving real ranks.
+TEST(Rendezvous, HostileConnectionsDoNotDisturbTheStore) {
+  const int port = freePort();
+  auto zero = Rendezvous::join(rdv(port, 0, 2));
+  ASSERT_TRUE(zero.ok());
+  auto send = [&](const std::string& bytes) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    if (!bytes.empty()) ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    return fd;
+  };
+  auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  std::vector<int> fds;
+  fds.push_back(send("GET / HTTP/1.1\r\n\r\n"));
+  fds.push_back(send("H" + u32(0) + u32(2)));  // rank 0 is not a client
+  fds.push_back(send("H" + u32(7) + u32(2)));
+  fds.push_back(send(""));  // silent
+  fds.push_back(send("S" + u32(0xffffffff)));
+  auto one = Rendezvous::join(rdv(port, 1, 2));
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE((*one)->set("a", "b").ok());
+  EXPECT_EQ(*(*zero)->get("a", 1s), "b");
+  for (int fd : fds) ::close(fd);
+  // None of those was a rank: losing them is not losing a peer.
+  std::atomic<int> lost{0};
+  (*zero)->watchPeers([&](const std::string&) { ++lost; });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(lost.load(), 0);
+}
+
+TEST(Rendezvous, ALostPeerIsReportedOnBothSides) {
+  const int port = freePort();
+  auto zeroF = std::async(std::launch::async, [&] { return Rendezvous::join(rdv(port, 0, 3)); });
+  auto one = Rendezvous::join(rdv(port, 1, 3));
+  auto two = Rendezvous::join(rdv(port, 2, 3));
+  auto zero = zeroF.get();
+  ASSERT_TRUE(zero.ok() && one.ok() && two.ok());
+  std::promise<std::string> zeroLost, twoLost;
+  (*zero)->watchPeers([&](const std::string& why) { zeroLost.set_value(why); });
+  (*two)->watchPeers([&](const std::string& why) { twoLost.set_value(why); });
+  one->reset();  // rank 1's process ends
+  auto f0 = zeroLost.get_future();
+  ASSERT_EQ(f0.wait_for(5s), std::future_status::ready);
+  EXPECT_NE(f0.get().find("rank 1"), std::string::npos);
+  zero->reset();  // then rank 0's
+  auto f2 = twoLost.get_future();
+  ASSERT_EQ(f2.wait_for(5s), std::future_status::ready);
+  EXPECT_NE(f2.get().find("rank 0"), std::string::npos);
+}
+
+TEST(Gloo, CollectivesGiveEveryRankTheSameResult) {
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE(world);
+    onRanks(world, [world](int rank, Backend& backend, Communicator& comm) {
+      EXPECT_EQ(comm.rank(), rank);
+      EXPECT_EQ(comm.worldSize(), world);
+      const int64_t n = 1000;
+      auto buf = *backend.allocate(n * 4);
+      auto* x = buf->as<float>();
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(rank * 1000 + i) * 0.5f;
+      ASSERT_TRUE(comm.allReduceSum(x, n, DType::kF32).ok());
+      for (int64_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int r = 0; r < world; ++r) want += static_cast<float>(r * 1000 + i) * 0.5f;
+        ASSERT_FLOAT_EQ(x[i], want) << i;
+      }
+      auto gathered = *backend.allocate(n * 4 * world);
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(rank) + static_cast<float>(i);
+      ASSERT_TRUE(comm.allGather(x, gathered->data(), n, DType::kF32).ok());
+      for (int r = 0; r < world; ++r)
+        ASSERT_EQ(gathered->as<float>()[r * n + 7], static_cast<float>(r + 7));
+      x[0] = static_cast<float>(rank + 10);
+      ASSERT_TRUE(comm.broadcast(x, 1, DType::kF32, world - 1).ok());
+      EXPECT_EQ(x[0], static_cast<float>(world - 1 + 10));
+      auto least = allReduceMin(backend, comm, 100 - rank);
+      ASSERT_TRUE(least.ok());
+      EXPECT_EQ(*least, 100 - (world - 1));
+      EXPECT_EQ(comm.allReduceSum(x, 1, DType::kF16).code(), StatusCode::kUnimplemented);
+      EXPECT_EQ(comm.broadcast(x, 1, DType::kF32, world).code(), StatusCode::kInvalidArgument);
+    });
+  }
+}
+
+// A rank that never joins a collective: the other fails within the timeout, says why, and every
+// later collective fails at once.
+TEST(Gloo, ACollectiveWithASilentPeerTimesOut) {
+  std::atomic<bool> released{false};
+  onRanks(
+      2,
+      [&](int rank, Backend& backend, Communicator& comm) {
+        auto buf = *backend.allocate(64);
+        if (rank == 1) {
+          while (!released) std::this_thread::sleep_for(10ms);
+          return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        const Status s = comm.allReduceSum(buf->data(), 16, DType::kF32);
+        released = true;
+        EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+        EXPECT_NE(s.message().find("all-reduce failed on rank 0"), std::string::npos) << s;
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+        EXPECT_EQ(comm.allGather(buf->data(), buf->data(), 1, DType::kF32).code(),
+                  StatusCode::kUnavailable);
+      },
+      1s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model fixtures sharded.
+
+constexpr int64_t kBlockSize = 4;
+constexpr int64_t kNumBlocks = 128;
+constexpr int kNewTokens = 12;
+
+std::string fixture(const std::string& name) {
+  return std::string(TEXTGEN_MODEL_FIXTURES) + "/" + name;
+}
+
+std::vector<std::vector<uint32_t>> prompts(const std::string& dir) {
+  std::ifstream in(dir + "/reference.json");
+  const auto ref = nlohmann::json::parse(in);
+  std::vector<std::vector<uint32_t>> out;
+  for (const auto& p : ref["prompts"]) out.push_back(p["input_ids"].get<std::vector<uint32_t>>());
+  return out;
+}
+
+// Every prompt in one batch: prefill together, then greedy decode steps; the logits of every step.
+struct Trace {
+  std::vector<std::vector<float>> logits;  // per step: [prompts, vocab]
+  std::vector<std::vector<uint32_t>> tokens;
+};
+
+Trace runGreedy(Model& model, Backend& backend, const std::vector<std::vector<uint32_t>>& ps) {
+  Trace t;
+  auto cache = KvCache::create(backend, model.kvShape(), kNumBlocks, kBlockSize);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  if (!cache.ok()) return t;
+  std::vector<std::vector<uint32_t>> seqs = ps, blocks(ps.size());
+  std::vector<int64_t> cached(ps.size(), 0);
+  uint32_t next = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const int64_t need = (static_cast<int64_t>(ps[i].size()) + kNewTokens) / kBlockSize + 1;
+    for (int64_t b = 0; b < need; ++b) blocks[i].push_back(next++);
+  }
+  t.tokens.resize(ps.size());
+  const int64_t vocab = model.config().vocabSize;
+  for (int stepNo = 0; stepNo < kNewTokens; ++stepNo) {
+    ForwardBatch b;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(seqs[i].size()) - cached[i];
+      b.sequences.push_back({.firstRow = static_cast<int64_t>(b.tokenIds.size()),
+                             .numRows = n,
+                             .startPos = cached[i],
+                             .blocks = blocks[i]});
+      for (int64_t p = cached[i]; p < cached[i] + n; ++p) {
+        b.tokenIds.push_back(seqs[i][p]);
+        b.slots.push_back(blocks[i][p / kBlockSize] * kBlockSize + p % kBlockSize);
+      }
+      b.logitRows.push_back(static_cast<int64_t>(b.tokenIds.size()) - 1);
+      cached[i] += n;
+    }
+    auto logits = model.forward(b, **cache);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) return t;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const float* row = logits->data() + i * vocab;
+      const auto id = static_cast<uint32_t>(std::max_element(row, row + vocab) - row);
+      seqs[i].push_back(id);
+      t.tokens[i].push_back(id);
+    }
+    t.logits.push_back(std::move(*logits));
+  }
+  return t;
+}
+
+class TensorParallelFixture : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(TensorParallelFixture, EqualsOneRank) {
+  const std::string dir = fixture(std::get<0>(GetParam()));
+  const int world = std::get<1>(GetParam());
+  const auto ps = prompts(dir);
+  auto backend = makeCpuBackend(1);
+  auto single = loadModel(dir, *backend);
+  ASSERT_TRUE(single.ok()) << single.status();
+  const Trace want = runGreedy(**single, *backend, ps);
+  const ModelConfig c = (*single)->config();
+  const bool divides =
+      c.numHeads % world == 0 && c.intermediateSize % world == 0 &&
+      (c.numKvHeads >= world ? c.numKvHeads % world == 0 : world % c.numKvHeads == 0);
+  std::vector<Trace> got(world);
+  onRanks(world, [&](int rank, Backend& b, Communicator& comm) {
+    auto model = loadModel(dir, b, {.comm = &comm, .dtype = DType::kF32, .graphBatchSizes = {}});
+    if (!divides) {
+      // Refused at load, naming the dimension.
+      ASSERT_FALSE(model.ok());
+      EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(model.status().message().find("does not divide across " + std::to_string(world)),
+                std::string::npos)
+          << model.status();
+      return;
+    }
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->kvShape().kvHeads, std::max<int64_t>(c.numKvHeads / world, 1));
+    got[rank] = runGreedy(**model, b, ps);
+  });
+  if (!divides) return;
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(got[r].tokens, want.tokens) << "rank " << r << ": greedy tokens differ from 1 rank";
+    ASSERT_EQ(got[r].logits.size(), want.logits.size());
+  }
+  float maxErr = 0;
+  for (size_t s = 0; s < want.logits.size(); ++s) {
+    for (size_t i = 0; i < want.logits[s].size(); ++i) {
+      const float w = want.logits[s][i], g = got[0].logits[s][i];
+      maxErr = std::max(maxErr, std::fabs(g - w));
+      ASSERT_LE(std::fabs(g - w), 2e-4f + 1e-4f * std::fabs(w)) << "step " << s << " logit " << i;
+    }
+    for (int r = 1; r < world; ++r)
+      ASSERT_EQ(std::memcmp(got[r].logits[s].data(), got[0].logits[s].data(),
+                            got[0].logits[s].size() * sizeof(float)),
+                0)
+          << "rank " << r << " has other logits than rank 0 at step " << s;
+  }
+  std::printf("%s TP=%d: max logit difference from 1 rank %.2e\n", std::get<0>(GetParam()), world,
+              maxErr);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixture,
+                         ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear",
+                                                              "llama-dynamic", "mistral-sharded",
+                                                              "llama-hd128", "llama-rope-llama3",
+                                                              "llama-rope-yarn"),
+                                            ::testing::Values(2, 4)),
+                         [](const auto& param) {
+                           std::string name = std::get<0>(param.param);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name + "_tp" + std::to_string(std::get<1>(param.param));
+                         });
+
+}  // namespace
+}  // namespace textgen::runtime
