@@ -2,16 +2,23 @@
 // records them). Rank 0 makes the unique id and passes it through the rendezvous store. NVLink
 // multicast (NVLS) is always off: it can take shared GPUs out of service (../shared notes). A
 // watchdog thread polls NCCL's asynchronous error and reports it through onFatal.
+// All-reduces of up to kOneShotBytes go through kernels' one-shot all-reduce over peer memory
+// (CUDA IPC between processes, peer access between threads of one process) when every rank can
+// map every other's buffer; the ranks agree on that at start-up (TEXTGEN_CUSTOM_ALL_REDUCE=0 turns
+// it off). NCCL takes everything else.
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "textgen/base/log.h"
+#include "textgen/kernels/all_reduce.h"
 #include "textgen/runtime/backend.h"
 #include "textgen/runtime/communicator.h"
 
@@ -20,6 +27,16 @@ namespace textgen::runtime {
 cudaStream_t cudaBackendStream(Backend& backend);
 
 namespace {
+
+constexpr size_t kOneShotBytes = 8u << 20;
+
+// What a rank tells its peers about its one-shot staging region.
+struct PeerRecord {
+  int32_t ok = 0;  // this rank allocated its region
+  int32_t pid = 0, device = 0;
+  uint64_t pointer = 0;
+  cudaIpcMemHandle_t handle{};
+};
 
 Status ncclStatus(ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess) return okStatus();
@@ -44,6 +61,9 @@ class NcclCommunicator final : public Communicator {
     stop_ = true;
     if (watchdog_.joinable()) watchdog_.join();
     if (comm_ && !aborted_) ncclCommDestroy(comm_);
+    for (void* p : opened_) cudaIpcCloseMemHandle(p);
+    if (region_) cudaFree(region_);
+    if (counters_) cudaFree(counters_);
   }
 
   Status init(Rendezvous& rendezvous) {
@@ -66,6 +86,85 @@ class NcclCommunicator final : public Communicator {
         ncclCommInitRank(&comm_, world_, id, rank_),
         "joining " + std::to_string(world_) + " ranks as rank " + std::to_string(rank_)));
     watchdog_ = std::thread([this] { watch(); });
+    const char* custom = std::getenv("TEXTGEN_CUSTOM_ALL_REDUCE");
+    if (world_ <= kernels::kAllReduceMaxRanks && !(custom && std::string(custom) == "0")) {
+      TG_RETURN_IF_ERROR(setUpOneShot(rendezvous));
+    }
+    spdlog::info("rank {}: all-reduce through {}", rank_,
+                 oneShot_ ? "the one-shot peer-memory kernel up to 8 MiB, NCCL above" : "NCCL");
+    return okStatus();
+  }
+
+  // Every rank allocates its staging region and publishes it; each maps every peer's. The one-shot
+  // path is on only if every rank mapped every peer (agreed through the store: a rank on its own
+  // would wait forever for peers that use NCCL).
+  Status setUpOneShot(Rendezvous& rendezvous) {
+    PeerRecord mine;
+    mine.pid = static_cast<int32_t>(::getpid());
+    cudaGetDevice(&mine.device);
+    const size_t bytes = kernels::AllReducePeerLayout::bytes(kOneShotBytes);
+    if (cudaMalloc(&region_, bytes) == cudaSuccess &&
+        cudaMalloc(&counters_, sizeof(uint32_t) * kernels::kAllReduceBlocks) == cudaSuccess &&
+        cudaMemset(region_, 0, bytes) == cudaSuccess &&
+        cudaMemset(counters_, 0, sizeof(uint32_t) * kernels::kAllReduceBlocks) == cudaSuccess &&
+        cudaDeviceSynchronize() == cudaSuccess &&
+        cudaIpcGetMemHandle(&mine.handle, region_) == cudaSuccess) {
+      mine.ok = 1;
+      mine.pointer = reinterpret_cast<uint64_t>(region_);
+    }
+    cudaGetLastError();
+    TG_RETURN_IF_ERROR(
+        rendezvous.set("oneshot/" + std::to_string(rank_),
+                       std::string_view(reinterpret_cast<const char*>(&mine), sizeof mine)));
+    bool mapped = mine.ok != 0;
+    std::string why = mapped ? "" : "no staging memory";
+    for (int r = 0; r < world_; ++r) {
+      TG_ASSIGN_OR_RETURN(std::string v,
+                          rendezvous.get("oneshot/" + std::to_string(r), std::chrono::minutes(10)));
+      PeerRecord peer;
+      if (v.size() != sizeof peer) return dataLossError("one-shot all-reduce: malformed record");
+      std::memcpy(&peer, v.data(), sizeof peer);
+      if (r == rank_) {
+        peers_[r] = region_;
+        continue;
+      }
+      if (!mapped || !peer.ok) {
+        mapped = false;
+        continue;
+      }
+      if (peer.pid == mine.pid) {  // ranks as threads of one process: peer access
+        int can = 0;
+        cudaDeviceCanAccessPeer(&can, mine.device, peer.device);
+        const cudaError_t e =
+            can ? cudaDeviceEnablePeerAccess(peer.device, 0) : cudaErrorNotSupported;
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+          mapped = false;
+          why = "no peer access to device " + std::to_string(peer.device);
+        }
+        peers_[r] = reinterpret_cast<void*>(peer.pointer);
+      } else {
+        void* p = nullptr;
+        const cudaError_t e = cudaIpcOpenMemHandle(&p, peer.handle, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess) {
+          mapped = false;
+          why = std::string("cannot map rank ") + std::to_string(r) + "'s memory (" +
+                cudaGetErrorString(e) + ")";
+        } else {
+          opened_.push_back(p);
+          peers_[r] = p;
+        }
+      }
+      cudaGetLastError();
+    }
+    TG_RETURN_IF_ERROR(rendezvous.set("oneshot/ok/" + std::to_string(rank_), mapped ? "1" : "0"));
+    bool all = true;
+    for (int r = 0; r < world_; ++r) {
+      TG_ASSIGN_OR_RETURN(std::string v, rendezvous.get("oneshot/ok/" + std::to_string(r),
+                                                        std::chrono::minutes(10)));
+      all &= v == "1";
+    }
+    if (!mapped) spdlog::warn("rank {}: one-shot all-reduce unavailable: {}", rank_, why);
+    oneShot_ = all;
     return okStatus();
   }
 
@@ -76,6 +175,20 @@ class NcclCommunicator final : public Communicator {
   Status allReduceSum(void* data, int64_t count, kernels::DType dtype) override {
     TG_ASSIGN_OR_RETURN(ncclDataType_t t, ncclType(dtype));
     if (count == 0) return okStatus();
+    if (oneShot_) {
+      kernels::OneShotAllReduceParams p;
+      p.data = data;
+      p.count = count;
+      p.dtype = dtype;
+      p.rank = rank_;
+      p.worldSize = world_;
+      for (int r = 0; r < world_; ++r) p.peers[r] = peers_[r];
+      p.capacityBytes = kOneShotBytes;
+      p.counters = counters_;
+      // A message it cannot take (too large, unaligned) goes to NCCL: the same on every rank.
+      if (kernels::validateOneShotAllReduce(p).ok())
+        return kernels::invokeOneShotAllReduce(p, stream_);
+    }
     return ncclStatus(
         ncclAllReduce(data, data, static_cast<size_t>(count), t, ncclSum, comm_, stream_),
         "all-reduce");
@@ -121,6 +234,12 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   CommunicatorOptions options_;
   ncclComm_t comm_ = nullptr;
+  // The one-shot all-reduce: this rank's region, every rank's as mapped here, IPC mappings.
+  bool oneShot_ = false;
+  void* region_ = nullptr;
+  uint32_t* counters_ = nullptr;
+  void* peers_[kernels::kAllReduceMaxRanks] = {};
+  std::vector<void*> opened_;
   std::atomic<bool> stop_{false}, aborted_{false};
   std::thread watchdog_;
 };
