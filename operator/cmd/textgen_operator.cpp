@@ -1,7 +1,7 @@
 // textgen-operator: reconciles TextGenerationService resources (textgen.dev/v1alpha1) into shard
-// StatefulSets, Services, the router Deployment, a PodDisruptionBudget and autoscaling
-// (docs/operator.md). One active replica at a time through a Lease; /metrics and /healthz on
-// --metrics-port.
+// StatefulSets, Services, the router Deployment, a PodDisruptionBudget and autoscaling, and
+// restarts a replica's shard pods together when one of its ranks fails (docs/operator.md). One
+// active replica at a time through a Lease; /metrics and /healthz on --metrics-port.
 //
 //   textgen-operator [--kubeconfig FILE] [--namespace NS] [--image IMAGE] [--metrics-port 8080]
 //                    [--leader-elect true|false] [--lease-namespace NS] [--lease-seconds 15]
@@ -174,7 +174,11 @@ int run(const Flags& f) {
   const std::string managed = "app.kubernetes.io/managed-by=textgen-operator";
   Informer statefulSets(kube, collection(kinds.statefulSet), managed, owner, f.watchSeconds);
   Informer deployments(kube, collection(kinds.deployment), managed, owner, f.watchSeconds);
-  Reconciler reconciler(kube, kinds, f.image, services, statefulSets, deployments);
+  Informer pods(kube, collection(kinds.pod), managed + "," + kComponentLabel + "=shard", owner,
+                f.watchSeconds);
+  Reconciler reconciler(
+      kube, kinds, f.image, {services, statefulSets, deployments, pods},
+      [&](const std::string& key, std::chrono::milliseconds delay) { queue.addAfter(key, delay); });
 
   StatusServer server(f.metricsPort, [&] {
     const ReconcilerMetrics& m = reconciler.metrics();
@@ -188,11 +192,14 @@ int run(const Flags& f) {
            "Passes that failed and were requeued.", m.errors);
     metric("textgen_operator_writes_total", "counter", "Writes to the API server.", m.writes);
     metric("textgen_operator_conflicts_total", "counter", "409 conflicts (requeued).", m.conflicts);
+    metric("textgen_operator_group_restarts_total", "counter",
+           "Replicas whose shard pods were deleted together (a failed rank, or an update).",
+           m.groupRestarts);
     metric("textgen_operator_queue_depth", "gauge", "Keys waiting in the work queue.",
            static_cast<int64_t>(queue.depth()));
     metric("textgen_operator_leader", "gauge", "1 while this replica holds the lease.", leading);
     metric("textgen_operator_relists_total", "counter", "Lists after an expired watch.",
-           services.relists() + statefulSets.relists() + deployments.relists());
+           services.relists() + statefulSets.relists() + deployments.relists() + pods.relists());
     return out;
   });
   if (Status st = server.open(); !st.ok()) {
@@ -218,6 +225,7 @@ int run(const Flags& f) {
   services.start();
   statefulSets.start();
   deployments.start();
+  pods.start();
   std::printf("textgen-operator: leading, reconciling\n");
   std::fflush(stdout);
 
@@ -225,7 +233,8 @@ int run(const Flags& f) {
   for (int w = 0; w < f.workers; ++w) {
     workers.emplace_back([&] {
       while (auto key = queue.get()) {
-        if (!services.synced() || !statefulSets.synced() || !deployments.synced()) {
+        if (!services.synced() || !statefulSets.synced() || !deployments.synced() ||
+            !pods.synced()) {
           queue.done(*key);
           queue.addAfter(*key, std::chrono::milliseconds(100));
           continue;
@@ -253,6 +262,7 @@ int run(const Flags& f) {
   services.stop();
   statefulSets.stop();
   deployments.stop();
+  pods.stop();
   if (code == 0) elector.release();
   server.close();
   spdlog::info("textgen-operator: stopped{}", code ? " (lost the lease)" : "");

@@ -3,10 +3,6 @@
 namespace textgen::op {
 namespace {
 
-std::string shardName(const ServiceSpec& s, int64_t r) {
-  return s.name + "-shard-" + std::to_string(r);
-}
-
 json labels(const ServiceSpec& s, const std::string& component) {
   json l = {{"app.kubernetes.io/name", "textgen"},
             {"app.kubernetes.io/instance", s.name},
@@ -58,16 +54,29 @@ std::string hubResolve() {
          "--revision \"$MODEL_REVISION\") || exit 1; ";
 }
 
-// A command that runs `binary args` with the model directory as `modelFlag`'s value.
+std::string shellQuote(const std::string& a) {
+  std::string q = "'";
+  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// A command that runs `binary args` with the model directory as `modelFlag`'s value: exec form for
+// a model on a volume, a shell line for a hub model (resolved first) or when `shellPrefix` (shell
+// statements, e.g. computing RANK) must run before it.
 json command(const ServiceSpec& s, const std::string& binary, const std::string& modelFlag,
-             const std::vector<std::string>& args) {
-  if (!fromHub(s)) {
+             const std::vector<std::string>& args, const std::string& shellPrefix = "") {
+  if (!fromHub(s) && shellPrefix.empty()) {
     json c = json::array({binary, modelFlag, modelDir(s)});
     for (const auto& a : args) c.push_back(a);
     return c;
   }
-  std::string line = hubResolve() + "exec " + binary + " " + modelFlag + " \"$model\"";
-  for (const auto& a : args) line += " '" + a + "'";
+  std::string line = shellPrefix;
+  if (fromHub(s)) {
+    line += hubResolve() + "exec " + binary + " " + modelFlag + " \"$model\"";
+  } else {
+    line += "exec " + binary + " " + modelFlag + " " + shellQuote(modelDir(s));
+  }
+  for (const auto& a : args) line += " " + shellQuote(a);
   return json::array({"/bin/sh", "-c", line});
 }
 
@@ -99,66 +108,114 @@ void schedule(const ServiceSpec& s, json& podSpec) {
   if (!s.priorityClassName.empty()) podSpec["priorityClassName"] = s.priorityClassName;
 }
 
-json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
-  const std::string name = shardName(s, r);
-  json podLabels = labels(s, "shard");
-  podLabels[kReplicaLabel] = std::to_string(r);
-  // Every rank's address as the router dials it (rank 0 answers ServiceDiscovery with them):
-  // the pods' stable DNS names under the replica's headless Service.
+// Pod p's stable DNS name under its replica's headless Service.
+std::string podHost(const ServiceSpec& s, int64_t r, int64_t p) {
+  const std::string name = shardStatefulSetName(s, r);
+  return name + "-" + std::to_string(p) + "." + name + "." + s.ns + ".svc.cluster.local";
+}
+
+// Every rank's address as the router dials it, in rank order (rank 0 answers ServiceDiscovery
+// with them): rank p*k+i is container i of pod p, on port kShardPort+i of the pod's DNS name (the
+// router runs in another pod, so never 127.0.0.1).
+std::string shardUrls(const ServiceSpec& s, int64_t r) {
   std::string urls;
-  for (int64_t i = 0; i < s.shards; ++i) {
-    urls += (i ? "," : "") + name + "-" + std::to_string(i) + "." + name + "." + s.ns +
-            ".svc.cluster.local:" + std::to_string(kShardPort);
+  for (int64_t rank = 0; rank < s.shards; ++rank) {
+    urls += (rank ? "," : "") + podHost(s, r, rank / s.shardsPerPod) + ":" +
+            std::to_string(kShardPort + rank % s.shardsPerPod);
   }
-  std::vector<std::string> args = {"--port", std::to_string(kShardPort), "--shard-urls", urls};
-  if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
+  return urls;
+}
+
+// Container i's rank and rendezvous environment, NCCL defaults, then spec.shardEnv (which may
+// replace the NCCL defaults but not what the operator sets: the spec refuses those names).
+json rankEnv(const ServiceSpec& s, int64_t r, int64_t i) {
   json env = modelEnv(s);
-  // The rank is the pod's ordinal (the StatefulSet's pod-index label, Kubernetes >= 1.28).
-  env.push_back(
-      {{"name", "RANK"},
-       {"valueFrom",
-        {{"fieldRef", {{"fieldPath", "metadata.labels['apps.kubernetes.io/pod-index']"}}}}}});
+  const bool onePod = podsPerReplica(s) == 1;
+  if (onePod) {
+    env.push_back(envValue("RANK", std::to_string(i)));
+  } else {  // RANK = POD_INDEX * shardsPerPod + i, computed by the container's shell
+    env.push_back(
+        {{"name", "POD_INDEX"},
+         {"valueFrom",
+          {{"fieldRef",
+            {{"fieldPath", std::string("metadata.labels['") + kPodIndexLabel + "']"}}}}}});
+  }
   env.push_back(envValue("WORLD_SIZE", std::to_string(s.shards)));
-  env.push_back(envValue("MASTER_ADDR", name + "-0." + name + "." + s.ns + ".svc.cluster.local"));
+  env.push_back(envValue("MASTER_ADDR", onePod ? "127.0.0.1" : podHost(s, r, 0)));
   env.push_back(envValue("MASTER_PORT", std::to_string(kRendezvousPort)));
+  env.push_back(envValue("NCCL_NVLS_ENABLE", "0"));  // NVLink multicast is never used
   env.push_back(envValue("NCCL_DEBUG", "WARN"));
   env.push_back(envValue("NCCL_SOCKET_IFNAME", "eth0"));
+  for (const json& e : s.shardEnv) {
+    bool replaced = false;
+    for (json& have : env) {
+      if (have["name"] == e["name"]) {
+        have = e;
+        replaced = true;
+      }
+    }
+    if (!replaced) env.push_back(e);
+  }
+  return env;
+}
+
+// Container `shard-i` of a replica's pod: one rank with its own GPUs and gRPC port.
+json shardContainer(const ServiceSpec& s, int64_t r, int64_t i) {
+  const int64_t port = kShardPort + i;
+  std::vector<std::string> args = {"--port", std::to_string(port), "--shard-urls", shardUrls(s, r)};
+  if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
+  const std::string rankPrefix = podsPerReplica(s) == 1 ? std::string()
+                                                        : "export RANK=$((POD_INDEX * " +
+                                                              std::to_string(s.shardsPerPod) +
+                                                              " + " + std::to_string(i) + ")); ";
   json resources = s.resources;
-  if (s.gpusPerShard > 0) {
+  if (s.gpusPerShard > 0) {  // the device plugin gives every container GPUs of its own
     resources["limits"]["nvidia.com/gpu"] = std::to_string(s.gpusPerShard);
     resources["requests"]["nvidia.com/gpu"] = std::to_string(s.gpusPerShard);
   }
-  auto tcp = [](int period, int failures) {
-    return json{{"tcpSocket", {{"port", "grpc"}}},
-                {"periodSeconds", period},
-                {"failureThreshold", failures}};
+  json ports = json::array({{{"name", "grpc-" + std::to_string(i)}, {"containerPort", port}}});
+  if (i == 0) ports.push_back({{"name", "rendezvous"}, {"containerPort", kRendezvousPort}});
+  auto tcp = [port](int period, int failures) {
+    return json{
+        {"tcpSocket", {{"port", port}}}, {"periodSeconds", period}, {"failureThreshold", failures}};
   };
-  json container = {
-      {"name", "shard"},
-      {"image", s.image},
-      {"imagePullPolicy", s.imagePullPolicy},
-      {"command", command(s, "textgen-shard", "--model-id", args)},
-      {"env", env},
-      {"ports", json::array({{{"name", "grpc"}, {"containerPort", kShardPort}},
-                             {{"name", "rendezvous"}, {"containerPort", kRendezvousPort}}})},
-      // The gRPC port opens once the weights are loaded: up to an hour for a download.
-      {"startupProbe", tcp(10, 360)},
-      {"readinessProbe", tcp(5, 3)},
-      {"livenessProbe", tcp(10, 6)},
-      {"resources", resources},
-      {"volumeMounts", json::array({{{"name", "model"}, {"mountPath", kModelMount}},
-                                    {{"name", "shm"}, {"mountPath", "/dev/shm"}}})}};
-  json podSpec = {
-      {"containers", json::array({container})},
-      {"volumes",
-       json::array({modelVolume(s, r), {{"name", "shm"}, {"emptyDir", {{"medium", "Memory"}}}}})}};
+  return {{"name", "shard-" + std::to_string(i)},
+          {"image", s.image},
+          {"imagePullPolicy", s.imagePullPolicy},
+          {"command", command(s, "textgen-shard", "--model-id", args, rankPrefix)},
+          {"env", rankEnv(s, r, i)},
+          {"ports", ports},
+          // The gRPC port opens once the weights are loaded: up to an hour for a download.
+          {"startupProbe", tcp(10, 360)},
+          {"readinessProbe", tcp(5, 3)},
+          {"livenessProbe", tcp(10, 6)},
+          {"resources", resources},
+          {"volumeMounts", json::array({{{"name", "model"}, {"mountPath", kModelMount}},
+                                        {{"name", "shm"}, {"mountPath", "/dev/shm"}}})}};
+}
+
+// Replica r: podsPerReplica pods of shardsPerPod containers. Updates are OnDelete: the reconciler
+// recreates a replica's pods together (group_restart.h), never one rank at a time.
+json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
+  const std::string name = shardStatefulSetName(s, r);
+  json podLabels = labels(s, "shard");
+  podLabels[kReplicaLabel] = std::to_string(r);
+  json containers = json::array();
+  for (int64_t i = 0; i < s.shardsPerPod; ++i) containers.push_back(shardContainer(s, r, i));
+  // One memory-backed /dev/shm for the pod's ranks (NCCL's shared-memory transport between them).
+  const json shm = {{"name", "shm"},
+                    {"emptyDir",
+                     {{"medium", "Memory"},
+                      {"sizeLimit", std::to_string(s.shardsPerPod * kShmGiBPerRank) + "Gi"}}}};
+  json podSpec = {{"containers", containers}, {"volumes", json::array({modelVolume(s, r), shm})}};
   schedule(s, podSpec);
   json selector = {{"matchLabels", {{kServiceLabel, s.name}, {kReplicaLabel, std::to_string(r)}}}};
   json meta = metadata(s, name, podLabels);
   return object(k.statefulSet, meta,
-                {{"replicas", s.shards},
+                {{"replicas", podsPerReplica(s)},
                  {"serviceName", name},
                  {"podManagementPolicy", "Parallel"},
+                 {"updateStrategy", {{"type", "OnDelete"}}},
                  {"selector", selector},
                  {"template", {{"metadata", {{"labels", podLabels}}}, {"spec", podSpec}}}});
 }
@@ -279,6 +336,14 @@ json autoscaler(const ServiceSpec& s, const Kinds& k) {
 
 }  // namespace
 
+std::string shardStatefulSetName(const ServiceSpec& s, int64_t replica) {
+  return s.name + "-shard-" + std::to_string(replica);
+}
+
+int64_t podsPerReplica(const ServiceSpec& s) {
+  return s.shards / s.shardsPerPod;
+}
+
 std::string shardSelector(const ServiceSpec& s) {
   return std::string(kServiceLabel) + "=" + s.name + "," + kComponentLabel + "=shard";
 }
@@ -290,7 +355,7 @@ std::string endpointUrl(const ServiceSpec& s) {
 std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& k) {
   std::vector<DesiredObject> out;
   for (int64_t r = 0; r < s.replicas; ++r) {
-    const std::string name = shardName(s, r);
+    const std::string name = shardStatefulSetName(s, r);
     json l = labels(s, "shard");
     l[kReplicaLabel] = std::to_string(r);
     if (fromHub(s)) out.push_back({k.persistentVolumeClaim, modelCacheClaim(s, k, r)});
@@ -301,10 +366,10 @@ std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& k) 
   }
   // Every replica's rank 0, for the router's DNS discovery.
   out.push_back(
-      {k.service, headlessService(s, k.service, s.name + "-shards", labels(s, "discovery"),
-                                  {{kServiceLabel, s.name},
-                                   {kComponentLabel, "shard"},
-                                   {"apps.kubernetes.io/pod-index", "0"}})});
+      {k.service,
+       headlessService(
+           s, k.service, s.name + "-shards", labels(s, "discovery"),
+           {{kServiceLabel, s.name}, {kComponentLabel, "shard"}, {kPodIndexLabel, "0"}})});
   out.push_back({k.deployment, routerDeployment(s, k)});
   out.push_back({k.service, routerService(s, k)});
   out.push_back(

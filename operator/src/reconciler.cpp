@@ -1,10 +1,13 @@
 #include "textgen/operator/reconciler.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <ctime>
 #include <set>
 
 #include "textgen/base/log.h"
 #include "textgen/operator/desired_objects.h"
+#include "textgen/operator/group_restart.h"
 #include "textgen/operator/service_spec.h"
 
 namespace textgen::op {
@@ -46,13 +49,14 @@ json observedStatus(const ServiceSpec& s, const Informer& statefulSets, const In
   int64_t ready = 0, rolling = 0;
   std::string notReady;
   for (int64_t r = 0; r < s.replicas; ++r) {
-    const std::string name = s.name + "-shard-" + std::to_string(r);
+    const std::string name = shardStatefulSetName(s, r);
     auto sts = statefulSets.get(s.ns + "/" + name);
     const json st = sts ? sts->value("status", json::object()) : json::object();
     const int64_t gen = sts ? (*sts)["metadata"].value("generation", int64_t{0}) : 0;
     const bool current = sts && st.value("observedGeneration", int64_t{0}) >= gen;
-    if (current && st.value("readyReplicas", int64_t{0}) >= s.shards &&
-        st.value("updatedReplicas", s.shards) >= s.shards) {
+    const int64_t pods = podsPerReplica(s);
+    if (current && st.value("readyReplicas", int64_t{0}) >= pods &&
+        st.value("updatedReplicas", pods) >= pods) {
       ++ready;
     } else {
       ++rolling;
@@ -114,13 +118,15 @@ bool containsFields(const json& have, const json& want) {
 }
 
 Reconciler::Reconciler(KubeClient& client, const Kinds& kinds, std::string defaultImage,
-                       Informer& services, Informer& statefulSets, Informer& deployments)
+                       ReconcilerCaches caches, RequeueAfter requeueAfter)
     : client_(client),
       kinds_(kinds),
       defaultImage_(std::move(defaultImage)),
-      services_(services),
-      statefulSets_(statefulSets),
-      deployments_(deployments) {}
+      services_(caches.services),
+      statefulSets_(caches.statefulSets),
+      deployments_(caches.deployments),
+      pods_(caches.pods),
+      requeueAfter_(std::move(requeueAfter)) {}
 
 StatusOr<KubeResponse> Reconciler::write(const std::string& method, const std::string& path,
                                          const std::optional<json>& body,
@@ -204,9 +210,36 @@ Status Reconciler::reconcileOnce(const std::string& key) {
   const Status applied = applyChildren(*spec, applyError);
   if (!applied.ok() && applied.code() == StatusCode::kAborted) return applied;  // requeue
   if (!applied.ok()) applyError = applied.message();
+  // Also after an apply error (say KEDA is absent): a broken group is restarted regardless.
+  const Status restarted = restartGroups(*spec, key);
+  if (!restarted.ok() && restarted.code() == StatusCode::kAborted) return restarted;
+  if (!restarted.ok() && applyError.empty()) applyError = restarted.message();
   json status = observedStatus(*spec, statefulSets_, deployments_, applyError);
   TG_RETURN_IF_ERROR(writeStatus(*resource, status));
   return applyError.empty() ? okStatus() : unavailableError(applyError);
+}
+
+// A StatefulSet made when shard pods were updated RollingUpdate carries the server's default
+// `rollingUpdate: {partition: 0}`, which OnDelete refuses (422), and server-side apply keeps it (no
+// manager owns a default): a merge patch switches the strategy and drops it first.
+Status Reconciler::dropRollingUpdate(const DesiredObject& d, const std::string& url,
+                                     json& current) {
+  if (d.kind.kind != kinds_.statefulSet.kind || current.is_null()) return okStatus();
+  const json strategy =
+      current.value("spec", json::object()).value("updateStrategy", json::object());
+  const json want = d.object["spec"].value("updateStrategy", json::object());
+  if (!strategy.contains("rollingUpdate") || want.value("type", "") == "RollingUpdate")
+    return okStatus();
+  TG_ASSIGN_OR_RETURN(
+      KubeResponse r,
+      write("PATCH", url + "?fieldManager=" + kFieldManager,
+            json{{"spec",
+                  {{"updateStrategy", {{"type", want["type"]}, {"rollingUpdate", nullptr}}}}}},
+            "application/merge-patch+json"));
+  remember(url, current, r);
+  TG_RETURN_IF_ERROR(responseStatus(r, "switch " + d.name() + " to OnDelete updates"));
+  current = r.body;
+  return okStatus();
 }
 
 Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyError) {
@@ -215,6 +248,7 @@ Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyErro
     TG_ASSIGN_OR_RETURN(json current, live(d.kind, spec.ns, d.name()));
     if (!current.is_null() && containsFields(current, d.object)) continue;  // settled
     const std::string url = d.kind.path(spec.ns, d.name());
+    TG_RETURN_IF_ERROR(dropRollingUpdate(d, url, current));
     TG_ASSIGN_OR_RETURN(KubeResponse r,
                         write("PATCH", url + "?fieldManager=" + kFieldManager + "&force=true",
                               d.object, "application/apply-patch+yaml"));
@@ -247,6 +281,81 @@ Status Reconciler::prune(const ServiceSpec& spec, const std::vector<DesiredObjec
       TG_ASSIGN_OR_RETURN(KubeResponse d, write("DELETE", kind->path(spec.ns, name), std::nullopt,
                                                 "application/json"));
       if (d.status != 404) TG_RETURN_IF_ERROR(responseStatus(d, "delete " + name));
+    }
+  }
+  return okStatus();
+}
+
+namespace {
+
+// After the n-th group restart for a failure, the next waits 10 s doubling per failure, up to
+// 5 min (the kubelet's crash-loop backoff, which recreated pods would otherwise escape).
+std::chrono::seconds groupBackoff(int failures) {
+  return std::chrono::seconds(std::min<int64_t>(300, int64_t{10} << std::min(failures - 1, 5)));
+}
+
+}  // namespace
+
+Status Reconciler::restartGroups(const ServiceSpec& spec, const std::string& key) {
+  std::vector<ReplicaPods> replicas(static_cast<size_t>(spec.replicas));
+  for (int64_t r = 0; r < spec.replicas; ++r) {
+    auto sts = live(kinds_.statefulSet, spec.ns, shardStatefulSetName(spec, r));
+    if (sts.ok()) replicas[static_cast<size_t>(r)].statefulSet = *sts;
+  }
+  std::lock_guard<std::mutex> lock(groupsMu_);
+  std::map<std::string, std::string>& deleted = deletedPods_[key];
+  std::map<std::string, std::string> stillCached;  // deletions the cache has not caught up with
+  for (json pod : pods_.list()) {
+    const json& m = pod["metadata"];
+    const json labels = m.value("labels", json::object());
+    if (m.value("namespace", "") != spec.ns || labels.value(kServiceLabel, "") != spec.name ||
+        labels.value(kComponentLabel, "") != "shard")
+      continue;
+    const std::string name = m.value("name", ""), rv = m.value("resourceVersion", "");
+    if (auto it = deleted.find(name); it != deleted.end() && it->second == rv) {
+      stillCached[name] = rv;
+      pod["metadata"]["deletionTimestamp"] = "deleted by this operator";
+    }
+    const std::string replica = labels.value(kReplicaLabel, "");
+    char* end = nullptr;
+    const long long r = std::strtoll(replica.c_str(), &end, 10);
+    if (replica.empty() || *end || r < 0 || r >= spec.replicas) continue;
+    replicas[static_cast<size_t>(r)].pods.push_back(pod);
+  }
+  deleted = stillCached;
+  const GroupPlan plan = planGroupRestarts(spec, replicas);
+  std::map<int64_t, Backoff>& backoff = backoff_[key];
+  for (int64_t r : plan.serving) backoff.erase(r);
+  std::erase_if(backoff, [&](const auto& b) { return b.first >= spec.replicas; });
+  const auto now = std::chrono::steady_clock::now();
+  for (const GroupRestart& g : plan.restarts) {
+    if (g.cause == GroupRestart::Cause::kRankFailed) {
+      Backoff& b = backoff[g.replica];
+      if (now < b.notBefore) {
+        if (requeueAfter_) {
+          requeueAfter_(key,
+                        std::chrono::duration_cast<std::chrono::milliseconds>(b.notBefore - now));
+        }
+        continue;
+      }
+      b.failures += 1;
+      b.notBefore = now + groupBackoff(b.failures);
+    }
+    spdlog::warn("{}: restarting replica {}'s ranks together ({}): deleting {} pod(s)", key,
+                 g.replica, g.reason, g.pods.size());
+    metrics_.groupRestarts.fetch_add(1);
+    for (const json& pod : replicas[static_cast<size_t>(g.replica)].pods) {
+      const json& m = pod["metadata"];
+      const std::string name = m.value("name", "");
+      if (std::find(g.pods.begin(), g.pods.end(), name) == g.pods.end()) continue;
+      // Only the pod seen: a StatefulSet recreates a pod under the same name.
+      json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}};
+      if (m.contains("uid")) options["preconditions"]["uid"] = m["uid"];
+      TG_ASSIGN_OR_RETURN(KubeResponse d, write("DELETE", kinds_.pod.path(spec.ns, name), options,
+                                                "application/json"));
+      if (d.status == 404 || d.status == 409) continue;  // gone, or already replaced
+      TG_RETURN_IF_ERROR(responseStatus(d, "delete pod " + name));
+      deleted[name] = m.value("resourceVersion", "");
     }
   }
   return okStatus();
@@ -299,6 +408,11 @@ Status Reconciler::finalize(const json& resource) {
   none.name = m.value("name", "");
   none.ns = m.value("namespace", "");
   TG_RETURN_IF_ERROR(prune(none, {}));  // every child
+  {
+    std::lock_guard<std::mutex> lock(groupsMu_);
+    backoff_.erase(none.ns + "/" + none.name);
+    deletedPods_.erase(none.ns + "/" + none.name);
+  }
   json patch = {
       {"metadata", {{"finalizers", rest}, {"resourceVersion", m.value("resourceVersion", "")}}}};
   TG_ASSIGN_OR_RETURN(KubeResponse r,

@@ -22,6 +22,7 @@ Kinds::Kinds(bool testGroups) {
   };
   service = builtin("", "v1", "Service", "services");
   persistentVolumeClaim = builtin("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims");
+  pod = builtin("", "v1", "Pod", "pods");
   statefulSet = builtin("apps", "v1", "StatefulSet", "statefulsets");
   deployment = builtin("apps", "v1", "Deployment", "deployments");
   horizontalPodAutoscaler =

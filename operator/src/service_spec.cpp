@@ -1,5 +1,7 @@
 #include "textgen/operator/service_spec.h"
 
+#include <set>
+
 namespace textgen::op {
 namespace {
 
@@ -76,6 +78,30 @@ Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
   return okStatus();
 }
 
+Status parseShardEnv(const json& env, json& out) {
+  if (!env.is_array()) return fieldError("shardEnv", "must be a list of environment variables");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < env.size(); ++i) {
+    const json& e = env[i];
+    const std::string at = "shardEnv[" + std::to_string(i) + "]";
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() ||
+        e["name"].get<std::string>().empty())
+      return fieldError(at + ".name", "is required");
+    const std::string name = e["name"].get<std::string>();
+    for (const char* reserved : kReservedShardEnv)
+      if (name == reserved) return fieldError(at + ".name", name + " is set by the operator");
+    if (!seen.insert(name).second) return fieldError(at + ".name", name + " is listed twice");
+    if (e.contains("value") && !e["value"].is_string())
+      return fieldError(at + ".value", "must be a string");
+    if (e.contains("valueFrom") && !e["valueFrom"].is_object())
+      return fieldError(at + ".valueFrom", "must be an object");
+    if (e.contains("value") && e.contains("valueFrom"))
+      return fieldError(at, "sets both value and valueFrom");
+  }
+  out = env;
+  return okStatus();
+}
+
 }  // namespace
 
 StatusOr<ServiceSpec> parseServiceSpec(const json& resource, const std::string& defaultImage) {
@@ -106,6 +132,11 @@ StatusOr<ServiceSpec> parseServiceSpec(const json& resource, const std::string& 
   s.dtype = stringOr(spec, "dtype", "");
   s.quantize = stringOr(spec, "quantize", "");
   TG_ASSIGN_OR_RETURN(s.shards, intOr(spec, "shards", "", 1, 1));
+  TG_ASSIGN_OR_RETURN(s.shardsPerPod, intOr(spec, "shardsPerPod", "", 1, s.shards));
+  if (s.shardsPerPod > s.shards) return fieldError("shardsPerPod", "must not exceed shards");
+  if (s.shards % s.shardsPerPod != 0)
+    return fieldError("shardsPerPod", "must divide shards (every pod runs as many ranks)");
+  if (spec.contains("shardEnv")) TG_RETURN_IF_ERROR(parseShardEnv(spec["shardEnv"], s.shardEnv));
   TG_ASSIGN_OR_RETURN(s.replicas, intOr(spec, "replicas", "", 0, 1));
   TG_ASSIGN_OR_RETURN(s.gpusPerShard, intOr(spec, "gpusPerShard", "", 0, 1));
   if (spec.contains("resources") && spec["resources"].is_object()) s.resources = spec["resources"];

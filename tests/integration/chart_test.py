@@ -85,8 +85,12 @@ def main():
             check("--namespace=serving" in args_, "watchNamespace passed to the operator")
         if name == "defaults":
             rules = next(o for o in objects if o["kind"] == "ClusterRole")["rules"]
-            check(not any("secrets" in r["resources"] or "pods" in r["resources"] or "*" in r["verbs"] for r in rules),
-                  "least privilege: no secrets, no pods, no wildcards")
+            check(not any("secrets" in r["resources"] or "*" in r["verbs"] for r in rules),
+                  "least privilege: no secrets, no wildcards")
+            pods = [r for r in rules if "pods" in r["resources"]]
+            check(len(pods) == 1 and pods[0]["resources"] == ["pods"] and
+                  sorted(pods[0]["verbs"]) == ["delete", "get", "list", "watch"],
+                  f"pods: read and delete only (group restarts), never create: {pods}")
     # The operator's objects for the examples: real StatefulSets, Deployments, Services, HPAs...
     for example in sorted(os.listdir(os.path.join(REPO, "manifests", "examples"))):
         r = subprocess.run([OPERATOR, "render", os.path.join(REPO, "manifests", "examples", example)],

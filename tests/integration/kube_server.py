@@ -180,6 +180,7 @@ class KubeTestServer:
         --test-api-groups), and Lease at its real path."""
         kinds = [("core.textgen.test", "v1", "Service", "services"),
                  ("core.textgen.test", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+                 ("core.textgen.test", "v1", "Pod", "pods"),
                  ("apps.textgen.test", "v1", "StatefulSet", "statefulsets"),
                  ("apps.textgen.test", "v1", "Deployment", "deployments"),
                  ("autoscaling.textgen.test", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),

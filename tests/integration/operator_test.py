@@ -2,10 +2,12 @@
 """textgen-operator against a real API server (kube_server.py: apiextensions-apiserver + etcd).
 
 Usage: operator_test.py OPERATOR_BINARY SHARD_BINARY ROUTER_BINARY MODELS_DIR
-Covers: the CRD installs and rejects invalid specs; a resource yields the expected objects with
-owner references, labels and env; a second pass writes nothing; status conditions follow the
-children's (simulated) readiness; the scale subresource adds and removes replicas; a spec edit rolls
-them; a watch expired by an etcd compaction is recovered by a relist; with two operators only the
+Covers: the CRD installs and rejects invalid specs (its CEL rules among them); a resource yields the
+expected objects with owner references, labels and env (a replica's ranks as containers of one pod,
+or spread over pods); a second pass writes nothing; status conditions follow the children's
+(simulated) readiness; the scale subresource adds and removes replicas; a spec edit rolls them; a
+rank's restart deletes every pod of its replica (and only those), and outdated replicas are replaced
+one whole replica at a time; a watch expired by an etcd compaction is recovered by a relist; with two operators only the
 Lease holder reconciles and the other takes over when it dies; deletion cleans up. Finally, without
 a kubelet: the StatefulSets and router Deployment the operator wrote are run as local processes
 (their commands and env as the pod specs say, the model volume mapped to MODELS_DIR, Service and
@@ -33,6 +35,7 @@ STS = f"/apis/apps.textgen.test/v1/namespaces/{NS}/statefulsets"
 DEPLOY = f"/apis/apps.textgen.test/v1/namespaces/{NS}/deployments"
 SVC = f"/apis/core.textgen.test/v1/namespaces/{NS}/services"
 PVC = f"/apis/core.textgen.test/v1/namespaces/{NS}/persistentvolumeclaims"
+POD = f"/apis/core.textgen.test/v1/namespaces/{NS}/pods"
 HPA = f"/apis/autoscaling.textgen.test/v2/namespaces/{NS}/horizontalpodautoscalers"
 PDB = f"/apis/policy.textgen.test/v1/namespaces/{NS}/poddisruptionbudgets"
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/textgen-operator"
@@ -126,14 +129,16 @@ def env_of(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
-def mark_ready(server, tgs_name, replicas, shards):
+def mark_ready(server, tgs_name, replicas, pods, revision=None):
     """What the StatefulSet and Deployment controllers would report once every pod is ready."""
     for r in range(replicas):
         sts = get(server, f"{STS}/{tgs_name}-shard-{r}")
         if sts:
-            server.merge(f"{STS}/{tgs_name}-shard-{r}/status", {"status": {
-                "replicas": shards, "readyReplicas": shards, "updatedReplicas": shards,
-                "observedGeneration": sts["metadata"]["generation"]}})
+            status = {"replicas": pods, "readyReplicas": pods, "updatedReplicas": pods,
+                      "observedGeneration": sts["metadata"]["generation"]}
+            if revision:
+                status["updateRevision"] = revision
+            server.merge(f"{STS}/{tgs_name}-shard-{r}/status", {"status": status})
     server.merge(f"{DEPLOY}/{tgs_name}-router/status", {"status": {"replicas": 1, "readyReplicas": 1}})
 
 
@@ -152,6 +157,17 @@ def test_crd(server):
           {"textgenerationservices/status", "textgenerationservices/scale"} <= set(served),
           f"discovery serves the kind, its short name and the status and scale subresources: {sorted(served)} {tgs}")
     invalid = [("shards 0", service("bad", shards=0)),
+               ("shardsPerPod 0", service("bad", shardsPerPod=0)),
+               ("shardsPerPod above shards", service("bad", shards=2, shardsPerPod=4)),
+               ("shardsPerPod not dividing shards", service("bad", shards=4, shardsPerPod=3)),
+               ("shardsPerPod 2 of the default 1 shard", service("bad", shards=None, shardsPerPod=2)),
+               ("shardEnv sets RANK", service("bad", shardEnv=[{"name": "RANK", "value": "3"}])),
+               ("shardEnv turns NVLink multicast on",
+                service("bad", shardEnv=[{"name": "NCCL_NVLS_ENABLE", "value": "1"}])),
+               ("shardEnv value and valueFrom", service("bad", shardEnv=[
+                   {"name": "NCCL_DEBUG", "value": "INFO", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}])),
+               ("shardEnv names a variable twice", service("bad", shardEnv=[
+                   {"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "NCCL_DEBUG", "value": "WARN"}])),
                ("no model", {"apiVersion": "textgen.dev/v1alpha1", "kind": "TextGenerationService",
                              "metadata": {"name": "bad"}, "spec": {"replicas": 1}}),
                ("bad dtype", service("bad", dtype="float8")),
@@ -159,9 +175,21 @@ def test_crd(server):
                ("input >= total", service("bad", router={"maxInputTokens": 10, "maxTotalTokens": 10})),
                ("KEDA without prometheus", service("bad", autoscaling={"maxReplicas": 2, "mode": "KEDA"})),
                ("revision with a PVC", service("bad", model={"id": "m", "revision": "r", "pvc": {"claimName": "c"}}))]
+    messages = {"shardsPerPod above shards": "shardsPerPod must not exceed shards",
+                "shardsPerPod not dividing shards": "shardsPerPod must divide shards",
+                "shardsPerPod 2 of the default 1 shard": "shardsPerPod must not exceed shards",
+                "shardEnv sets RANK": "are set by the operator",
+                "shardEnv turns NVLink multicast on": "NVLink multicast stays off"}
     for what, obj in invalid:
+        obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
         code, body = server.request("POST", TGS, obj)
         check(code == 422, f"invalid spec ({what}) refused with 422, got {code}: {str(body)[:200]}")
+        if what in messages:
+            check(messages[what] in json.dumps(body), f"{what}: the refusal says why: {str(body)[:400]}")
+    code, body = server.request("POST", TGS, service("tp4", shards=4, shardsPerPod=2,
+                                                     shardEnv=[{"name": "NCCL_IB_HCA", "value": "mlx5"}]))
+    check(code == 201, f"shards 4 over pods of 2 with NCCL env accepted: {code} {str(body)[:300]}")
+    server.request("DELETE", f"{TGS}/tp4")
     code, body = server.request("POST", TGS, service("defaults", shards=None, replicas=None))
     spec = (body or {}).get("spec", {})
     check(code == 201 and spec.get("shards") == 1 and spec.get("replicas") == 1,
@@ -186,26 +214,34 @@ def test_objects(server, op):
         check(labels.get("textgen.dev/service") == "llama" and labels.get("textgen.dev/replica") == str(r) and
               labels.get("app.kubernetes.io/managed-by") == "textgen-operator", f"shard-{r} labels: {labels}")
         spec = s.get("spec", {})
-        check(spec.get("replicas") == 2 and spec.get("serviceName") == f"llama-shard-{r}",
-              f"shard-{r}: 2 pods behind its headless Service")
+        check(spec.get("replicas") == 1 and spec.get("serviceName") == f"llama-shard-{r}" and
+              spec.get("updateStrategy") == {"type": "OnDelete"},
+              f"shard-{r}: one pod (both ranks) behind its headless Service, replaced by the operator: {spec}")
         pod = spec.get("template", {}).get("spec", {})
-        c = pod.get("containers", [{}])[0]
-        env = env_of(c)
-        check(env.get("RANK") == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}},
-              f"RANK from the pod ordinal: {env.get('RANK')}")
-        check(env.get("WORLD_SIZE") == "2" and
-              env.get("MASTER_ADDR") == f"llama-shard-{r}-0.llama-shard-{r}.{NS}.svc.cluster.local" and
-              env.get("MASTER_PORT") == "29500", f"rendezvous env: {env}")
-        check(env.get("HF_TOKEN") == {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}} and
-              env.get("MODEL_ID") == "meta-llama/Llama-2-7b-hf", "model and token env")
-        check("--dtype 'bfloat16'" in " ".join(c.get("command", [])) or "bfloat16" in json.dumps(c.get("command")),
-              f"dtype passed to the shard: {c.get('command')}")
-        check(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == "1", "one GPU per shard")
-        check(all(p in c for p in ("readinessProbe", "livenessProbe", "startupProbe")), "shard probes")
+        containers = pod.get("containers", [])
+        check([c.get("name") for c in containers] == ["shard-0", "shard-1"], "a container per rank")
+        host = f"llama-shard-{r}-0.llama-shard-{r}.{NS}.svc.cluster.local"
+        for i, c in enumerate(containers):
+            env = env_of(c)
+            check(env.get("RANK") == str(i) and env.get("WORLD_SIZE") == "2" and
+                  env.get("MASTER_ADDR") == "127.0.0.1" and env.get("MASTER_PORT") == "29500" and
+                  env.get("NCCL_NVLS_ENABLE") == "0", f"shard-{r} rank {i}: rendezvous env {env}")
+            check(env.get("HF_TOKEN") == {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}} and
+                  env.get("MODEL_ID") == "meta-llama/Llama-2-7b-hf", "model and token env")
+            cmd = " ".join(c.get("command", []))
+            check(f"'--port' '{50051 + i}'" in cmd and f"'--shard-urls' '{host}:50051,{host}:50052'" in cmd and
+                  "'--dtype' 'bfloat16'" in cmd, f"rank {i}: its own port, every rank's address, the dtype: {cmd}")
+            check([p["containerPort"] for p in c.get("ports", [])] == ([50051 + i, 29500] if i == 0 else [50051 + i]),
+                  f"rank {i} ports: {c.get('ports')}")
+            check(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == "1", "one GPU per rank")
+            check(all(c.get(p, {}).get("tcpSocket", {}).get("port") == 50051 + i
+                      for p in ("readinessProbe", "livenessProbe", "startupProbe")), "each rank's probes on its port")
         check(pod.get("nodeSelector") == {"gpu": "h100"} and pod.get("tolerations"), "scheduling fields")
         vols = {v["name"]: v for v in pod.get("volumes", [])}
         check(vols.get("model", {}).get("persistentVolumeClaim", {}).get("claimName") == f"llama-model-cache-{r}",
               "each replica's pods share one model cache")
+        check(vols.get("shm", {}).get("emptyDir") == {"medium": "Memory", "sizeLimit": "2Gi"},
+              f"one memory-backed /dev/shm for the pod's ranks: {vols.get('shm')}")
     svcs = items(server, SVC)
     check({"llama", "llama-shards", "llama-shard-0", "llama-shard-1"} <= set(svcs), f"services: {list(svcs)}")
     disc = svcs.get("llama-shards", {}).get("spec", {})
@@ -235,7 +271,7 @@ def test_objects(server, op):
           "progressing while rolling out")
 
     # Readiness flows into the conditions.
-    mark_ready(server, "llama", 2, 2)
+    mark_ready(server, "llama", 2, 1)
     ready = wait_for("Ready=True", lambda: condition(get(server, f"{TGS}/llama"), "Ready").get("status") == "True")
     tgs = get(server, f"{TGS}/llama")
     check(ready and tgs["status"].get("readyReplicas") == 2 and
@@ -280,9 +316,119 @@ def test_scale_and_edit(server):
     check(rolled is not None, "spec edit reaches the pod template")
     check(wait_for("Progressing while rolling", lambda: condition(get(server, f"{TGS}/llama"), "Progressing")
                    .get("status") == "True") is not None, "Progressing=True after the edit")
-    mark_ready(server, "llama", 1, 2)
+    mark_ready(server, "llama", 1, 1)
     check(wait_for("Ready again", lambda: condition(get(server, f"{TGS}/llama"), "Ready").get("status") == "True")
           is not None, "Ready once the rollout is done")
+
+
+def make_pod(server, tgs_name, r, ordinal, revision, ready=True, restarts=0):
+    """Pod `ordinal` of replica r as the StatefulSet controller would make it (its template, the
+    ordinal and revision labels) with the status the kubelet would report."""
+    sts = get(server, f"{STS}/{tgs_name}-shard-{r}")
+    tmpl = sts["spec"]["template"]
+    name = f"{tgs_name}-shard-{r}-{ordinal}"
+    labels = dict(tmpl["metadata"]["labels"], **{"apps.kubernetes.io/pod-index": str(ordinal),
+                                                   "controller-revision-hash": revision})
+    code, body = server.request("POST", POD, {"apiVersion": "core.textgen.test/v1", "kind": "Pod",
+                                              "metadata": {"name": name, "labels": labels}, "spec": tmpl["spec"]})
+    check(code == 201, f"create pod {name}: {code} {str(body)[:200]}")
+    set_pod_status(server, name, tmpl, ready, restarts)
+
+
+def set_pod_status(server, name, tmpl, ready=True, restarts=0):
+    server.merge(f"{POD}/{name}/status", {"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": c["name"], "ready": ready, "restartCount": restarts if i == 0 else 0}
+                              for i, c in enumerate(tmpl["spec"]["containers"])]}})
+
+
+def settle(server, op, tgs_name):
+    """Returns once a reconcile pass has started after this call (and so every earlier one of the
+    key has finished: one key is never reconciled twice at once)."""
+    def passes():
+        return op.metrics().get("textgen_operator_reconciles_total", 0)
+    before = passes()
+    server.merge(f"{TGS}/{tgs_name}", {"metadata": {"annotations": {"touch": str(time.time())}}})
+    wait_for("a reconcile pass", lambda: passes() > before)
+
+
+def test_group_restart(server, op):
+    obj = service("tp", model={"id": "llama", "pvc": {"claimName": "fixtures"}}, shards=2, shardsPerPod=1,
+                  replicas=2, dtype=None, autoscaling=None, router={"maxInputTokens": 8, "maxTotalTokens": 16},
+                  shardEnv=[{"name": "NCCL_SOCKET_IFNAME", "value": "ib0"}, {"name": "NCCL_IB_HCA", "value": "mlx5"}])
+    obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
+    # Replica 1's StatefulSet as an older operator left it, with the API server's default rollingUpdate
+    # (which OnDelete refuses and server-side apply would keep).
+    code, _ = server.request("POST", STS, {
+        "apiVersion": "apps.textgen.test/v1", "kind": "StatefulSet",
+        "metadata": {"name": "tp-shard-1", "labels": {"textgen.dev/service": "tp",
+                                                      "app.kubernetes.io/managed-by": "textgen-operator"}},
+        "spec": {"replicas": 2, "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}}})
+    check(code == 201, f"create an old-style StatefulSet: {code}")
+    code, body = server.request("POST", TGS, obj)
+    check(code == 201, f"create tp: {code} {str(body)[:200]}")
+    if not wait_for("tp's StatefulSets", lambda: {"tp-shard-0", "tp-shard-1"} <= set(items(server, STS)) and
+                    (get(server, f"{STS}/tp-shard-1") or {}).get("spec", {}).get("template")):
+        return
+    check(get(server, f"{STS}/tp-shard-1")["spec"]["updateStrategy"] == {"type": "OnDelete"},
+          f"an old StatefulSet is switched to OnDelete: {get(server, f'{STS}/tp-shard-1')['spec']['updateStrategy']}")
+    # One rank per pod: two pods per replica, RANK from the ordinal, rendezvous at pod 0.
+    sts = get(server, f"{STS}/tp-shard-0")
+    check(sts["spec"]["replicas"] == 2, f"two pods per replica: {sts['spec']['replicas']}")
+    c = sts["spec"]["template"]["spec"]["containers"]
+    env = env_of(c[0]) if len(c) == 1 else {}
+    host = f"tp-shard-0-{{}}.tp-shard-0.{NS}.svc.cluster.local"
+    check(len(c) == 1 and env.get("POD_INDEX") == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+          and "RANK" not in env and env.get("MASTER_ADDR") == host.format(0) and env.get("NCCL_NVLS_ENABLE") == "0"
+          and env.get("NCCL_SOCKET_IFNAME") == "ib0" and env.get("NCCL_IB_HCA") == "mlx5",
+          f"one container, POD_INDEX from the ordinal, pod 0 as MASTER_ADDR, NCCL env passed through: {env}")
+    line = c[0]["command"][-1] if c else ""
+    check(line.startswith("export RANK=$((POD_INDEX * 1 + 0)); exec textgen-shard") and
+          f"'--shard-urls' '{host.format(0)}:50051,{host.format(1)}:50051'" in line, f"RANK computed, shard urls: {line}")
+
+    for r in (0, 1):
+        for p in (0, 1):
+            make_pod(server, "tp", r, p, "rev-1")
+    mark_ready(server, "tp", 2, 2, "rev-1")
+    settle(server, op, "tp")
+    check(set(items(server, POD)) >= {"tp-shard-0-0", "tp-shard-0-1", "tp-shard-1-0", "tp-shard-1-1"},
+          "serving replicas are left alone")
+    restarts = op.metrics().get("textgen_operator_group_restarts_total", 0)
+
+    # Rank 1 of replica 0 restarts (its container exited): both pods of replica 0 go, replica 1 stays.
+    tmpl = get(server, f"{STS}/tp-shard-0")["spec"]["template"]
+    set_pod_status(server, "tp-shard-0-1", tmpl, ready=False, restarts=1)
+    gone = wait_for("replica 0's pods deleted",
+                    lambda: not {"tp-shard-0-0", "tp-shard-0-1"} & set(items(server, POD)))
+    check(gone is not None, "a restarted rank takes every pod of its replica down")
+    settle(server, op, "tp")
+    check({"tp-shard-1-0", "tp-shard-1-1"} <= set(items(server, POD)), "the other replica keeps serving")
+    check(op.metrics().get("textgen_operator_group_restarts_total", 0) == restarts + 1, "one group restart counted")
+
+    # A template change: the StatefulSets move to rev-2; one whole replica at a time is replaced.
+    for p in (0, 1):
+        make_pod(server, "tp", 0, p, "rev-1")
+    mark_ready(server, "tp", 2, 2, "rev-2")
+    first = wait_for("one replica replaced", lambda: [r for r in (0, 1) if not {f"tp-shard-{r}-0", f"tp-shard-{r}-1"}
+                                                      & set(items(server, POD))])
+    settle(server, op, "tp")
+    pods = set(items(server, POD))
+    check(first == [0] and {"tp-shard-1-0", "tp-shard-1-1"} <= pods,
+          f"replica 0 is replaced while replica 1 serves: {sorted(pods)}")
+    for p in (0, 1):
+        make_pod(server, "tp", 0, p, "rev-2", ready=False)
+    settle(server, op, "tp")
+    check({"tp-shard-1-0", "tp-shard-1-1"} <= set(items(server, POD)), "replica 1 waits while replica 0 loads")
+    for p in (0, 1):
+        set_pod_status(server, f"tp-shard-0-{p}", tmpl)
+    check(wait_for("replica 1 replaced", lambda: not {"tp-shard-1-0", "tp-shard-1-1"} & set(items(server, POD)))
+          is not None, "replica 1 is replaced once replica 0 serves again")
+    check({"tp-shard-0-0", "tp-shard-0-1"} <= set(items(server, POD)), "replica 0 is left alone")
+    server.request("DELETE", f"{TGS}/tp")
+    wait_for("tp removed", lambda: get(server, f"{TGS}/tp") is None)
+    for name in items(server, POD):  # no garbage collector here
+        server.request("DELETE", f"{POD}/{name}")
 
 
 def open_watches(server):
@@ -496,6 +642,7 @@ def main():
         wait_for("leadership", op.leading)
         test_objects(server, op)
         test_scale_and_edit(server)
+        test_group_restart(server, op)
         test_expired_watch(server, op)
         standby = Operator(server, "operator-2")
         ops.append(standby)

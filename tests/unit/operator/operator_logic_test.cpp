@@ -1,5 +1,6 @@
 // The operator's pure parts, without an API server: spec parsing and its errors, the desired
-// objects (names, owner references, labels, rank env, router flags, autoscaling), the subset
+// objects (names, owner references, labels, the ranks' pods, containers, ports and env, router
+// flags, autoscaling), the subset
 // comparison behind "a settled pass writes nothing", the work queue's semantics, and kubeconfig
 // parsing.
 #include <gtest/gtest.h>
@@ -29,10 +30,21 @@ const DesiredObject* find(const std::vector<DesiredObject>& objs, const std::str
   return nullptr;
 }
 
+std::map<std::string, json> envOf(const json& container) {
+  std::map<std::string, json> env;
+  for (const json& e : container["env"]) env[e["name"]] = e;
+  return env;
+}
+
+const json& podSpecOf(const DesiredObject& sts) {
+  return sts.object["spec"]["template"]["spec"];
+}
+
 TEST(ServiceSpecTest, DefaultsAndErrorsNameTheField) {
   auto s = parseServiceSpec(resource({{"model", {{"id", "org/m"}}}}), "img:1");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->shards, 1);
+  EXPECT_EQ(s->shardsPerPod, 1);
   EXPECT_EQ(s->replicas, 1);
   EXPECT_EQ(s->revision, "main");
   EXPECT_EQ(s->image, "img:1");
@@ -43,6 +55,19 @@ TEST(ServiceSpecTest, DefaultsAndErrorsNameTheField) {
   } cases[] = {
       {json::object(), "spec.model.id is required"},
       {{{"model", {{"id", "m"}}}, {"shards", 0}}, "spec.shards must be an integer >= 1"},
+      {{{"model", {{"id", "m"}}}, {"shards", 2}, {"shardsPerPod", 0}},
+       "spec.shardsPerPod must be an integer >= 1"},
+      {{{"model", {{"id", "m"}}}, {"shards", 2}, {"shardsPerPod", 4}},
+       "spec.shardsPerPod must not exceed shards"},
+      {{{"model", {{"id", "m"}}}, {"shards", 4}, {"shardsPerPod", 3}},
+       "spec.shardsPerPod must divide shards"},
+      {{{"model", {{"id", "m"}}}, {"shardEnv", {{{"name", "RANK"}, {"value", "1"}}}}},
+       "spec.shardEnv[0].name RANK is set by the operator"},
+      {{{"model", {{"id", "m"}}}, {"shardEnv", {{{"name", "NCCL_NVLS_ENABLE"}, {"value", "1"}}}}},
+       "NCCL_NVLS_ENABLE is set by the operator"},
+      {{{"model", {{"id", "m"}}},
+        {"shardEnv", {{{"name", "NCCL_DEBUG"}, {"value", "INFO"}}, {{"name", "NCCL_DEBUG"}}}}},
+       "spec.shardEnv[1].name NCCL_DEBUG is listed twice"},
       {{{"model", {{"id", "m"}}}, {"autoscaling", {{"minReplicas", 3}, {"maxReplicas", 2}}}},
        "spec.autoscaling.minReplicas must not exceed maxReplicas"},
       {{{"model", {{"id", "m"}}}, {"router", {{"maxInputTokens", 8}, {"maxTotalTokens", 8}}}},
@@ -79,16 +104,19 @@ TEST(DesiredObjectsTest, ReplicasOfShardsWithOwnerAndRankEnv) {
     const std::string name = "llama-shard-" + std::to_string(r);
     const auto* sts = find(objs, "StatefulSet", name);
     ASSERT_NE(sts, nullptr);
-    EXPECT_EQ(sts->object["spec"]["replicas"], 4);
+    // By default a replica is one pod: its four ranks are its four containers.
+    EXPECT_EQ(sts->object["spec"]["replicas"], 1);
     EXPECT_EQ(sts->object["spec"]["serviceName"], name);
-    const json& c = sts->object["spec"]["template"]["spec"]["containers"][0];
-    std::map<std::string, json> env;
-    for (const json& e : c["env"]) env[e["name"]] = e;
-    EXPECT_EQ(env["WORLD_SIZE"]["value"], "4");
-    EXPECT_EQ(env["MASTER_ADDR"]["value"], name + "-0." + name + ".ml.svc.cluster.local");
-    EXPECT_EQ(env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"],
-              "metadata.labels['apps.kubernetes.io/pod-index']");
-    EXPECT_EQ(env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["key"], "HF_TOKEN");
+    const json& containers = sts->object["spec"]["template"]["spec"]["containers"];
+    ASSERT_EQ(containers.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      const auto env = envOf(containers[i]);
+      EXPECT_EQ(env.at("RANK")["value"], std::to_string(i));
+      EXPECT_EQ(env.at("WORLD_SIZE")["value"], "4");
+      EXPECT_EQ(env.at("MASTER_ADDR")["value"], "127.0.0.1");
+      EXPECT_EQ(env.at("MASTER_PORT")["value"], "29500");
+      EXPECT_EQ(env.at("HF_TOKEN")["valueFrom"]["secretKeyRef"]["key"], "HF_TOKEN");
+    }
     EXPECT_NE(find(objs, "Service", name), nullptr);
     EXPECT_NE(find(objs, "PersistentVolumeClaim", "llama-model-cache-" + std::to_string(r)),
               nullptr);
@@ -131,6 +159,129 @@ TEST(DesiredObjectsTest, PvcModelsRunDirectlyAndTestGroupsMoveBuiltins) {
             "/apis/core.textgen.test/v1/namespaces/ml/services/x");
   EXPECT_EQ(Kinds(false).service.path("ml", "x"), "/api/v1/namespaces/ml/services/x");
   EXPECT_EQ(Kinds(false).statefulSet.path(""), "/apis/apps/v1/statefulsets");  // every namespace
+}
+
+// The shard StatefulSet of replica 0 for `spec` (a model on a volume unless the spec names one).
+DesiredObject shardSet(json spec) {
+  if (!spec.contains("model"))
+    spec["model"] = {{"id", "models/llama"}, {"pvc", {{"claimName", "weights"}}}};
+  auto s = parseServiceSpec(resource(spec), "img");
+  EXPECT_TRUE(s.ok()) << s.status();
+  const auto objs = desiredObjects(*s, Kinds());
+  const auto* sts = find(objs, "StatefulSet", "llama-shard-0");
+  EXPECT_NE(sts, nullptr);
+  return *sts;
+}
+
+std::string command(const json& container) {
+  return container["command"].back().get<std::string>();
+}
+
+constexpr const char* kPod0 = "llama-shard-0-0.llama-shard-0.ml.svc.cluster.local";
+constexpr const char* kPod1 = "llama-shard-0-1.llama-shard-0.ml.svc.cluster.local";
+
+// shards 2, shardsPerPod 2 (the default): one pod, a container per rank.
+TEST(ShardPodsTest, OnePodRunsEveryRankOfAReplica) {
+  const DesiredObject sts = shardSet({{"shards", 2}, {"gpusPerShard", 2}, {"dtype", "bfloat16"}});
+  EXPECT_EQ(sts.object["spec"]["replicas"], 1);
+  EXPECT_EQ(sts.object["spec"]["updateStrategy"]["type"], "OnDelete");
+  const json& pod = podSpecOf(sts);
+  ASSERT_EQ(pod["containers"].size(), 2u);
+  const std::string urls = std::string(kPod0) + ":50051," + kPod0 + ":50052";
+  for (int i = 0; i < 2; ++i) {
+    const json& c = pod["containers"][i];
+    const int port = 50051 + i;
+    EXPECT_EQ(c["name"], "shard-" + std::to_string(i));
+    EXPECT_EQ(c["command"][0], "textgen-shard");  // exec form: RANK is a literal
+    const std::string args = c["command"].dump();
+    EXPECT_NE(args.find("\"--port\",\"" + std::to_string(port) + "\""), std::string::npos) << args;
+    EXPECT_NE(args.find("\"--shard-urls\",\"" + urls + "\""), std::string::npos) << args;
+    EXPECT_EQ(c["ports"][0]["containerPort"], port);
+    EXPECT_EQ(c["ports"].size(), i == 0 ? 2u : 1u);  // the rendezvous port is rank 0's
+    EXPECT_EQ(c["readinessProbe"]["tcpSocket"]["port"], port);
+    EXPECT_EQ(c["livenessProbe"]["tcpSocket"]["port"], port);
+    EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "2");  // per container: its own GPUs
+    const auto env = envOf(c);
+    EXPECT_EQ(env.at("RANK")["value"], std::to_string(i));
+    EXPECT_EQ(env.count("POD_INDEX"), 0u);
+    EXPECT_EQ(env.at("WORLD_SIZE")["value"], "2");
+    EXPECT_EQ(env.at("MASTER_ADDR")["value"], "127.0.0.1");
+    EXPECT_EQ(env.at("NCCL_NVLS_ENABLE")["value"], "0");
+    EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/dev/shm");
+  }
+  ASSERT_EQ(pod["volumes"].size(), 2u);  // the model and one /dev/shm for both ranks
+  EXPECT_EQ(pod["volumes"][1]["emptyDir"]["medium"], "Memory");
+  EXPECT_EQ(pod["volumes"][1]["emptyDir"]["sizeLimit"], "2Gi");
+}
+
+// shards 2, shardsPerPod 1: two pods of one rank; RANK from the pod's ordinal.
+TEST(ShardPodsTest, OneRankPerPodTakesItsRankFromTheOrdinal) {
+  const DesiredObject sts = shardSet({{"shards", 2}, {"shardsPerPod", 1}});
+  EXPECT_EQ(sts.object["spec"]["replicas"], 2);
+  const json& pod = podSpecOf(sts);
+  ASSERT_EQ(pod["containers"].size(), 1u);
+  const json& c = pod["containers"][0];
+  const auto env = envOf(c);
+  EXPECT_EQ(env.count("RANK"), 0u);
+  EXPECT_EQ(env.at("POD_INDEX")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.labels['apps.kubernetes.io/pod-index']");
+  EXPECT_EQ(env.at("MASTER_ADDR")["value"], kPod0);
+  EXPECT_EQ(env.at("NCCL_NVLS_ENABLE")["value"], "0");
+  EXPECT_EQ(c["command"][0], "/bin/sh");
+  EXPECT_EQ(command(c),
+            "export RANK=$((POD_INDEX * 1 + 0)); exec textgen-shard --model-id "
+            "'/data/models/llama' '--port' '50051' '--shard-urls' '" +
+                std::string(kPod0) + ":50051," + kPod1 + ":50051'");
+  EXPECT_EQ(pod["volumes"][1]["emptyDir"]["sizeLimit"], "1Gi");
+}
+
+// shards 4, shardsPerPod 2: two pods of two ranks; rank = ordinal * 2 + container index.
+TEST(ShardPodsTest, TwoPodsOfTwoRanks) {
+  const DesiredObject sts =
+      shardSet({{"model", {{"id", "org/m"}}}, {"shards", 4}, {"shardsPerPod", 2}});
+  EXPECT_EQ(sts.object["spec"]["replicas"], 2);
+  const json& containers = podSpecOf(sts)["containers"];
+  ASSERT_EQ(containers.size(), 2u);
+  const std::string urls =
+      std::string(kPod0) + ":50051," + kPod0 + ":50052," + kPod1 + ":50051," + kPod1 + ":50052";
+  for (int i = 0; i < 2; ++i) {
+    const std::string line = command(containers[i]);
+    // A hub model: resolved into the cache first, after RANK.
+    EXPECT_EQ(line.rfind("export RANK=$((POD_INDEX * 2 + " + std::to_string(i) +
+                             ")); model=$(flock /data/.download textgen-launcher",
+                         0),
+              0u)
+        << line;
+    EXPECT_NE(
+        line.find("'--port' '" + std::to_string(50051 + i) + "' '--shard-urls' '" + urls + "'"),
+        std::string::npos)
+        << line;
+    const auto env = envOf(containers[i]);
+    EXPECT_EQ(env.at("WORLD_SIZE")["value"], "4");
+    EXPECT_EQ(env.at("MASTER_ADDR")["value"], kPod0);
+  }
+}
+
+// spec.shardEnv reaches every rank; it replaces the NCCL defaults it names.
+TEST(ShardPodsTest, ShardEnvPassesThrough) {
+  const DesiredObject sts =
+      shardSet({{"shards", 2},
+                {"shardEnv",
+                 {{{"name", "NCCL_IB_HCA"}, {"value", "mlx5"}},
+                  {{"name", "NCCL_SOCKET_IFNAME"}, {"value", "ib0"}},
+                  {{"name", "NCCL_DEBUG"},
+                   {"valueFrom", {{"configMapKeyRef", {{"name", "nccl"}, {"key", "debug"}}}}}}}}});
+  for (const json& c : podSpecOf(sts)["containers"]) {
+    const auto env = envOf(c);
+    EXPECT_EQ(env.at("NCCL_IB_HCA")["value"], "mlx5");
+    EXPECT_EQ(env.at("NCCL_SOCKET_IFNAME")["value"], "ib0");
+    EXPECT_EQ(env.at("NCCL_DEBUG")["valueFrom"]["configMapKeyRef"]["name"], "nccl");
+    EXPECT_EQ(env.at("NCCL_DEBUG").count("value"), 0u);
+    EXPECT_EQ(env.at("NCCL_NVLS_ENABLE")["value"], "0");
+    size_t named = 0;
+    for (const json& e : c["env"]) named += e["name"] == "NCCL_SOCKET_IFNAME";
+    EXPECT_EQ(named, 1u);
+  }
 }
 
 TEST(ContainsFieldsTest, ServerDefaultsAreNotDifferences) {

@@ -1,19 +1,27 @@
 // The reconciler against an in-memory API (no server): what it writes for a new resource, that a
-// settled pass writes nothing, that a 409 comes back as ABORTED (the worker requeues it), and that
-// an apply error is reported in the Degraded condition.
+// settled pass writes nothing, that a 409 comes back as ABORTED (the worker requeues it), that an
+// apply error is reported in the Degraded condition, and group restarts: a replica whose rank
+// restarted has all its pods deleted (once, then no sooner than its backoff), and outdated
+// replicas are replaced one at a time.
 #include "textgen/operator/reconciler.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
+
+#include "textgen/operator/desired_objects.h"
 
 namespace textgen::op {
 namespace {
 
 // Objects by URL; lists by collection URL prefix; server-side apply stores the applied object.
+// Watches stream only what the test emits (the reconciler's own writes are not echoed: its caches
+// stay stale until the test says otherwise).
 class FakeKube final : public KubeClient {
  public:
   StatusOr<KubeResponse> request(const std::string& method, const std::string& path,
@@ -51,10 +59,41 @@ class FakeKube final : public KubeClient {
       obj.merge_patch(*body);
     return KubeResponse{200, obj};
   }
-  Status watch(const std::string&, const std::function<bool(const json&)>&,
+  Status watch(const std::string& path, const std::function<bool(const json&)>& onEvent,
                const std::atomic<bool>& stop) override {
-    while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const std::string collection = path.substr(0, path.find('?'));
+    while (!stop.load()) {
+      std::optional<json> event;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto& q = events_[collection];
+        if (!q.empty()) {
+          event = q.front();
+          q.pop_front();
+        }
+      }
+      if (!event) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      } else if (!onEvent(*event)) {
+        break;
+      }
+    }
     return okStatus();
+  }
+  // Stores (or with `deleted`, removes) `object` at `url` and streams the change to the watch of
+  // its collection.
+  void emit(const std::string& url, json object, bool deleted = false) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string collection = url.substr(0, url.rfind('/'));
+    if (deleted) {
+      objects.erase(url);
+      events_[collection].push_back({{"type", "DELETED"}, {"object", object}});
+      return;
+    }
+    object["metadata"]["resourceVersion"] = std::to_string(++version_);
+    const bool existed = objects.count(url) > 0;
+    objects[url] = object;
+    events_[collection].push_back({{"type", existed ? "MODIFIED" : "ADDED"}, {"object", object}});
   }
 
   std::mutex mu_;
@@ -63,6 +102,7 @@ class FakeKube final : public KubeClient {
   int conflictsLeft = 0;
   bool rejectStatefulSets = false;
   int version_ = 100;
+  std::map<std::string, std::deque<json>> events_;
 };
 
 const char* kTgs = "/apis/textgen.dev/v1alpha1/namespaces/ml/textgenerationservices";
@@ -79,7 +119,8 @@ class ReconcilerTest : public ::testing::Test {
           {"uid", "u"},
           {"generation", 1},
           {"resourceVersion", "7"}}},
-        {"spec", {{"model", {{"id", "org/m"}}}, {"replicas", 2}}}};
+        {"spec",
+         {{"model", {{"id", "org/m"}}}, {"shards", 2}, {"shardsPerPod", 1}, {"replicas", 2}}}};
     start();
   }
   void TearDown() override { stop(); }
@@ -90,24 +131,83 @@ class ReconcilerTest : public ::testing::Test {
         std::make_unique<Informer>(kube_, kinds_.statefulSet.path("ml"), "", [](auto&, auto&) {});
     deps_ =
         std::make_unique<Informer>(kube_, kinds_.deployment.path("ml"), "", [](auto&, auto&) {});
-    for (Informer* i : {services_.get(), sts_.get(), deps_.get()}) i->start();
-    while (!services_->synced() || !sts_->synced() || !deps_->synced())
+    pods_ = std::make_unique<Informer>(kube_, kinds_.pod.path("ml"), "", [](auto&, auto&) {});
+    for (Informer* i : {services_.get(), sts_.get(), deps_.get(), pods_.get()}) i->start();
+    while (!services_->synced() || !sts_->synced() || !deps_->synced() || !pods_->synced())
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    reconciler_ = std::make_unique<Reconciler>(kube_, kinds_, "img", *services_, *sts_, *deps_);
+    reconciler_ = std::make_unique<Reconciler>(
+        kube_, kinds_, "img", ReconcilerCaches{*services_, *sts_, *deps_, *pods_},
+        [this](const std::string& key, std::chrono::milliseconds delay) {
+          std::lock_guard<std::mutex> lock(requeueMu_);
+          requeues_.emplace_back(key, delay);
+        });
   }
   void stop() {
-    for (Informer* i : {services_.get(), sts_.get(), deps_.get()}) i->stop();
+    for (Informer* i : {services_.get(), sts_.get(), deps_.get(), pods_.get()}) i->stop();
   }
   // What the informers would have seen by now.
   void resync() {
     stop();
     start();
   }
+  template <typename F>
+  void waitUntil(const char* what, F done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "timed out waiting for " << what;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  static std::string podUrl(const std::string& name) {
+    return "/api/v1/namespaces/ml/pods/" + name;
+  }
+  // Pod p of replica r as its StatefulSet makes it, seen by the pods informer once this returns.
+  void putPod(int r, int p, int restarts, bool ready = true,
+              const std::string& revision = "rev-1") {
+    const std::string name = "llama-shard-" + std::to_string(r) + "-" + std::to_string(p);
+    json pod = {{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata",
+                 {{"name", name},
+                  {"namespace", "ml"},
+                  {"labels",
+                   {{kServiceLabel, "llama"},
+                    {kComponentLabel, "shard"},
+                    {kReplicaLabel, std::to_string(r)},
+                    {kPodIndexLabel, std::to_string(p)},
+                    {"controller-revision-hash", revision}}}}},
+                {"status",
+                 {{"phase", "Running"},
+                  {"conditions", {{{"type", "Ready"}, {"status", ready ? "True" : "False"}}}},
+                  {"containerStatuses", {{{"name", "shard-0"}, {"restartCount", restarts}}}}}}};
+    kube_.emit(podUrl(name), pod);
+    const std::string rv = kube_.objects[podUrl(name)]["metadata"]["resourceVersion"];
+    waitUntil("the pod in the cache", [&] {
+      auto cached = pods_->get("ml/" + name);
+      return cached && (*cached)["metadata"]["resourceVersion"] == rv;
+    });
+  }
+  void removePod(int r, int p) {
+    const std::string name = "llama-shard-" + std::to_string(r) + "-" + std::to_string(p);
+    auto cached = pods_->get("ml/" + name);
+    ASSERT_TRUE(cached);
+    kube_.emit(podUrl(name), *cached, /*deleted=*/true);
+    waitUntil("the pod gone from the cache", [&] { return !pods_->get("ml/" + name); });
+  }
+  std::vector<std::string> deletedPods() {
+    std::vector<std::string> out;
+    for (const std::string& w : kube_.writes)
+      if (w.rfind("DELETE /api/v1/namespaces/ml/pods/", 0) == 0)
+        out.push_back(w.substr(w.rfind('/') + 1));
+    return out;
+  }
 
   FakeKube kube_;
   const Kinds kinds_;
-  std::unique_ptr<Informer> services_, sts_, deps_;
+  std::unique_ptr<Informer> services_, sts_, deps_, pods_;
   std::unique_ptr<Reconciler> reconciler_;
+  std::mutex requeueMu_;
+  std::vector<std::pair<std::string, std::chrono::milliseconds>> requeues_;
 };
 
 TEST_F(ReconcilerTest, AppliesThenASettledPassWritesNothing) {
@@ -156,6 +256,96 @@ TEST_F(ReconcilerTest, AnApplyErrorIsDegradedAndRetried) {
     }
   }
   EXPECT_TRUE(degraded) << status.dump();
+}
+
+// shards 2, shardsPerPod 1: a rank's container restarts in replica 0 → both of its pods are deleted
+// (replica 1 is left alone), once; a second failure before the replica has served again waits for
+// the backoff (a requeue is asked for); once it has served, a failure restarts it at once.
+TEST_F(ReconcilerTest, ARestartedRankRestartsItsWholeReplica) {
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  for (int r = 0; r < 2; ++r)
+    for (int p = 0; p < 2; ++p) putPod(r, p, r == 0 && p == 1 ? 1 : 0);
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_EQ(deletedPods(), (std::vector<std::string>{"llama-shard-0-0", "llama-shard-0-1"}));
+  EXPECT_EQ(reconciler_->metrics().groupRestarts.load(), 1);
+  // The cache still shows them: deleted already, not again.
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_TRUE(deletedPods().empty());
+  // Recreated; still loading when a rank crashes again: held back by the backoff.
+  removePod(0, 0);
+  removePod(0, 1);
+  putPod(0, 0, 0, /*ready=*/false);
+  putPod(0, 1, 1, /*ready=*/false);
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_TRUE(deletedPods().empty());
+  {
+    std::lock_guard<std::mutex> lock(requeueMu_);
+    ASSERT_FALSE(requeues_.empty());
+    EXPECT_EQ(requeues_.back().first, "ml/llama");
+    EXPECT_GT(requeues_.back().second.count(), 0);
+    EXPECT_LE(requeues_.back().second.count(), 10000);
+  }
+  // Once the replica has served, the backoff is forgotten.
+  putPod(0, 0, 0);
+  putPod(0, 1, 0);
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  putPod(0, 0, 2);
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_EQ(deletedPods(), (std::vector<std::string>{"llama-shard-0-0", "llama-shard-0-1"}));
+}
+
+// A StatefulSet from before updates were OnDelete, with the server's default rollingUpdate: the
+// strategy is switched by a merge patch that drops it (OnDelete refuses it; apply would keep it).
+TEST_F(ReconcilerTest, AnOldRollingUpdateStatefulSetIsSwitchedToOnDelete) {
+  const std::string url = "/apis/apps/v1/namespaces/ml/statefulsets/llama-shard-0";
+  kube_.emit(
+      url,
+      {{"apiVersion", "apps/v1"},
+       {"kind", "StatefulSet"},
+       {"metadata", {{"name", "llama-shard-0"}, {"namespace", "ml"}}},
+       {"spec",
+        {{"replicas", 2},
+         {"updateStrategy", {{"type", "RollingUpdate"}, {"rollingUpdate", {{"partition", 0}}}}}}}});
+  waitUntil("the old StatefulSet in the cache", [&] { return sts_->get("ml/llama-shard-0"); });
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_EQ(std::count(kube_.writes.begin(), kube_.writes.end(), "PATCH " + url), 2);
+  EXPECT_EQ(kube_.objects[url]["spec"]["updateStrategy"], json({{"type", "OnDelete"}}));
+}
+
+// A template change: the StatefulSets report a new updateRevision; replica 0's pods are replaced
+// together while replica 1 keeps serving, then replica 1's.
+TEST_F(ReconcilerTest, OutdatedReplicasAreReplacedOneAtATime) {
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  for (int r = 0; r < 2; ++r) {
+    const std::string url =
+        "/apis/apps/v1/namespaces/ml/statefulsets/llama-shard-" + std::to_string(r);
+    json sts = kube_.objects[url];
+    sts["status"] = {{"replicas", 2}, {"readyReplicas", 2}, {"updateRevision", "rev-2"}};
+    kube_.emit(url, sts);
+    for (int p = 0; p < 2; ++p) putPod(r, p, 0);
+  }
+  waitUntil("the StatefulSets' status in the cache", [&] {
+    auto sts = sts_->get("ml/llama-shard-1");
+    return sts && sts->contains("status");
+  });
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_EQ(deletedPods(), (std::vector<std::string>{"llama-shard-0-0", "llama-shard-0-1"}));
+  for (int p = 0; p < 2; ++p) {
+    removePod(0, p);
+    putPod(0, p, 0, /*ready=*/false, "rev-2");
+  }
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_TRUE(deletedPods().empty());  // replica 0 is not serving yet
+  for (int p = 0; p < 2; ++p) putPod(0, p, 0, /*ready=*/true, "rev-2");
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_EQ(deletedPods(), (std::vector<std::string>{"llama-shard-1-0", "llama-shard-1-1"}));
+  EXPECT_EQ(reconciler_->metrics().groupRestarts.load(), 2);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // What a TextGenerationService should have in the cluster, as objects ready for server-side apply
-// (pure: no API calls). Per replica r: a headless Service and a StatefulSet of `shards` pods
-// (`<name>-shard-<r>`), and a model-cache PersistentVolumeClaim for hub models; for the service:
+// (pure: no API calls). Per replica r: a headless Service and a StatefulSet (`<name>-shard-<r>`) of
+// shards / shardsPerPod pods, each with shardsPerPod containers `shard-<i>` (one rank each: its own
+// GPUs and gRPC port kShardPort + i, one memory-backed /dev/shm per pod; updates OnDelete), and a
+// model-cache PersistentVolumeClaim for hub models; for the service:
 // a headless discovery Service over every replica's rank-0 pod (`<name>-shards`), the router
 // Deployment (`<name>-router`) and its Service (`<name>`), a PodDisruptionBudget over the shard
 // pods, and with autoscaling an HPA or a KEDA ScaledObject (`<name>`) on tgi_queue_size. Every
@@ -18,7 +20,11 @@ namespace textgen::op {
 inline constexpr const char* kServiceLabel = "textgen.dev/service";
 inline constexpr const char* kComponentLabel = "textgen.dev/component";
 inline constexpr const char* kReplicaLabel = "textgen.dev/replica";
+// The StatefulSet's ordinal label on its pods (Kubernetes >= 1.28).
+inline constexpr const char* kPodIndexLabel = "apps.kubernetes.io/pod-index";
+// Rank i of a pod listens on kShardPort + i (the pod's containers share one network namespace).
 inline constexpr int kShardPort = 50051, kRendezvousPort = 29500, kRouterPort = 3000;
+inline constexpr int64_t kShmGiBPerRank = 1;  // /dev/shm's sizeLimit per rank of the pod
 
 struct DesiredObject {
   Kind kind;
@@ -28,6 +34,9 @@ struct DesiredObject {
 
 std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& kinds);
 
+std::string shardStatefulSetName(const ServiceSpec& s, int64_t replica);
+// Pods per replica: shards / shardsPerPod.
+int64_t podsPerReplica(const ServiceSpec& s);
 // The label selector of a service's shard pods (status.selector, for the scale subresource).
 std::string shardSelector(const ServiceSpec& s);
 // The router's in-cluster URL.

@@ -27,7 +27,7 @@ class Kinds {
   // testGroups: built-in kinds (core, apps, autoscaling, policy) in look-alike groups.
   explicit Kinds(bool testGroups = false);
 
-  Kind service, persistentVolumeClaim, statefulSet, deployment, horizontalPodAutoscaler,
+  Kind service, persistentVolumeClaim, pod, statefulSet, deployment, horizontalPodAutoscaler,
       podDisruptionBudget, lease, scaledObject;
   Kind textGenerationService;
 };

@@ -40,14 +40,23 @@ struct ServiceSpec {
   std::string modelPvc;  // serve modelId from this claim instead of downloading it
   std::string cacheSize = "100Gi", cacheStorageClass, cacheAccessMode = "ReadWriteMany";
   std::string dtype, quantize;
-  int64_t shards = 1, replicas = 1, gpusPerShard = 1;
+  // shards ranks per replica, shardsPerPod of them in each pod (resolved: spec.shardsPerPod, else
+  // shards: one pod per replica); shards / shardsPerPod pods per replica.
+  int64_t shards = 1, shardsPerPod = 1, replicas = 1, gpusPerShard = 1;
   json resources = json::object();
+  json shardEnv = json::array();  // EnvVars added to every shard container (NCCL_* and the like)
   std::string image, imagePullPolicy = "IfNotPresent";
   RouterSpec router;
   AutoscalingSpec autoscaling;
   json nodeSelector = json::object(), tolerations = json::array(), affinity = json::object();
   std::string priorityClassName;
 };
+
+// Environment variables the operator sets on shard containers itself: spec.shardEnv may not name
+// them (NCCL_NVLS_ENABLE stays 0: NVLink multicast is never used).
+inline constexpr const char* kReservedShardEnv[] = {
+    "RANK",     "WORLD_SIZE",     "MASTER_ADDR", "MASTER_PORT", "POD_INDEX", "NCCL_NVLS_ENABLE",
+    "MODEL_ID", "MODEL_REVISION", "HF_HOME",     "HF_TOKEN"};
 
 // INVALID_ARGUMENT naming the field for what the CRD's schema would also refuse. `defaultImage`
 // fills spec.image when the resource gives none.
