@@ -144,6 +144,10 @@ json rankEnv(const ServiceSpec& s, int64_t r, int64_t i) {
   env.push_back(envValue("MASTER_ADDR", onePod ? "127.0.0.1" : podHost(s, r, 0)));
   env.push_back(envValue("MASTER_PORT", std::to_string(kRendezvousPort)));
   env.push_back(envValue("NCCL_NVLS_ENABLE", "0"));  // NVLink multicast is never used
+  // The container sees its own GPUs as 0..g-1 (the device plugin's), and the shard takes one:
+  // device 0. Without this, a multi-rank shard that sees no CUDA_VISIBLE_DEVICES assumes every GPU
+  // of the machine is visible and takes device RANK.
+  if (s.gpusPerShard > 0) env.push_back(envValue("CUDA_VISIBLE_DEVICES", "0"));
   env.push_back(envValue("NCCL_DEBUG", "WARN"));
   env.push_back(envValue("NCCL_SOCKET_IFNAME", "eth0"));
   for (const json& e : s.shardEnv) {
@@ -164,6 +168,8 @@ json shardContainer(const ServiceSpec& s, int64_t r, int64_t i) {
   const int64_t port = kShardPort + i;
   std::vector<std::string> args = {"--port", std::to_string(port), "--shard-urls", shardUrls(s, r)};
   if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
+  // A rank given GPUs runs on one or fails (a crash loop shows), never silently on the CPU.
+  if (s.gpusPerShard > 0) args.insert(args.end(), {"--device", "cuda"});
   const std::string rankPrefix = podsPerReplica(s) == 1 ? std::string()
                                                         : "export RANK=$((POD_INDEX * " +
                                                               std::to_string(s.shardsPerPod) +

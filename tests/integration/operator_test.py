@@ -492,15 +492,20 @@ def test_delete(server):
 
 
 class LocalCluster:
-    """Pods of the operator's StatefulSets and Deployments as local processes."""
+    """Pods of the operator's StatefulSets and Deployments as local processes: every container of a
+    pod is a process, and the pod's ports (its containers share one network namespace) are local
+    ports."""
 
     def __init__(self, server, volume_dirs):
-        self.server, self.volumes, self.procs, self.pods = server, volume_dirs, [], []
+        self.server, self.volumes, self.pods = server, volume_dirs, []
         self.ports_of = {}  # pod name -> container port -> local port, assigned before any starts
 
+    @staticmethod
+    def container_ports(template):
+        return [p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])]
+
     def reserve(self, name, template):
-        self.ports_of[name] = {p["containerPort"]: free_port()
-                               for p in template["spec"]["containers"][0].get("ports", [])}
+        self.ports_of[name] = {port: free_port() for port in self.container_ports(template)}
 
     def resolve(self, host):
         """A Service's DNS name -> its selected pods' local addresses (one port per name)."""
@@ -510,9 +515,14 @@ class LocalCluster:
         return [p for p in self.pods if selector and all(p["labels"].get(k) == v for k, v in selector.items())]
 
     def start_pod(self, name, template, labels, binaries):
-        spec = template["spec"]
-        c = spec["containers"][0]
-        port_map = self.ports_of.get(name) or {p["containerPort"]: free_port() for p in c.get("ports", [])}
+        port_map = self.ports_of.get(name) or {port: free_port() for port in self.container_ports(template)}
+        pod = {"name": name, "labels": labels, "ports": port_map, "containers": []}
+        for c in template["spec"]["containers"]:
+            pod["containers"].append(self.start_container(c, labels, port_map, binaries))
+        self.pods.append(pod)
+        return pod
+
+    def start_container(self, c, labels, port_map, binaries):
         env = dict(os.environ)
         for e in c.get("env", []):
             if "value" in e:
@@ -523,41 +533,60 @@ class LocalCluster:
                 env[e["name"]] = labels[key]
             elif "secretKeyRef" in e.get("valueFrom", {}):
                 env[e["name"]] = "secret-" + e["valueFrom"]["secretKeyRef"]["name"]
+        if "MASTER_PORT" in env:  # the rendezvous: this pod's port, or pod 0's through its DNS name
+            master = self.ports_of.get(env.get("MASTER_ADDR", "").split(".")[0], port_map)
+            env["MASTER_PORT"] = str(master.get(int(env["MASTER_PORT"]), env["MASTER_PORT"]))
+            if ".svc.cluster.local" in env.get("MASTER_ADDR", ""):
+                env["MASTER_ADDR"] = "127.0.0.1"
         mounts = {m["mountPath"]: self.volumes[m["name"]] for m in c.get("volumeMounts", [])
                   if m["name"] in self.volumes}
-        argv = []
-        for i, a in enumerate(c["command"]):
-            a = a.replace("$(API_KEY)", env.get("API_KEY", ""))
+        if c["command"][:2] == ["/bin/sh", "-c"]:  # a shell line: the same mappings inside it
+            line = c["command"][2]
             for path, local in mounts.items():
-                if a.startswith(path + "/"):
-                    a = local + a[len(path):]
-            if i > 0 and c["command"][i - 1] == "--port" and int(a) in port_map:
-                a = str(port_map[int(a)])
-            if a.startswith("dns:"):
-                host, port = a[4:].rsplit(":", 1)
-                a = "static:" + ",".join(f"127.0.0.1:{p['ports'][int(port)]}" for p in self.resolve(host))
-            elif ".svc.cluster.local:" in a:  # pod DNS names (<pod>.<service>.<ns>.svc...:port)
-                a = ",".join(self.pod_address(addr) for addr in a.split(","))
-            argv.append(binaries.get(a, a))
-        log = open(os.path.join(self.server.dir, f"pod-{len(self.pods)}.log"), "w+")
+                line = line.replace(f"'{path}/", f"'{local}/")
+            for name, binary in binaries.items():
+                line = line.replace(f"exec {name} ", f"exec {binary} ")
+            line = re.sub(r"'--port' '(\d+)'", lambda m: f"'--port' '{port_map.get(int(m[1]), m[1])}'", line)
+            line = re.sub(r"[\w.-]+\.svc\.cluster\.local:\d+", lambda m: self.pod_address(m[0]), line)
+            argv = ["/bin/sh", "-c", line]
+        else:
+            argv = [self.map_arg(c["command"], i, env, mounts, port_map, binaries)
+                    for i in range(len(c["command"]))]
+        log = open(os.path.join(self.server.dir, f"pod-{len(self.pods)}-{c['name']}.log"), "w+")
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        pod = {"name": name, "labels": labels, "ports": port_map, "proc": proc, "log": log, "argv": argv}
-        self.pods.append(pod)
-        return pod
+        return {"name": c["name"], "proc": proc, "log": log, "argv": argv}
+
+    def map_arg(self, command, i, env, mounts, port_map, binaries):
+        a = command[i].replace("$(API_KEY)", env.get("API_KEY", ""))
+        for path, local in mounts.items():
+            if a.startswith(path + "/"):
+                a = local + a[len(path):]
+        if i > 0 and command[i - 1] == "--port" and int(a) in port_map:
+            a = str(port_map[int(a)])
+        if a.startswith("dns:"):
+            host, port = a[4:].rsplit(":", 1)
+            a = "static:" + ",".join(f"127.0.0.1:{p['ports'][int(port)]}" for p in self.resolve(host))
+        elif ".svc.cluster.local:" in a:  # pod DNS names (<pod>.<service>.<ns>.svc...:port)
+            a = ",".join(self.pod_address(addr) for addr in a.split(","))
+        return binaries.get(a, a)
 
     def pod_address(self, addr):
         host, port = addr.rsplit(":", 1)
         pod = self.ports_of.get(host.split(".")[0])
         return f"127.0.0.1:{pod[int(port)]}" if pod else addr
 
+    def processes(self):
+        return [c for p in self.pods for c in p["containers"]]
+
     def stop(self):
-        for p in self.pods:
-            if p["proc"].poll() is None:
-                p["proc"].terminate()
-                try:
-                    p["proc"].wait(10)
-                except subprocess.TimeoutExpired:
-                    p["proc"].kill()
+        for c in self.processes():
+            if c["proc"].poll() is None:
+                c["proc"].terminate()
+        for c in self.processes():
+            try:
+                c["proc"].wait(10)
+            except subprocess.TimeoutExpired:
+                c["proc"].kill()
 
 
 def listening(port):
@@ -569,42 +598,47 @@ def listening(port):
         return False
 
 
-def test_end_to_end(server):
+def end_to_end(server, name, shards, replicas, shards_per_pod=None):
+    """The operator's objects for `name` (a fixture model on a volume, CPU ranks) run as local
+    processes, and a generation through the router equals transformers' greedy tokens."""
     import http.client
     ref = json.load(open(os.path.join(MODELS, "llama-gqa", "reference.json")))["prompts"][0]
-    obj = service("demo", model={"id": "llama-gqa", "pvc": {"claimName": "fixtures"}}, shards=1, replicas=2,
-                  dtype=None, router={"maxInputTokens": 64, "maxTotalTokens": 128}, autoscaling=None,
-                  nodeSelector=None, tolerations=None)
+    obj = service(name, model={"id": "llama-gqa", "pvc": {"claimName": "fixtures"}}, shards=shards,
+                  shardsPerPod=shards_per_pod, replicas=replicas, gpusPerShard=0, dtype=None, autoscaling=None, nodeSelector=None,
+                  tolerations=None, router={"maxInputTokens": 64, "maxTotalTokens": 128})
     obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
     code, body = server.request("POST", TGS, obj)
-    check(code == 201, f"create demo: {code} {str(body)[:200]}")
-    if not wait_for("demo objects", lambda: {"demo-shard-0", "demo-shard-1"} <= set(items(server, STS)) and
-                    get(server, f"{DEPLOY}/demo-router") and "demo-shards" in items(server, SVC)):
+    check(code == 201, f"create {name}: {code} {str(body)[:200]}")
+    wanted = {f"{name}-shard-{r}" for r in range(replicas)}
+    if not wait_for(f"{name} objects", lambda: wanted <= set(items(server, STS)) and
+                    get(server, f"{DEPLOY}/{name}-router") and f"{name}-shards" in items(server, SVC)):
         return
     cluster = LocalCluster(server, {"model": MODELS})
     binaries = {"textgen-shard": SHARD, "textgen-router": ROUTER}
     try:
-        shards, pods = [], []
-        for r in (0, 1):
-            sts = get(server, f"{STS}/demo-shard-{r}")
+        shards_, pods = [], []
+        for r in range(replicas):
+            sts = get(server, f"{STS}/{name}-shard-{r}")
             for ordinal in range(sts["spec"]["replicas"]):
                 labels = dict(sts["spec"]["template"]["metadata"]["labels"])
                 labels["apps.kubernetes.io/pod-index"] = str(ordinal)
-                name = f"demo-shard-{r}-{ordinal}"
-                cluster.reserve(name, sts["spec"]["template"])
-                pods.append((name, sts["spec"]["template"], labels))
-        for name, template, labels in pods:
-            shards.append(cluster.start_pod(name, template, labels, binaries))
-        up = wait_for("shards listening", lambda: all(listening(p["ports"][50051]) for p in shards), 60)
-        check(up is not None, "the StatefulSets' shard commands serve: " +
-              "; ".join(" ".join(p["argv"]) for p in shards))
-        deploy = get(server, f"{DEPLOY}/demo-router")
+                pod = f"{name}-shard-{r}-{ordinal}"
+                cluster.reserve(pod, sts["spec"]["template"])
+                pods.append((pod, sts["spec"]["template"], labels))
+        for pod, template, labels in pods:
+            shards_.append(cluster.start_pod(pod, template, labels, binaries))
+        ranks = [(p, 50051 + i) for p in shards_ for i in range(len(p["containers"]))]
+        check(len(ranks) == shards * replicas, f"{name}: {shards * replicas} ranks in {len(shards_)} pods")
+        up = wait_for(f"{name}'s ranks listening", lambda: all(listening(p["ports"][port]) for p, port in ranks), 90)
+        check(up is not None, f"{name}: the StatefulSets' shard commands serve: " +
+              "; ".join(" ".join(c["argv"]) for c in cluster.processes()))
+        deploy = get(server, f"{DEPLOY}/{name}-router")
         tmpl = deploy["spec"]["template"]
-        router = cluster.start_pod("demo-router-0", tmpl, dict(tmpl["metadata"]["labels"]), binaries)
+        router = cluster.start_pod(f"{name}-router-0", tmpl, dict(tmpl["metadata"]["labels"]), binaries)
         port = router["ports"][3000]
-        check("static:127.0.0.1:" in " ".join(router["argv"]) and
-              " ".join(router["argv"]).count("127.0.0.1:") == 2,
-              f"the discovery Service resolves to both replicas' rank 0: {router['argv']}")
+        argv = " ".join(router["containers"][0]["argv"])
+        check("static:127.0.0.1:" in argv and argv.count("127.0.0.1:") == replicas,
+              f"{name}: the discovery Service resolves to every replica's rank 0: {argv}")
 
         def health():
             if not listening(port):
@@ -612,8 +646,8 @@ def test_end_to_end(server):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/health")
             return conn.getresponse().status == 200
-        check(wait_for("router healthy", health, 60) is not None, "the router Deployment's command serves")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        check(wait_for(f"{name}'s router healthy", health, 60) is not None, f"{name}: the router Deployment's command serves")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         conn.request("POST", "/generate", json.dumps({"inputs": ref["text"], "parameters": {
             "max_new_tokens": 8, "details": True, "decoder_input_details": False}}),
             {"Content-Type": "application/json"})
@@ -621,14 +655,23 @@ def test_end_to_end(server):
         out = json.loads(resp.read() or b"{}")
         ids = [t["id"] for t in out.get("details", {}).get("tokens", [])]
         check(resp.status == 200 and ids == ref["greedy"][:8],
-              f"a generation through the operator's pods equals transformers: {resp.status} {ids} vs {ref['greedy'][:8]}")
+              f"{name}: a generation through the operator's pods equals transformers: {resp.status} {ids} vs "
+              f"{ref['greedy'][:8]}")
     finally:
         cluster.stop()
         if results["failed"]:
-            for p in cluster.pods:
-                p["log"].seek(0)
-                print(f"--- pod {' '.join(p['argv'])}\n" + p["log"].read()[-1500:])
-    server.request("DELETE", f"{TGS}/demo")
+            for c in cluster.processes():
+                c["log"].seek(0)
+                print(f"--- {' '.join(c['argv'])}\n" + c["log"].read()[-1500:])
+    server.request("DELETE", f"{TGS}/{name}")
+
+
+def test_end_to_end(server):
+    end_to_end(server, "demo", shards=1, replicas=2)
+    # Tensor parallelism: one pod of two containers (ranks 0 and 1 over Gloo, rendezvous on 127.0.0.1),
+    # then four ranks as two pods of two (RANK from POD_INDEX, rendezvous at pod 0).
+    end_to_end(server, "demo-tp", shards=2, replicas=1)
+    end_to_end(server, "demo-tp4", shards=4, replicas=1, shards_per_pod=2)
 
 
 def main():

@@ -207,11 +207,22 @@ TEST(ShardPodsTest, OnePodRunsEveryRankOfAReplica) {
     EXPECT_EQ(env.at("WORLD_SIZE")["value"], "2");
     EXPECT_EQ(env.at("MASTER_ADDR")["value"], "127.0.0.1");
     EXPECT_EQ(env.at("NCCL_NVLS_ENABLE")["value"], "0");
+    // Its GPUs are 0..g-1 in the container; it runs on device 0, on CUDA or not at all.
+    EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES")["value"], "0");
+    EXPECT_NE(args.find("\"--device\",\"cuda\""), std::string::npos) << args;
     EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/dev/shm");
   }
   ASSERT_EQ(pod["volumes"].size(), 2u);  // the model and one /dev/shm for both ranks
   EXPECT_EQ(pod["volumes"][1]["emptyDir"]["medium"], "Memory");
   EXPECT_EQ(pod["volumes"][1]["emptyDir"]["sizeLimit"], "2Gi");
+}
+
+TEST(ShardPodsTest, RanksWithoutGpusNameNoDevice) {
+  const DesiredObject sts = shardSet({{"shards", 2}, {"gpusPerShard", 0}});
+  const json& c = podSpecOf(sts)["containers"][0];
+  EXPECT_EQ(envOf(c).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(c["command"].dump().find("--device"), std::string::npos);
+  EXPECT_FALSE(c["resources"].contains("limits"));
 }
 
 // shards 2, shardsPerPod 1: two pods of one rank; RANK from the pod's ordinal.
@@ -231,7 +242,7 @@ TEST(ShardPodsTest, OneRankPerPodTakesItsRankFromTheOrdinal) {
   EXPECT_EQ(command(c),
             "export RANK=$((POD_INDEX * 1 + 0)); exec textgen-shard --model-id "
             "'/data/models/llama' '--port' '50051' '--shard-urls' '" +
-                std::string(kPod0) + ":50051," + kPod1 + ":50051'");
+                std::string(kPod0) + ":50051," + kPod1 + ":50051' '--device' 'cuda'");
   EXPECT_EQ(pod["volumes"][1]["emptyDir"]["sizeLimit"], "1Gi");
 }
 
