@@ -9,6 +9,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <type_traits>
 
@@ -417,11 +418,21 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <typename T, int kD>
 Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   using L = FlashSmem<T, kD>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      flashKernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes));
-  if (attr != cudaSuccess) {
-    return internalError(std::string("paged_attention: shared memory opt-in failed: ") +
-                         cudaGetErrorString(attr));
+  // The opt-in is a property of the kernel on each device: once per device (tensor-parallel ranks
+  // may be threads of one process, one device each).
+  static std::atomic<uint64_t> optedIn{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (!(optedIn.load(std::memory_order_acquire) & bit)) {
+    const cudaError_t attr =
+        cudaFuncSetAttribute(flashKernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(L::kBytes));
+    if (attr != cudaSuccess) {
+      return internalError(std::string("paged_attention: shared memory opt-in failed: ") +
+                           cudaGetErrorString(attr));
+    }
+    optedIn.fetch_or(bit, std::memory_order_release);
   }
   const int64_t tilesPerSeq = (p.maxNewRows + kTileRows - 1) / kTileRows;
   const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq),

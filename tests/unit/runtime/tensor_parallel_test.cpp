@@ -332,7 +332,9 @@ constexpr int64_t kNumBlocks = 128;
 constexpr int kNewTokens = 12;
 
 std::string fixture(const std::string& name) {
-  return std::string(TEXTGEN_MODEL_FIXTURES) + "/" + name;
+  // The GPU machine runs packed binaries away from the source tree.
+  const char* env = std::getenv("TEXTGEN_MODEL_FIXTURES");
+  return std::string(env && *env ? env : TEXTGEN_MODEL_FIXTURES) + "/" + name;
 }
 
 std::vector<std::vector<uint32_t>> prompts(const std::string& dir) {
