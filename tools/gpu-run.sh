@@ -2,8 +2,8 @@
 # Runs on the GPU machine from the repository root (docs/gpu.md). Logs and JUnit XML go to $OUT
 # (default ./gpu-out). Exits non-zero when any test or memcheck run fails; benchmarks never fail it.
 #
-#   bash .gpu/gpu-run.sh [--tests] [--bench] [--no-memcheck] [--record]
-#   (default: tests and benchmarks)
+#   bash .gpu/gpu-run.sh [--tests] [--bench] [--tp-bench] [--no-memcheck] [--record]
+#   (default: tests and benchmarks; --bench includes --tp-bench where nvidia-smi lists 2+ GPUs)
 #
 # Tests: every packed *_test against the committed fixtures (the shard's gRPC integration test on
 # the CUDA backend among them), then the kernel tests again under compute-sanitizer memcheck. With
@@ -11,23 +11,29 @@
 # (tools/reference/make_dtype_references.py) and the tests read those; they come back in
 # $OUT/recorded-references.tgz, to be committed under tests/reference/models. Benchmarks: bench_rms_norm, bench_tokenizer beside HF tokenizers,
 # and bench_cuda_model on a random-weight Llama-2-7B-shape checkpoint written by
-# tools/bench/make_random_model.py.
+# tools/bench/make_random_model.py. --tp-bench: bench_tp (TP=1 beside TP=2) on random-weight
+# Llama-2-7B and Llama-2-13B-shape checkpoints (TEXTGEN_TP_SHAPES overrides the list);
+# TEXTGEN_CUSTOM_ALL_REDUCE=0 in the environment gives NCCL's all-reduce alone.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-tests=0 bench=0 memcheck=1 record=0
+# Never NVLink multicast (NVLS): it can take the host's shared GPUs out of service (../shared notes).
+export NCCL_NVLS_ENABLE=0
+tests=0 bench=0 tpbench=0 memcheck=1 record=0
 for a in "$@"; do
   case $a in
     --tests) tests=1 ;;
     --bench) bench=1 ;;
+    --tp-bench) tpbench=1 ;;
     --no-memcheck) memcheck=0 ;;
     --record) record=1 ;;
     *) echo "gpu-run: unknown option $a" >&2; exit 2 ;;
   esac
 done
-[ $tests -eq 0 ] && [ $bench -eq 0 ] && tests=1 bench=1
+[ $tests -eq 0 ] && [ $bench -eq 0 ] && [ $tpbench -eq 0 ] && tests=1 bench=1
+[ $bench -eq 1 ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && tpbench=1
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 
@@ -88,6 +94,21 @@ if [ $bench -eq 1 ]; then
       tee "$out/hf_tokenizers.log"
     "$here/bin/bench_tokenizer" --fixtures tests/reference/tokenizers --docs "$docs" \
       --hf "$out/hf_tokenizers.json" 2>&1 | tee "$out/bench_tokenizer.log" || true
+  fi
+fi
+# Tensor parallelism: the same random-weight model at TP=1 and TP=2 (one process per GPU).
+if [ $tpbench -eq 1 ]; then
+  if [ -x "$here/bin/bench_tp" ] && python3 -c "import torch, safetensors" 2>/dev/null; then
+    nvidia-smi topo -m 2>&1 | tee "$out/topology.txt"
+    for shape in ${TEXTGEN_TP_SHAPES:-llama-2-7b llama-2-13b}; do
+      model=${TMPDIR:-/tmp}/textgen-$shape
+      [ -f "$model/model.safetensors.index.json" ] ||
+        python3 tools/bench/make_random_model.py "$model" --shape "$shape" --dtype bfloat16
+      echo "== bench_tp ($shape shape, bfloat16)"
+      "$here/bin/bench_tp" --model "$model" --tp 1,2 2>&1 | tee "$out/bench_tp.$shape.log" || true
+    done
+  else
+    echo "== bench_tp skipped: not packed, or torch/safetensors missing"
   fi
 fi
 echo "gpu-run: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
