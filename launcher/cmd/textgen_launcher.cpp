@@ -2,18 +2,22 @@
 // environment variables (each --foo-bar also reads FOO_BAR). With no --model-id it serves the demo
 // model that ships in the repo (models/demo).
 //
-// It starts the shards (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and waits for each, starts the
-// router, prints a curl command, forwards SIGTERM/SIGINT, and when any part dies it stops the
-// others and exits non-zero with that part's last log lines.
+// It starts --num-shard tensor-parallel ranks of textgen-shard (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT; one GPU each through CUDA_VISIBLE_DEVICES, or sharing the CPU) and waits until every
+// rank is ready, starts the router, prints a curl command, forwards SIGTERM/SIGINT, and when any
+// part dies it stops the others and exits non-zero with that part's last log lines.
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -22,6 +26,7 @@
 #include "textgen/base/version.h"
 #include "textgen/launcher/child_process.h"
 #include "textgen/launcher/hub.h"
+#include "textgen/launcher/shard_plan.h"
 
 namespace {
 
@@ -29,6 +34,7 @@ using namespace textgen;
 using textgen::launcher::ChildProcess;
 using textgen::launcher::HubOptions;
 using textgen::launcher::hubOptionsFromEnv;
+using textgen::launcher::ReadyWait;
 using textgen::launcher::resolveModel;
 namespace fs = std::filesystem;
 
@@ -122,6 +128,49 @@ fs::path selfDir() {
   return fs::path(buf).parent_path();
 }
 
+// --sharded / --num-shard and what the ranks depend on: the GPUs this process sees, its CPUs.
+launcher::ShardPlanOptions shardPlanOptions(
+    const std::map<std::string, std::vector<std::string>>& values) {
+  auto given = [&](const std::string& n) {
+    auto it = values.find(n);
+    return it == values.end() ? std::nullopt : std::optional<std::string>(it->second.front());
+  };
+  const char* cudaVisible = std::getenv("CUDA_VISIBLE_DEVICES");
+  cpu_set_t cpus;
+  launcher::ShardPlanOptions o{
+      .sharded = given("sharded"),
+      .numShard = given("num-shard"),
+      .gpus = launcher::visibleGpus(cudaVisible ? std::optional<std::string>(cudaVisible)
+                                                : std::nullopt),
+      .nvlsSetByUser = std::getenv("NCCL_NVLS_ENABLE") != nullptr,
+      .cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1,
+      .kvCacheMemory = given("kv-cache-memory")};
+  o.masterAddr = given("master-addr").value_or(o.masterAddr);
+  o.masterPort = given("master-port").value_or(o.masterPort);
+  return o;
+}
+
+// Stops the router first (it stops taking requests), then every rank at once (a rank may wait for
+// its peers as it shuts down). `parts` holds the ranks, then the router. Returns the worst exit
+// status other than 0 and SIGTERM's.
+int stopAll(std::vector<std::unique_ptr<ChildProcess>>& parts, size_t numShards,
+            std::chrono::milliseconds timeout) {
+  int worst = 0;
+  auto note = [&](int status) {
+    if (status != 0 && status != 128 + SIGTERM) worst = status;
+  };
+  for (size_t i = parts.size(); i > numShards; --i) note(parts[i - 1]->stop(timeout));
+  const size_t shards = std::min(numShards, parts.size());
+  for (size_t i = 0; i < shards; ++i) parts[i]->signal(SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (size_t i = 0; i < shards; ++i) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    note(parts[i]->stop(std::max(left, std::chrono::milliseconds(0))));
+  }
+  return worst;
+}
+
 // `textgen-launcher download-weights <model-id> [--revision R]`: fill the hub cache and print the
 // snapshot directory (for an init container, or to prepare a machine that will run offline).
 int downloadWeights(int argc, char** argv) {
@@ -213,6 +262,8 @@ int run(int argc, char** argv) {
   auto get = [&](const std::string& n, const std::string& fallback) {
     return values.contains(n) ? values[n].front() : fallback;
   };
+  auto plan = launcher::planShards(shardPlanOptions(values));
+  if (!plan.ok()) return usage(plan.status().message());
   // The model: a local directory, or a hub id resolved in (and downloaded into) the hub cache.
   const fs::path demo = std::getenv("TEXTGEN_DEMO_MODEL")
                             ? fs::path(std::getenv("TEXTGEN_DEMO_MODEL"))
@@ -232,16 +283,9 @@ int run(int argc, char** argv) {
   if (!fs::exists(modelDir / "config.json"))
     return usage(modelDir.string() + " has no config.json");
   const std::string served = modelId.empty() ? "textgen-demo" : modelId;
-  int numShard = std::atoi(get("num-shard", "1").c_str());
-  if (get("sharded", "false") == "true" && !values.contains("num-shard")) numShard = 2;
-  if (numShard != 1)
-    return usage("--num-shard " + std::to_string(numShard) +
-                 ": tensor parallelism is not implemented yet (use 1)");
   const std::string dtype = get("dtype", ""), memoryFraction = get("cuda-memory-fraction", ""),
                     cudaGraphs = get("cuda-graphs", "");
   const std::string uds = get("shard-uds-path", "/tmp/text-generation-server");
-  const std::string masterAddr = get("master-addr", "localhost"),
-                    masterPort = get("master-port", "29500");
   const auto grace =
       std::chrono::seconds(std::atoi(get("graceful-termination-timeout", "90").c_str()));
   const std::string logLevel = get("log-level", "info");
@@ -251,15 +295,26 @@ int run(int argc, char** argv) {
   std::signal(SIGINT, [](int s) { gSignal = s; });
 
   std::vector<std::unique_ptr<ChildProcess>> parts;
-  auto fail = [&](const std::string& what, const ChildProcess* culprit) {
-    std::fprintf(stderr, "textgen-launcher: %s\n", what.c_str());
+  auto fail = [&](const std::string& what, ChildProcess* culprit) {
+    if (gSignal) {
+      std::fprintf(stderr, "textgen-launcher: signal %d before every part was ready: stopping\n",
+                   gSignal.load());
+    } else {
+      std::fprintf(stderr, "textgen-launcher: %s\n", what.c_str());
+    }
     if (culprit)
       std::fprintf(stderr, "  last lines of %s:\n%s", culprit->name().c_str(),
                    culprit->lastLines().c_str());
-    for (auto it = parts.rbegin(); it != parts.rend(); ++it) (*it)->stop(std::chrono::seconds(5));
+    stopAll(parts, static_cast<size_t>(plan->numShard), std::chrono::seconds(5));
     return 1;
   };
-  for (int rank = 0; rank < numShard; ++rank) {
+  const ReadyWait shardsReady{.prefix = "textgen-shard ready ",
+                              .timeout = std::chrono::seconds(600),
+                              .cancelled = [] { return gSignal != 0; },
+                              .running = {}};
+  // Every rank first, then wait for them all: ranks meet each other before any is ready.
+  std::vector<ChildProcess*> shards;
+  for (int rank = 0; rank < plan->numShard; ++rank) {
     std::vector<std::string> args{(bin / "textgen-shard").string(),
                                   "--model-id",
                                   modelDir.string(),
@@ -279,21 +334,17 @@ int run(int argc, char** argv) {
       args.push_back("--cuda-memory-fraction");
       args.push_back(memoryFraction);
     }
-    if (values.contains("kv-cache-memory")) {
-      args.push_back("--kv-cache-memory");
-      args.push_back(values["kv-cache-memory"].front());
-    }
+    for (std::string& a : plan->rankArgs()) args.push_back(std::move(a));
     if (switches.contains("json-output")) args.push_back("--json-output");
     auto shard = ChildProcess::start("textgen-shard rank " + std::to_string(rank), args,
-                                     {{"RANK", std::to_string(rank)},
-                                      {"WORLD_SIZE", std::to_string(numShard)},
-                                      {"MASTER_ADDR", masterAddr},
-                                      {"MASTER_PORT", masterPort}});
+                                     plan->rankEnv(rank));
     if (!shard.ok()) return fail(shard.status().message(), nullptr);
     parts.push_back(std::move(*shard));
-    auto ready = parts.back()->waitReady("textgen-shard ready ", std::chrono::seconds(600));
-    if (!ready.ok()) return fail(ready.status().message(), parts.back().get());
+    shards.push_back(parts.back().get());
   }
+  ChildProcess* culprit = nullptr;
+  if (auto ready = ChildProcess::waitAllReady(shards, shardsReady, &culprit); !ready.ok())
+    return fail(ready.status().message(), culprit);
   std::vector<std::string> routerArgs{(bin / "textgen-router").string(),
                                       "--tokenizer-name",
                                       modelDir.string(),
@@ -320,12 +371,16 @@ int run(int argc, char** argv) {
   auto router = ChildProcess::start("textgen-router", routerArgs, {});
   if (!router.ok()) return fail(router.status().message(), nullptr);
   parts.push_back(std::move(*router));
-  auto url = parts.back()->waitReady("textgen-router ready ", std::chrono::seconds(600));
-  if (!url.ok()) return fail(url.status().message(), parts.back().get());
-  std::string local = *url;
+  ReadyWait routerReady = shardsReady;
+  routerReady.prefix = "textgen-router ready ";
+  routerReady.running = shards;
+  auto urls = ChildProcess::waitAllReady({parts.back().get()}, routerReady, &culprit);
+  if (!urls.ok()) return fail(urls.status().message(), culprit);
+  const std::string url = urls->front();
+  std::string local = url;
   if (local.find("0.0.0.0") != std::string::npos)
     local.replace(local.find("0.0.0.0"), 7, "127.0.0.1");
-  std::printf("textgen-launcher ready %s\n", url->c_str());
+  std::printf("textgen-launcher ready %s\n", url.c_str());
   std::printf(
       "serving %s; try:\n  curl %s/generate -X POST -H 'Content-Type: application/json' "
       "-d '{\"inputs\":\"To open a file\",\"parameters\":{\"max_new_tokens\":40}}'\n",
@@ -336,12 +391,7 @@ int run(int argc, char** argv) {
     if (gSignal) {
       std::fprintf(stderr, "textgen-launcher: signal %d: stopping (graceful timeout %lld s)\n",
                    gSignal.load(), static_cast<long long>(grace.count()));
-      // The router first (it stops taking requests), then the shards.
-      int worst = 0;
-      for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-        const int s = (*it)->stop(std::chrono::duration_cast<std::chrono::milliseconds>(grace));
-        if (s != 0 && s != 128 + SIGTERM) worst = s;
-      }
+      const int worst = stopAll(parts, static_cast<size_t>(plan->numShard), grace);
       return worst == 0 ? 0 : 1;
     }
     for (auto& p : parts) {

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -65,40 +67,103 @@ ChildProcess::~ChildProcess() {
 }
 
 void ChildProcess::readStderr() {
-  FILE* f = fdopen(dup(stderrFd_), "r");
-  if (!f) return;
-  char line[4096];
-  while (fgets(line, sizeof line, f)) {
-    std::fprintf(stderr, "[%s] %s", name_.c_str(), line);
-    std::lock_guard lock(mutex_);
-    tail_.emplace_back(line);
-    if (tail_.size() > 20) tail_.pop_front();
+  if (FILE* f = fdopen(dup(stderrFd_), "r")) {
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+      std::fprintf(stderr, "[%s] %s", name_.c_str(), line);
+      std::lock_guard lock(mutex_);
+      tail_.emplace_back(line);
+      if (tail_.size() > 20) tail_.pop_front();
+    }
+    fclose(f);
   }
-  fclose(f);
+  std::lock_guard lock(mutex_);
+  stderrDone_ = true;
+  stderrClosed_.notify_all();
 }
 
-StatusOr<std::string> ChildProcess::waitReady(const std::string& prefix,
-                                              std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string buffer;
+namespace {
+
+Status exitedEarly(const ChildProcess& c, int status) {
+  return unavailableError(c.name() + " exited with status " + std::to_string(status) +
+                          " before every part was ready");
+}
+
+}  // namespace
+
+StatusOr<std::optional<std::string>> ChildProcess::readReadyLine(const std::string& prefix) {
   char chunk[1024];
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd p{stdoutFd_, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1))) <= 0) continue;
-    const ssize_t n = read(stdoutFd_, chunk, sizeof chunk);
-    if (n <= 0) return unavailableError(name_ + " exited before it was ready");
-    buffer.append(chunk, static_cast<size_t>(n));
-    size_t nl;
-    while ((nl = buffer.find('\n')) != std::string::npos) {
-      const std::string line = buffer.substr(0, nl);
-      buffer.erase(0, nl + 1);
-      if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+  const ssize_t n = read(stdoutFd_, chunk, sizeof chunk);
+  if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+    return unavailableError(name_ + " closed its output before it was ready");
+  if (n > 0) stdoutBuffer_.append(chunk, static_cast<size_t>(n));
+  size_t nl;
+  while ((nl = stdoutBuffer_.find('\n')) != std::string::npos) {
+    const std::string line = stdoutBuffer_.substr(0, nl);
+    stdoutBuffer_.erase(0, nl + 1);
+    if (line.rfind(prefix, 0) == 0) return std::optional<std::string>(line.substr(prefix.size()));
+  }
+  return std::optional<std::string>();
+}
+
+StatusOr<std::vector<std::string>> ChildProcess::waitAllReady(
+    const std::vector<ChildProcess*>& children, const ReadyWait& wait, ChildProcess** culprit) {
+  using std::chrono::milliseconds;
+  *culprit = nullptr;
+  const auto deadline = std::chrono::steady_clock::now() + wait.timeout;
+  std::vector<std::optional<std::string>> rests(children.size());
+  size_t ready = 0;
+  while (ready < children.size()) {
+    if (wait.cancelled && wait.cancelled()) return cancelledError("stopped while starting");
+    for (const auto* group : {&children, &wait.running}) {
+      for (ChildProcess* c : *group) {
+        if (const std::optional<int> status = c->poll()) {
+          *culprit = c;
+          return exitedEarly(*c, *status);
+        }
+      }
+    }
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      std::string late;
+      for (size_t i = 0; i < children.size(); ++i) {
+        if (rests[i]) continue;
+        if (!*culprit) *culprit = children[i];
+        late += (late.empty() ? "" : ", ") + children[i]->name_;
+      }
+      return unavailableError(late + " not ready within " + std::to_string(wait.timeout.count()) +
+                              " s");
+    }
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (rests[i]) continue;
+      fds.push_back({children[i]->stdoutFd_, POLLIN, 0});
+      which.push_back(i);
+    }
+    const int timeoutMs = static_cast<int>(std::clamp<int64_t>(left.count(), 1, 100));
+    if (::poll(fds.data(), fds.size(), timeoutMs) <= 0) continue;  // a timeout, or a signal
+    for (size_t j = 0; j < fds.size(); ++j) {
+      if (fds[j].revents == 0) continue;
+      ChildProcess* c = children[which[j]];
+      auto line = c->readReadyLine(wait.prefix);
+      if (!line.ok()) {
+        // Its output closes as it exits: give the exit status a moment to show.
+        *culprit = c;
+        for (int i = 0; i < 100 && !c->poll(); ++i) std::this_thread::sleep_for(milliseconds(10));
+        if (const std::optional<int> status = c->poll()) return exitedEarly(*c, *status);
+        return line.status();
+      }
+      if (*line) {
+        rests[which[j]] = std::move(**line);
+        ++ready;
+      }
     }
   }
-  return unavailableError(name_ + " was not ready within " + std::to_string(timeout.count()) +
-                          " s");
+  std::vector<std::string> out;
+  for (auto& r : rests) out.push_back(std::move(*r));
+  return out;
 }
 
 void ChildProcess::signal(int sig) {
@@ -127,8 +192,10 @@ int ChildProcess::stop(std::chrono::milliseconds timeout) {
   return *status_;
 }
 
-std::string ChildProcess::lastLines() const {
-  std::lock_guard lock(mutex_);
+std::string ChildProcess::lastLines() {
+  std::unique_lock lock(mutex_);
+  if (status_)
+    stderrClosed_.wait_for(lock, std::chrono::seconds(1), [this] { return stderrDone_; });
   std::string out;
   for (const std::string& l : tail_) out += "    " + l;
   return out;

@@ -1,24 +1,36 @@
 #!/usr/bin/env python3
 """textgen-launcher end to end on port 0 with the bundled demo model: start, generate, SIGTERM ->
-clean exit with no orphan process; a crashed shard -> non-zero exit naming it; refused flags.
+clean exit with no orphan process; a crashed shard -> non-zero exit naming it; refused flags;
+--num-shard / --sharded: bad values, and the ranks' start-up, environment and failures with stand-in
+shard and router programs; --num-shard 2 against --num-shard 1 on the CPU (greedy tokens equal).
 Usage: launcher_test.py LAUNCHER"""
 import http.client
 import json
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 import time
 
 LAUNCHER = sys.argv[1]
-results = {"passed": 0, "failed": 0}
+results = {"passed": 0, "failed": 0, "skipped": []}
+WORK = tempfile.mkdtemp(prefix="textgen-launcher-test-")
+# The shard's refusal until tensor parallelism lands in the pod runtime (pod-runtime/src/models).
+NOT_IMPLEMENTED = re.compile(r"\[textgen-shard rank \d+\] .*tensor parallelism \(world size \d+\) "
+                             r"is not implemented yet")
 
 
 def check(cond, what):
     results["passed" if cond else "failed"] += 1
     if not cond:
         print("FAIL:", what, flush=True)
+    return cond
 
 
 def wait_for(what, fn, timeout):
@@ -50,55 +62,351 @@ def children_of(uds):
     return [int(p) for p in out]
 
 
-def launch(uds):
-    p = subprocess.Popen([LAUNCHER, "--port", "0", "--hostname", "127.0.0.1", "--shard-uds-path", uds,
-                          "--kv-cache-memory", "64000000", "--log-level", "warn"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:
-        if line.startswith("textgen-launcher ready "):
-            return p, int(line.rsplit(":", 1)[1])
-    raise RuntimeError("launcher did not start: " + p.stderr.read()[-2000:])
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def generate(port):
+def unique_uds(name):
+    return os.path.join(WORK, name, "server")
+
+
+class Launcher:
+    """A textgen-launcher on port 0 with its own --shard-uds-path and --master-port; stderr goes to
+    a file (a full pipe would block it)."""
+
+    def __init__(self, name, args=(), env=None, launcher=LAUNCHER, ready_timeout=120, wait_ready=True):
+        """env: added to this process's environment; a None value removes the variable."""
+        self.uds = unique_uds(name)
+        os.makedirs(os.path.dirname(self.uds), exist_ok=True)
+        self.err_path = self.uds + ".stderr"
+        self.err_file = open(self.err_path, "w")
+        full_env = {k: v for k, v in dict(os.environ, **(env or {})).items() if v is not None}
+        self.master_port = str(free_port())
+        self.p = subprocess.Popen([launcher, "--port", "0", "--hostname", "127.0.0.1", "--shard-uds-path", self.uds,
+                                   "--master-port", self.master_port, "--log-level", "warn", *args],
+                                  stdout=subprocess.PIPE, stderr=self.err_file, text=True, env=full_env)
+        self.port = None
+        if not wait_ready:
+            return
+        # A launcher that neither gets ready nor exits is killed: the test fails, it does not hang.
+        timer = threading.Timer(ready_timeout, self.p.kill)
+        timer.start()
+        for line in self.p.stdout:
+            if line.startswith("textgen-launcher ready "):
+                self.port = int(line.rsplit(":", 1)[1])
+                break
+        timer.cancel()
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def stderr(self):
+        with open(self.err_path) as f:
+            return f.read()
+
+    def wait(self, timeout=30):
+        code = self.p.wait(timeout=timeout)
+        self.err_file.close()
+        return code
+
+    def kids(self):
+        return [k for k in children_of(self.uds) if k != self.p.pid]
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        return self.wait()
+
+
+def generate(port, inputs="To open a file", parameters=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", "/generate", body=json.dumps({"inputs": "To open a file", "parameters": {"max_new_tokens": 12}}),
+    c.request("POST", "/generate",
+              body=json.dumps({"inputs": inputs, "parameters": parameters or {"max_new_tokens": 12}}),
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
     return r.status, json.loads(r.read())
 
 
-def main():
-    work = tempfile.mkdtemp(prefix="textgen-launcher-test-")
-    uds = os.path.join(work, "server")
-    p, port = launch(uds)
-    status, body = generate(port)
+def test_start_generate_sigterm():
+    la = Launcher("sigterm", ["--kv-cache-memory", "64000000"])
+    if not check(la.port, f"launcher ready: {la.stderr()[-2000:]}"):
+        return
+    status, body = generate(la.port)
     check(status == 200 and body["generated_text"].startswith(", open the file"), f"demo model answers: {status} {body}")
-    kids = [k for k in children_of(uds) if k != p.pid]
+    kids = la.kids()
     check(len(kids) == 2, f"one shard and one router run: {kids}")
-    p.send_signal(signal.SIGTERM)
-    code = p.wait(timeout=30)
+    code = la.stop()
     check(code == 0, f"SIGTERM: clean exit ({code})")
     check(wait_for("the shard and router to exit", lambda: not any(alive(k) for k in kids), 5),
           "no orphan process after SIGTERM")
 
-    p, port = launch(uds)
-    shard = [k for k in children_of(uds) if k != p.pid and "textgen-shard" in open(f"/proc/{k}/cmdline").read()]
+
+def test_crashed_shard():
+    la = Launcher("crash", ["--kv-cache-memory", "64000000"])
+    if not check(la.port, f"launcher ready: {la.stderr()[-2000:]}"):
+        return
+    shard = [k for k in la.kids() if "textgen-shard" in open(f"/proc/{k}/cmdline").read()]
     check(len(shard) == 1, "found the shard process")
     os.kill(shard[0], signal.SIGKILL)
-    code = p.wait(timeout=30)
-    err = p.stderr.read()
+    code = la.wait()
+    err = la.stderr()
     check(code != 0 and "textgen-shard rank 0 exited" in err, f"a crashed shard stops the launcher, named: {code} {err[-300:]}")
-    check(wait_for("the router to exit", lambda: children_of(uds) == [], 10), "the router was stopped too")
+    check(wait_for("the router to exit", lambda: children_of(la.uds) == [], 10), "the router was stopped too")
 
-    for flag, words in ((["--trust-remote-code"], "never runs code"), (["--quantize", "gptq"], "not supported"),
-                        (["--num-shard", "2"], "tensor parallelism")):
-        r = subprocess.run([LAUNCHER, *flag], capture_output=True, text=True, timeout=30)
-        check(r.returncode == 2 and words in r.stderr, f"{flag}: {r.returncode} {r.stderr[:200]}")
+
+def refused(args, words, env=None, code=2):
+    r = subprocess.run([LAUNCHER, *args], capture_output=True, text=True, timeout=30, env=dict(os.environ, **(env or {})))
+    check(r.returncode == code and words in r.stderr, f"{args} {env or ''}: {r.returncode} {r.stderr[:300]}")
+
+
+def test_refused_flags():
+    refused(["--trust-remote-code"], "never runs code")
+    refused(["--quantize", "gptq"], "not supported")
     # A path that does not exist is not taken for a hub id (hub downloads: hub_test.py).
-    r = subprocess.run([LAUNCHER, "--model-id", "/no/such/model"], capture_output=True, text=True, timeout=30)
-    check(r.returncode == 1 and "neither a local directory nor a hub id" in r.stderr, f"missing dir: {r.stderr[:200]}")
-    print(f"{results['passed']} passed, {results['failed']} failed")
+    refused(["--model-id", "/no/such/model"], "neither a local directory nor a hub id", code=1)
+
+
+def test_bad_shard_flags():
+    """Refused before any process starts, on any machine."""
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+    refused(["--num-shard", "0"], "--num-shard must be at least 1")
+    refused(["--num-shard", "-1"], "--num-shard must be a positive integer, not '-1'")
+    refused(["--num-shard", "abc"], "--num-shard must be a positive integer, not 'abc'")
+    refused(["--num-shard", "2x"], "--num-shard must be a positive integer, not '2x'")
+    refused(["--num-shard", "1000"], "--num-shard 1000: at most 64 ranks")
+    refused(["--num-shard", "99999999999999999999999"], "at most 64 ranks")
+    refused([], "--num-shard must be a positive integer, not 'two'", env={"NUM_SHARD": "two"})
+    refused(["--sharded", "false", "--num-shard", "2"], "--sharded false contradicts --num-shard 2", env=no_gpu)
+    refused(["--sharded", "true", "--num-shard", "1"], "--sharded true contradicts --num-shard 1", env=no_gpu)
+    refused(["--sharded", "yes"], "--sharded must be true or false", env=no_gpu)
+    refused(["--sharded", "true"], "no GPU is visible", env=no_gpu)
+    refused(["--sharded", "true"], "give --num-shard N to run N ranks on the CPU", env={"CUDA_VISIBLE_DEVICES": "-1"})
+    refused(["--sharded", "true"], "only one GPU is visible (3)", env={"CUDA_VISIBLE_DEVICES": "3"})
+    refused(["--num-shard", "3"], "--num-shard 3 needs one GPU per rank, and 2 are visible (0,1)",
+            env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    refused(["--num-shard", "2", "--master-port", "99999"], "--master-port must be a port number", env=no_gpu)
+    refused(["--num-shard", "2", "--kv-cache-memory", "lots"], "--kv-cache-memory must be a byte count or a fraction",
+            env=no_gpu)
+
+
+# Stand-ins for textgen-shard and textgen-router next to a copy of the launcher (it runs the ones
+# beside its own executable). Each rank records its pid, argv and environment, then meets the
+# others the way tensor-parallel ranks do: it is ready only once every rank has started.
+FAKE_SHARD = textwrap.dedent("""\
+    #!{python}
+    import json, os, signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    d, mode = os.environ["FAKE_DIR"], os.environ.get("FAKE_MODE", "")
+    with open(os.path.join(d, f"rank-{{rank}}.json.tmp"), "w") as f:
+        json.dump({{"pid": os.getpid(), "argv": sys.argv, "env": dict(os.environ)}}, f)
+    os.rename(os.path.join(d, f"rank-{{rank}}.json.tmp"), os.path.join(d, f"rank-{{rank}}.json"))
+    deadline = time.monotonic() + 20
+    while not all(os.path.exists(os.path.join(d, f"rank-{{r}}.json")) for r in range(world)):
+        if time.monotonic() > deadline:
+            sys.exit("rank %d: rendezvous timed out: not every rank started" % rank)
+        time.sleep(0.02)
+    if mode == "rank-1-fails" and rank == 1:
+        sys.exit("rank 1 fails on purpose")
+    if mode != "never-ready" and not (mode == "rank-1-fails" and rank != 1):
+        print("textgen-shard ready unix://" + sys.argv[sys.argv.index("--uds-path") + 1] + "-" + str(rank), flush=True)
+    while True:
+        time.sleep(1)
+    """)
+FAKE_ROUTER = textwrap.dedent("""\
+    #!{python}
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print("textgen-router ready http://127.0.0.1:9", flush=True)
+    while True:
+        time.sleep(1)
+    """)
+
+
+def fake_install():
+    d = os.path.join(WORK, "fake-bin")
+    os.makedirs(d)
+    launcher = os.path.join(d, "textgen-launcher")
+    shutil.copy(LAUNCHER, launcher)
+    for name, text in (("textgen-shard", FAKE_SHARD), ("textgen-router", FAKE_ROUTER)):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(text.format(python=sys.executable))
+        os.chmod(path, 0o755)
+    return launcher
+
+
+def ranks_of(fake_dir, n):
+    out = []
+    for r in range(n):
+        with open(os.path.join(fake_dir, f"rank-{r}.json")) as f:
+            out.append(json.load(f))
+    return out
+
+
+def fake_launch(fake_launcher, name, args, env, mode="", wait_ready=True):
+    fake_dir = os.path.join(WORK, name + "-ranks")
+    os.makedirs(fake_dir)
+    env = dict(env, FAKE_DIR=fake_dir, FAKE_MODE=mode)
+    return Launcher(name, args, env=env, launcher=fake_launcher, ready_timeout=60, wait_ready=wait_ready), fake_dir
+
+
+def test_fake_ranks_on_gpus(fake_launcher):
+    """Three GPU ranks, started together; each gets its own CUDA_VISIBLE_DEVICES entry; a rank
+    killed after start-up stops everything, named."""
+    env = {"CUDA_VISIBLE_DEVICES": "3,5,7,9", "NCCL_NVLS_ENABLE": None}
+    la, fake_dir = fake_launch(fake_launcher, "fake-gpu", ["--num-shard", "3", "--master-addr", "10.1.2.3"], env)
+    if not check(la.port == 9, f"three ranks that meet each other get ready: {la.stderr()[-2000:]}"):
+        la.stop()
+        return
+    ranks = ranks_of(fake_dir, 3)
+    master_port = la.master_port
+    for r, info in enumerate(ranks):
+        e = info["env"]
+        check((e["RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"]) == (str(r), "3", "10.1.2.3", master_port),
+              f"rank {r}: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: {e.get('RANK')} {e.get('WORLD_SIZE')} "
+              f"{e.get('MASTER_ADDR')} {e.get('MASTER_PORT')}")
+        check(e.get("CUDA_VISIBLE_DEVICES") == "357"[r], f"rank {r}: its own GPU: {e.get('CUDA_VISIBLE_DEVICES')}")
+        check(e.get("NCCL_NVLS_ENABLE") == "0", f"rank {r}: NVLink multicast off: {e.get('NCCL_NVLS_ENABLE')}")
+        check(e.get("FAKE_DIR") == fake_dir, f"rank {r}: the launcher's environment is inherited")
+        argv = info["argv"]
+        check("--threads" not in argv, f"rank {r}: a GPU rank keeps the shard's thread count: {argv}")
+        device = argv[argv.index("--device") + 1] if "--device" in argv else None
+        check(device == "cuda", f"rank {r}: --device cuda: {argv}")
+    pids = [info["pid"] for info in ranks]
+    os.kill(pids[1], signal.SIGKILL)
+    code = la.wait()
+    err = la.stderr()
+    check(code != 0 and "textgen-shard rank 1 exited" in err, f"a killed rank 1 stops the launcher, named: {code} {err[-500:]}")
+    check(wait_for("ranks 0 and 2 and the router to exit", lambda: not any(alive(p) for p in pids) and not la.kids(), 10),
+          "the other ranks and the router were stopped")
+
+
+def test_fake_sharded_takes_every_gpu(fake_launcher):
+    la, fake_dir = fake_launch(fake_launcher, "fake-sharded", ["--sharded", "true"], {"CUDA_VISIBLE_DEVICES": "GPU-a, GPU-b"})
+    if check(la.port == 9, f"--sharded true alone: ready: {la.stderr()[-2000:]}"):
+        ranks = ranks_of(fake_dir, 2)
+        check([r["env"]["WORLD_SIZE"] for r in ranks] == ["2", "2"], "--sharded true: one rank per visible GPU")
+        check([r["env"].get("CUDA_VISIBLE_DEVICES") for r in ranks] == ["GPU-a", "GPU-b"],
+              f"GPU UUIDs pass through: {[r['env'].get('CUDA_VISIBLE_DEVICES') for r in ranks]}")
+        check(not os.path.exists(os.path.join(fake_dir, "rank-2.json")), "no third rank")
+    check(la.stop() == 0, "SIGTERM: clean exit")
+
+
+def test_fake_ranks_on_cpu(fake_launcher):
+    """No GPU: the ranks share the machine (no CUDA_VISIBLE_DEVICES of their own, the threads and
+    the KV budget divided); a user's NCCL_NVLS_ENABLE is kept."""
+    env = {"CUDA_VISIBLE_DEVICES": "", "NCCL_NVLS_ENABLE": "1"}
+    la, fake_dir = fake_launch(fake_launcher, "fake-cpu", ["--num-shard", "2", "--kv-cache-memory", "64000000"], env)
+    if check(la.port == 9, f"two CPU ranks get ready: {la.stderr()[-2000:]}"):
+        cpus = len(os.sched_getaffinity(0))
+        for r, info in enumerate(ranks_of(fake_dir, 2)):
+            e, argv = info["env"], info["argv"]
+            check(e.get("CUDA_VISIBLE_DEVICES") == "", f"rank {r}: no GPU of its own: {e.get('CUDA_VISIBLE_DEVICES')!r}")
+            check(e.get("NCCL_NVLS_ENABLE") == "1", f"rank {r}: the user's NCCL_NVLS_ENABLE is kept")
+            threads = argv[argv.index("--threads") + 1] if "--threads" in argv else None
+            check(threads == str(max(1, cpus // 2)), f"rank {r}: half the CPUs: {threads} of {cpus}")
+            kv = argv[argv.index("--kv-cache-memory") + 1] if "--kv-cache-memory" in argv else None
+            check(kv == "32000000", f"rank {r}: half the KV budget: {kv}")
+            check("--device" not in argv, f"rank {r}: the shard picks its device: {argv}")
+    check(la.stop() == 0, "SIGTERM: clean exit")
+
+
+def test_fake_rank_fails_while_starting(fake_launcher):
+    """Rank 1 exits while rank 0 waits for it forever: the launcher does not wait out its 600 s."""
+    la, fake_dir = fake_launch(fake_launcher, "fake-fail", ["--num-shard", "2"], {"CUDA_VISIBLE_DEVICES": ""},
+                               mode="rank-1-fails")
+    check(la.port is None, "not ready")
+    code = la.wait()
+    err = la.stderr()
+    check(code == 1 and "textgen-shard rank 1 exited with status 1 before every part was ready" in err
+          and "last lines of textgen-shard rank 1:\n    rank 1 fails on purpose" in err,
+          f"rank 1's failure is named with its last lines: {code} {err[-800:]}")
+    pid0 = ranks_of(fake_dir, 1)[0]["pid"]
+    check(wait_for("rank 0 to be stopped", lambda: not alive(pid0), 10), "rank 0 was stopped")
+
+
+def test_fake_signal_while_starting(fake_launcher):
+    """SIGINT while the ranks load (they never get ready here) stops them at once."""
+    la, fake_dir = fake_launch(fake_launcher, "fake-signal", ["--num-shard", "2"], {"CUDA_VISIBLE_DEVICES": ""},
+                               mode="never-ready", wait_ready=False)
+    started = wait_for("both ranks to start", lambda: la.p.poll() is not None or all(
+        os.path.exists(os.path.join(fake_dir, f"rank-{r}.json")) for r in range(2)), 20)
+    if not check(started and la.p.poll() is None, f"ranks started, launcher waiting: {la.stderr()[-500:]}"):
+        la.stop()
+        return
+    pids = [info["pid"] for info in ranks_of(fake_dir, 2)]
+    start = time.monotonic()
+    la.p.send_signal(signal.SIGINT)
+    code = la.wait()
+    err = la.stderr()
+    check(code != 0 and f"signal {int(signal.SIGINT)} before every part was ready" in err and time.monotonic() - start < 20,
+          f"SIGINT while the ranks start: stops at once: {code} {err[-500:]}")
+    check(wait_for("the ranks to exit", lambda: not any(alive(p) for p in pids), 10), "no orphan rank")
+
+
+def generate_all(port, prompts):
+    out = []
+    for prompt in prompts:
+        status, body = generate(port, prompt, {"max_new_tokens": 20, "do_sample": False, "details": True,
+                                               "decoder_input_details": True})
+        out.append((status, body))
+    return out
+
+
+def test_num_shard_2_matches_num_shard_1():
+    """Greedy generation with two CPU ranks is the single rank's, token for token."""
+    prompts = ["To open a file", "The quick brown fox", "def main():\n    ", "Once upon a time, there was"]
+    cpu = {"CUDA_VISIBLE_DEVICES": ""}
+    runs = {}
+    for n in (1, 2):
+        la = Launcher(f"tp{n}", ["--num-shard", str(n), "--kv-cache-memory", "64000000"], env=cpu, ready_timeout=240)
+        if la.port is None:
+            la.wait()
+            err = la.stderr()
+            if n == 2 and NOT_IMPLEMENTED.search(err):
+                results["skipped"].append("test_num_shard_2_matches_num_shard_1: the shard refuses WORLD_SIZE 2 ("
+                                          + NOT_IMPLEMENTED.search(err).group(0) + ")")
+                return
+            check(False, f"--num-shard {n}: launcher ready: {err[-2000:]}")
+            return
+        if n == 2:
+            kids = [k for k in la.kids() if "textgen-shard" in open(f"/proc/{k}/cmdline").read()]
+            check(len(kids) == 2, f"--num-shard 2: two shard processes: {kids}")
+        runs[n] = generate_all(la.port, prompts)
+        check(la.stop() == 0, f"--num-shard {n}: clean exit")
+    for prompt, (s1, b1), (s2, b2) in zip(prompts, runs[1], runs[2]):
+        if not check(s1 == 200 and s2 == 200, f"{prompt!r}: both answer: {s1} {b1} / {s2} {b2}"):
+            continue
+        d1, d2 = b1["details"], b2["details"]
+        check([t["id"] for t in d1["prefill"]] == [t["id"] for t in d2["prefill"]], f"{prompt!r}: same prefill tokens")
+        t1, t2 = [t["id"] for t in d1["tokens"]], [t["id"] for t in d2["tokens"]]
+        check(t1 == t2, f"{prompt!r}: same greedy tokens: {t1} vs {t2}")
+        check(b1["generated_text"] == b2["generated_text"], f"{prompt!r}: same text")
+        lp = [abs(a["logprob"] - b["logprob"]) for a, b in zip(d1["tokens"], d2["tokens"])]
+        print(f"{prompt!r}: {len(t1)} tokens equal={t1 == t2}, largest logprob difference {max(lp, default=0):.2e}")
+
+
+def main():
+    test_start_generate_sigterm()
+    test_crashed_shard()
+    test_refused_flags()
+    test_bad_shard_flags()
+    fake_launcher = fake_install()
+    test_fake_ranks_on_gpus(fake_launcher)
+    test_fake_sharded_takes_every_gpu(fake_launcher)
+    test_fake_ranks_on_cpu(fake_launcher)
+    test_fake_rank_fails_while_starting(fake_launcher)
+    test_fake_signal_while_starting(fake_launcher)
+    test_num_shard_2_matches_num_shard_1()
+    for s in results["skipped"]:
+        print("SKIPPED:", s)
+    print(f"{results['passed']} passed, {results['failed']} failed, {len(results['skipped'])} skipped")
+    if not results["failed"]:
+        shutil.rmtree(WORK, ignore_errors=True)
     return 1 if results["failed"] else 0
 
 

@@ -5,7 +5,9 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +20,16 @@
 
 namespace textgen::launcher {
 
+class ChildProcess;
+
+// What ChildProcess::waitAllReady waits for.
+struct ReadyWait {
+  std::string prefix;  // the readiness line starts with it
+  std::chrono::seconds timeout{600};
+  std::function<bool()> cancelled;  // asked every 100 ms; true gives up (a signal to the launcher)
+  std::vector<ChildProcess*> running;  // ready before: one exiting fails the wait too
+};
+
 class ChildProcess {
  public:
   // Starts argv with the launcher's environment plus `env`.
@@ -29,9 +41,14 @@ class ChildProcess {
   const std::string& name() const { return name_; }
   pid_t pid() const { return pid_; }
 
-  // Waits for a stdout line starting with `prefix` and returns its rest; UNAVAILABLE when the child
-  // exits first or the deadline passes.
-  StatusOr<std::string> waitReady(const std::string& prefix, std::chrono::seconds timeout);
+  // Waits until every child has printed a stdout line starting with `wait.prefix`, all at once
+  // (tensor-parallel ranks meet each other before any is ready), and returns each line's rest, in
+  // order. UNAVAILABLE when a child exits first (one already ready too: its peers would wait for
+  // it) or the deadline passes, CANCELLED when `wait.cancelled` says so; `*culprit` is then the
+  // child that exited or the first one not ready (nullptr when cancelled).
+  static StatusOr<std::vector<std::string>> waitAllReady(const std::vector<ChildProcess*>& children,
+                                                         const ReadyWait& wait,
+                                                         ChildProcess** culprit);
 
   void signal(int sig);
   // Reaps the child if it has exited: its exit status (128 + signal when killed).
@@ -39,17 +56,24 @@ class ChildProcess {
   // Waits up to `timeout` for exit; SIGKILL after that. Returns the exit status.
   int stop(std::chrono::milliseconds timeout);
 
-  std::string lastLines() const;
+  // Its last stderr lines; once it has exited, including what it wrote just before (up to 1 s).
+  std::string lastLines();
 
  private:
   ChildProcess() = default;
   void readStderr();
+  // Reads what stdout holds: the rest of a line starting with `prefix` once there is one;
+  // UNAVAILABLE at end of file.
+  StatusOr<std::optional<std::string>> readReadyLine(const std::string& prefix);
 
   std::string name_;
   pid_t pid_ = -1;
   int stdoutFd_ = -1, stderrFd_ = -1;
+  std::string stdoutBuffer_;
   std::optional<int> status_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
+  std::condition_variable stderrClosed_;
+  bool stderrDone_ = false;
   std::deque<std::string> tail_;
   std::thread stderrThread_;
 };
