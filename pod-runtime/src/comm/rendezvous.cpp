@@ -93,6 +93,12 @@ class TcpRendezvous final : public Rendezvous {
   explicit TcpRendezvous(const Options& o) : options_(o) {}
 
   ~TcpRendezvous() override {
+    if (options_.rank == 0) {
+      // The others may still be reading their last answers (a barrier's): let them leave first,
+      // for a moment.
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(2), [&] { return activePeers_ == 0; });
+    }
     closing_ = true;
     {
       std::lock_guard lock(mu_);
@@ -100,6 +106,7 @@ class TcpRendezvous final : public Rendezvous {
       for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
     }
     if (listenFd_ >= 0) ::shutdown(listenFd_, SHUT_RDWR);
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // wakes the monitor's read
     if (acceptThread_.joinable()) acceptThread_.join();
     for (std::thread& t : threads_) t.join();
     if (monitor_.joinable()) monitor_.join();
@@ -118,6 +125,8 @@ class TcpRendezvous final : public Rendezvous {
     if (key.size() > kMaxKey || value.size() > kMaxValue)
       return invalidArgumentError("rendezvous: key or value too long");
     if (options_.rank == 0) return store(key, std::string(value));
+    if (watching_)
+      return failedPreconditionError("rendezvous: the store is closed once peers are watched");
     std::string msg = "S";
     putU32(msg, static_cast<uint32_t>(key.size()));
     msg += key;
@@ -141,6 +150,8 @@ class TcpRendezvous final : public Rendezvous {
                                      std::to_string(timeout.count()) + " ms");
       return map_.at(key);
     }
+    if (watching_)
+      return failedPreconditionError("rendezvous: the store is closed once peers are watched");
     std::string msg = "G";
     putU32(msg, static_cast<uint32_t>(key.size()));
     msg += key;
@@ -279,6 +290,7 @@ class TcpRendezvous final : public Rendezvous {
         if (ok) {
           peer = static_cast<int>(rank);
           joined_.insert(peer);
+          ++activePeers_;
         }
       }
       const uint8_t answer = peer >= 0 ? 0 : 1;
@@ -318,6 +330,10 @@ class TcpRendezvous final : public Rendezvous {
       }
     }
     std::lock_guard lock(mu_);
+    if (peer >= 0) {
+      --activePeers_;
+      cv_.notify_all();
+    }
     if (peer >= 0 && !closing_) {
       const std::string why = "rank " + std::to_string(peer) + " closed its connection: it is gone";
       if (watching_) {
@@ -384,12 +400,14 @@ class TcpRendezvous final : public Rendezvous {
   std::condition_variable cv_;
   std::map<std::string, std::string> map_;
   std::set<int> joined_;
+  int activePeers_ = 0;
   int listenFd_ = -1;
   std::vector<int> fds_;
   std::thread acceptThread_;
   std::vector<std::thread> threads_;
   std::function<void(const std::string&)> onLost_;
-  bool watching_ = false, fired_ = false;
+  std::atomic<bool> watching_{false};
+  bool fired_ = false;
   std::optional<std::string> lostBeforeWatch_;
   // Other ranks: the connection to rank 0.
   std::mutex clientMu_;

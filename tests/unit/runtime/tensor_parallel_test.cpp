@@ -193,6 +193,21 @@ TEST(Rendezvous, ALostPeerIsReportedOnBothSides) {
   EXPECT_NE(f2.get().find("rank 0"), std::string::npos);
 }
 
+// A watching rank other than 0 leaves at once on its own (its monitor's read is woken), and the
+// store is closed to it once it watches.
+TEST(Rendezvous, AWatchingRankLeavesAlone) {
+  const int port = freePort();
+  auto zeroF = std::async(std::launch::async, [&] { return Rendezvous::join(rdv(port, 0, 2)); });
+  auto one = Rendezvous::join(rdv(port, 1, 2));
+  auto zero = zeroF.get();
+  ASSERT_TRUE(zero.ok() && one.ok());
+  (*one)->watchPeers([](const std::string&) {});
+  EXPECT_EQ((*one)->set("k", "v").code(), StatusCode::kFailedPrecondition);
+  const auto start = std::chrono::steady_clock::now();
+  one->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
 TEST(Gloo, CollectivesGiveEveryRankTheSameResult) {
   for (int world : {2, 3, 4}) {
     SCOPED_TRACE(world);

@@ -62,6 +62,7 @@ class Rendezvous {
   // Every rank calls it: returns once all have (a barrier through the store).
   virtual Status barrier(const std::string& name) = 0;
   // From now on a lost peer calls `onLost` (once, from a background thread) with what happened.
+  // The store is done with then: set/get on ranks other than 0 answer FAILED_PRECONDITION.
   virtual void watchPeers(std::function<void(const std::string&)> onLost) = 0;
 };
 
