@@ -13,12 +13,15 @@
 // as in TGI. With WORLD_SIZE > 1 the ranks meet through rank 0's rendezvous store, connect NCCL
 // (CUDA) or Gloo (CPU), and each loads its Megatron share of the weights; a rank whose peer dies,
 // or whose collective stops for --collective-timeout, exits non-zero (the group restarts whole).
-// With several GPUs visible, rank r uses device r (else device 0: CUDA_VISIBLE_DEVICES per rank).
+// Rank r uses device r % (visible devices): with CUDA_VISIBLE_DEVICES per rank, device 0.
 // With --uds-path the socket is PATH-RANK, and ServiceDiscovery returns every rank's socket. On
 // TCP, --shard-urls lists every rank's address as the router should dial it (rank order; in
 // Kubernetes the pods' DNS names, which textgen-operator passes); without it a single-rank shard
 // answers with its own 127.0.0.1 address.
 #include <grpcpp/grpcpp.h>
+#ifdef TEXTGEN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 #include <grpcpp/impl/service_type.h>
 #include <unistd.h>
 
@@ -210,14 +213,15 @@ StatusOr<int64_t> kvBudget(const std::string& spec) {
   return parseInt("--kv-cache-memory", spec);
 }
 
-// With several GPUs visible, rank r takes device r; with one (CUDA_VISIBLE_DEVICES per rank, or
-// one GPU per container), device 0.
+// Rank r takes device r % (visible devices): every GPU of the machine visible (rank r on GPU r,
+// ranks of a second pod on its own GPUs from 0), or one per rank through CUDA_VISIBLE_DEVICES
+// (device 0).
 int deviceFor(int rank) {
-  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (!v || !*v) return rank;  // every GPU of the machine is visible
-  const std::string list = v;
-  const auto count = 1 + std::count(list.begin(), list.end(), ',');
-  return count > 1 ? rank : 0;
+  int count = 0;
+#ifdef TEXTGEN_HAVE_CUDA
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+#endif
+  return count > 0 ? rank % count : 0;
 }
 
 StatusOr<std::unique_ptr<runtime::Backend>> pickBackend(const Flags& f) {

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Every model fixture served by textgen-launcher with --num-shard 2 and 4 on the CPU (Gloo), through
+the router and gRPC: each reference prompt's greedy tokens equal transformers' (the fixture's
+reference.json), and a fixture whose heads do not divide across the ranks is refused at start-up
+with a message naming the dimension.
+
+Usage: tp_fixtures_test.py LAUNCHER_BINARY MODELS_DIR
+Prints "N passed, M failed" and exits non-zero on any failure.
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+LAUNCHER, MODELS = sys.argv[1:3]
+FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
+            "llama-rope-llama3", "llama-rope-yarn"]
+NEW_TOKENS = 12
+results = {"passed": 0, "failed": 0}
+
+
+def check(cond, what):
+    results["passed" if cond else "failed"] += 1
+    print(("ok:   " if cond else "FAIL: ") + what, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(model, world):
+    """Starts the launcher; returns (process, url or None, output lines)."""
+    cmd = [LAUNCHER, "--model-id", model, "--num-shard", str(world), "--port", str(free_port()),
+           "--hostname", "127.0.0.1", "--master-port", str(free_port()),
+           "--shard-uds-path", tempfile.mktemp(prefix="tgfx-"), "--kv-cache-memory", str(256 << 20)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1")  # CPU ranks, even on a GPU machine
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    timer = threading.Timer(120, p.kill)
+    timer.start()
+    url = None
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("textgen-launcher ready "):
+            url = line.split()[2]
+            break
+    timer.cancel()
+    if url:
+        threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
+    return p, url, lines
+
+
+def generate(url, text):
+    host, port = url.replace("http://", "").rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=120)
+    c.request("POST", "/generate", json.dumps({"inputs": text, "parameters": {
+        "max_new_tokens": NEW_TOKENS, "details": True}}), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    return r.status, json.loads(r.read())
+
+
+def divides(config, world):
+    h, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    return (h % world == 0 and config["intermediate_size"] % world == 0 and
+            (kv % world == 0 if kv >= world else world % kv == 0))
+
+
+def main():
+    for name in FIXTURES:
+        model = os.path.join(MODELS, name)
+        ref = json.load(open(os.path.join(model, "reference.json")))
+        config = json.load(open(os.path.join(model, "config.json")))
+        for world in (2, 4):
+            what = f"{name} --num-shard {world}"
+            p, url, lines = serve(model, world)
+            try:
+                if not divides(config, world):
+                    p.wait(timeout=60)
+                    out = "".join(lines) + (p.stdout.read() or "")
+                    check(url is None and p.returncode != 0 and
+                          f"does not divide across {world} tensor-parallel ranks" in out,
+                          f"{what}: refused at start-up naming the dimension")
+                    continue
+                if not url:
+                    check(False, f"{what}: did not start: {''.join(lines)[-1500:]}")
+                    continue
+                for prompt in ref["prompts"]:
+                    status, body = generate(url, prompt["text"])
+                    got = [t["id"] for t in body.get("details", {}).get("tokens", [])]
+                    want = prompt["greedy"][:len(got)]
+                    check(status == 200 and len(got) >= 1 and got == want,
+                          f"{what}: '{prompt['text'][:24]}' greedy tokens equal transformers' "
+                          f"({len(got)} tokens; status {status})")
+            finally:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+                    try:
+                        p.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+    print(f"{results['passed']} passed, {results['failed']} failed")
+    sys.exit(1 if results["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
