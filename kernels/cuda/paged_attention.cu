@@ -201,8 +201,8 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   int64_t splits = blocks >= target ? 1 : (p.maxContext + kMinPartition - 1) / kMinPartition;
   // No more splits than it takes to reach about twice the target: under a decode graph maxContext
   // is the model's whole context, and a block per 64 keys of it for (rows x heads) just under the
-  // target (a tensor-parallel rank's share of the heads at batch 64) launched 64x the blocks, nearly
-  // all empty (attention took 1.6x longer on half the heads).
+  // target (a tensor-parallel rank's share of the heads at batch 64) launched 64x the blocks,
+  // nearly all empty (attention took 1.6x longer on half the heads).
   splits = std::min(splits, std::max<int64_t>(1, (2 * target + blocks - 1) / blocks));
   const int64_t perSplit = blocks * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
   if (p.workspace && p.workspaceBytes > kCounterBytes &&
