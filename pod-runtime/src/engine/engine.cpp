@@ -18,9 +18,26 @@ uint64_t nowNs() {
 }
 }  // namespace
 
+namespace {
+
+// Where position `pos` of a sequence keeps its key and value: the one formula (the router's slots
+// follow it, and validate() checks that they do).
+uint32_t slotOf(std::span<const uint32_t> blocks, int64_t blockSize, int64_t pos) {
+  return static_cast<uint32_t>(blocks[pos / blockSize] * blockSize + pos % blockSize);
+}
+
+enum class RequestState {
+  kPrefilling,  // prompt positions still to compute (chunked prefill: more than one step)
+  kDecoding,    // one new token per step
+};
+
+}  // namespace
+
 struct Engine::Request {
   RequestSpec spec;
+  RequestState state = RequestState::kPrefilling;
   std::vector<uint32_t> tokens;  // prompt then generated
+  TokenCounts history;           // of `tokens`, for the penalties (updated per token)
   int64_t computed = 0;          // positions whose KV is in the cache
   Sampler sampler;
   StoppingCriteria stopping;
@@ -31,12 +48,13 @@ struct Engine::Request {
   Request(RequestSpec s, const tokenizer::Tokenizer& tok, std::vector<uint32_t> eos)
       : spec(std::move(s)),
         tokens(spec.inputIds),
+        history(spec.inputIds),
         computed(spec.cacheLen),
         sampler(spec.sampling),
         stopping(spec.stopping, std::move(eos)),
         detok(tok, false, spec.inputIds) {}
 
-  bool prefilling() const { return computed < static_cast<int64_t>(spec.inputIds.size()); }
+  bool prefilling() const { return state == RequestState::kPrefilling; }
   // Arg-max of the raw logits is the whole choice: no sampling, penalty, bias, top-n or prefill
   // log-probabilities.
   bool plainGreedy() const {
@@ -51,11 +69,47 @@ struct Engine::Request {
     return spec.chunkLen && *spec.chunkLen > 0 ? std::min<int64_t>(*spec.chunkLen, remaining)
                                                : remaining;
   }
+  // This step ends the prompt (or decodes): a token is chosen from its last row.
+  bool choosesNow() const {
+    return !prefilling() || computed + nextRows() >= static_cast<int64_t>(spec.inputIds.size());
+  }
+  bool wantsPromptLogprobs() const { return prefilling() && spec.prefillLogprobs; }
+  void append(uint32_t id) {
+    tokens.push_back(id);
+    history.add(id);
+    generated.push_back(id);
+  }
 };
 
 struct Engine::Batch {
   uint64_t id = 0;
   std::vector<std::unique_ptr<Request>> requests;
+};
+
+namespace {
+
+// How a step's tokens are chosen, from the whole batch's needs: plain greedy requests only — the
+// arg-max where the logits are; any prompt log-probabilities — whole logit rows to the host;
+// otherwise every request's processors and draw where the logits are (the draws come from each
+// request's own generator here, so seeded requests give the same tokens either way).
+enum class ChoiceMode { kGreedy, kSample, kHostLogits };
+
+}  // namespace
+
+// What one step computes: the forward's rows, where each request's logit rows start, and how
+// tokens are chosen.
+struct Engine::StepPlan {
+  ForwardBatch forward;
+  std::vector<int64_t> logitStart;  // per request
+  ChoiceMode mode = ChoiceMode::kGreedy;
+  SampleBatch sampling;  // kSample
+};
+
+// The forward's results, by mode.
+struct Engine::StepOutputs {
+  std::vector<GreedyToken> picks;
+  std::vector<SampledToken> sampled;
+  std::vector<float> logits;
 };
 
 Engine::Engine(Model& model, const tokenizer::Tokenizer& tokenizer, Backend& backend,
@@ -99,7 +153,7 @@ Status Engine::validate(const RequestSpec& r) const {
     if (static_cast<int64_t>(r.slots.size()) < total)
       return invalidArgumentError(who + "fewer slots than prompt + max_new_tokens");
     for (int64_t p = 0; p < total; ++p) {
-      if (r.slots[p] != r.blocks[p / bs] * bs + p % bs) {
+      if (r.slots[p] != slotOf(r.blocks, bs, p)) {
         return invalidArgumentError(who + "slot " + std::to_string(p) +
                                     " does not follow the block table");
       }
@@ -120,59 +174,50 @@ BatchInfo Engine::info(const Batch& b) const {
   return i;
 }
 
-StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
-  const uint64_t start = nowNs();
+// Schedule: every request's rows for this forward (its next prompt chunk, or its last token),
+// the rows whose logits are wanted, and how tokens will be chosen.
+Engine::StepPlan Engine::schedule(Batch& batch) {
+  StepPlan plan;
+  ForwardBatch& fb = plan.forward;
   const int64_t bs = cache_->blockSize();
-  ForwardBatch fb;
-  std::vector<int64_t> logitStart(batch->requests.size());
-  for (size_t i = 0; i < batch->requests.size(); ++i) {
-    Request& r = *batch->requests[i];
+  for (const auto& owner : batch.requests) {
+    const Request& r = *owner;
     const int64_t n = r.nextRows();
-    SequenceRows rows{.firstRow = static_cast<int64_t>(fb.tokenIds.size()),
-                      .numRows = n,
-                      .startPos = r.computed,
-                      .blocks = r.spec.blocks};
+    const SequenceRows rows{.firstRow = static_cast<int64_t>(fb.tokenIds.size()),
+                            .numRows = n,
+                            .startPos = r.computed,
+                            .blocks = r.spec.blocks};
     for (int64_t p = r.computed; p < r.computed + n; ++p) {
       fb.tokenIds.push_back(r.tokens[p]);
-      fb.slots.push_back(r.spec.blocks[p / bs] * bs + p % bs);
+      fb.slots.push_back(slotOf(r.spec.blocks, bs, p));
     }
     fb.sequences.push_back(rows);
-    logitStart[i] = static_cast<int64_t>(fb.logitRows.size());
-    if (r.prefilling() && r.spec.prefillLogprobs) {
+    plan.logitStart.push_back(static_cast<int64_t>(fb.logitRows.size()));
+    if (r.wantsPromptLogprobs()) {
       for (int64_t t = 0; t < n; ++t) fb.logitRows.push_back(rows.firstRow + t);
     } else {
       fb.logitRows.push_back(rows.firstRow + n - 1);
     }
   }
-  // When every request decodes greedily with no logit processor, the model picks the tokens where
-  // the logits are and only the choices come back; otherwise the logits do, for the samplers.
-  const bool greedy =
-      std::all_of(batch->requests.begin(), batch->requests.end(),
-                  [](const std::unique_ptr<Request>& r) { return r->plainGreedy(); });
-  // Otherwise, unless a request wants prefill log-probabilities (whole rows of logits), the model
-  // applies every request's processors and draws where the logits are; the draws come from each
-  // request's own generator here, so seeded requests give the same tokens either way.
-  const bool wholeRows = std::any_of(
-      batch->requests.begin(), batch->requests.end(),
-      [](const std::unique_ptr<Request>& r) { return r->prefilling() && r->spec.prefillLogprobs; });
-  const auto vocabU = static_cast<uint32_t>(model_.config().vocabSize);
-  std::vector<float> logitsHost;
-  std::vector<GreedyToken> picks;
-  std::vector<SampledToken> sampled;
-  Status forwardStatus;
-  if (greedy) {
-    auto g = model_.forwardGreedy(fb, *cache_);
-    forwardStatus = g.status();
-    if (g.ok()) picks = std::move(*g);
-  } else if (!wholeRows) {
-    SampleBatch sb;
-    for (const auto& owner : batch->requests) {
+  auto all = [&](auto pred) {
+    return std::all_of(batch.requests.begin(), batch.requests.end(), pred);
+  };
+  auto any = [&](auto pred) {
+    return std::any_of(batch.requests.begin(), batch.requests.end(), pred);
+  };
+  if (all([](const std::unique_ptr<Request>& r) { return r->plainGreedy(); })) {
+    plan.mode = ChoiceMode::kGreedy;
+  } else if (any([](const std::unique_ptr<Request>& r) { return r->wantsPromptLogprobs(); })) {
+    plan.mode = ChoiceMode::kHostLogits;
+  } else {
+    plan.mode = ChoiceMode::kSample;
+    const auto vocab = static_cast<uint32_t>(model_.config().vocabSize);
+    SampleBatch& sb = plan.sampling;
+    for (const auto& owner : batch.requests) {
       Request& r = *owner;
       kernels::SampleRow row;  // a prompt chunk with more to come: chooses nothing, draws nothing
-      const bool choosesNow = !r.prefilling() || r.computed + r.nextRows() >=
-                                                     static_cast<int64_t>(r.spec.inputIds.size());
-      if (choosesNow) {
-        Sampler::SampleInputs in = r.sampler.sampleInputs(r.tokens, vocabU);
+      if (r.choosesNow()) {
+        Sampler::SampleInputs in = r.sampler.sampleInputs(r.history, vocab);
         row = r.sampler.sampleRow(in);
         row.historyBegin = static_cast<int32_t>(sb.historyTokens.size());
         row.historyEnd += row.historyBegin;
@@ -188,29 +233,44 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
       }
       sb.rows.push_back(row);
     }
-    auto s = model_.forwardSample(fb, *cache_, sb);
-    forwardStatus = s.status();
-    if (s.ok()) sampled = std::move(*s);
-  } else {
-    auto l = model_.forward(fb, *cache_);
-    forwardStatus = l.status();
-    if (l.ok()) logitsHost = std::move(*l);
   }
-  if (!forwardStatus.ok()) {
-    batches_.emplace(batch->id, std::move(batch));  // keep the batch: the router decides
-    return forwardStatus;
+  return plan;
+}
+
+// Execute: the forward, with the choice made where the plan says.
+StatusOr<Engine::StepOutputs> Engine::execute(const StepPlan& plan) {
+  StepOutputs out;
+  switch (plan.mode) {
+    case ChoiceMode::kGreedy: {
+      TG_ASSIGN_OR_RETURN(out.picks, model_.forwardGreedy(plan.forward, *cache_));
+      break;
+    }
+    case ChoiceMode::kSample: {
+      TG_ASSIGN_OR_RETURN(out.sampled, model_.forwardSample(plan.forward, *cache_, plan.sampling));
+      break;
+    }
+    case ChoiceMode::kHostLogits: {
+      TG_ASSIGN_OR_RETURN(out.logits, model_.forward(plan.forward, *cache_));
+      break;
+    }
   }
-  std::vector<float>* logits = &logitsHost;
-  const uint64_t forwardDone = nowNs();
+  return out;
+}
+
+// Update: prompt log-probabilities, each request's token, its text, the stopping criteria; the
+// requests still running stay in the batch.
+StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) {
   const int64_t vocab = model_.config().vocabSize;
   StepResult result;
   std::vector<std::unique_ptr<Request>> alive;
-  for (size_t i = 0; i < batch->requests.size(); ++i) {
-    std::unique_ptr<Request>& owner = batch->requests[i];
+  for (size_t i = 0; i < batch.requests.size(); ++i) {
+    std::unique_ptr<Request>& owner = batch.requests[i];
     Request& r = *owner;
-    const int64_t n = fb.sequences[i].numRows;
-    const bool wasPrefilling = r.prefilling();
-    if (wasPrefilling && r.spec.prefillLogprobs) {
+    const int64_t n = plan.forward.sequences[i].numRows;
+    const int64_t first = plan.logitStart[i];
+    const bool promptLogprobs = r.wantsPromptLogprobs();
+    const bool chooses = r.choosesNow();
+    if (promptLogprobs) {
       // Log-probability of prompt token p+1 from the row of position p; the first has none.
       std::vector<float> lp(vocab);
       for (int64_t t = 0; t < n; ++t) {
@@ -220,31 +280,36 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
           r.prefill.logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
         }
         if (pos + 1 < static_cast<int64_t>(r.spec.inputIds.size())) {
-          logSoftmax(std::span<const float>(logits->data() + (logitStart[i] + t) * vocab, vocab),
-                     lp);
+          logSoftmax(std::span<const float>(out.logits.data() + (first + t) * vocab, vocab), lp);
           r.prefill.ids.push_back(r.tokens[pos + 1]);
           r.prefill.logprobs.push_back(lp[r.tokens[pos + 1]]);
         }
       }
     }
+    const bool wasPrefilling = r.prefilling();
     r.computed += n;
-    if (r.prefilling()) {  // more prompt chunks to come: nothing to sample yet
+    if (r.computed >= static_cast<int64_t>(r.spec.inputIds.size()))
+      r.state = RequestState::kDecoding;
+    if (!chooses) {  // more prompt chunks to come: nothing to choose yet
       alive.push_back(std::move(owner));
       continue;
     }
-    const int64_t lastRow =
-        wasPrefilling && r.spec.prefillLogprobs ? logitStart[i] + n - 1 : logitStart[i];
+    const int64_t lastRow = promptLogprobs ? first + n - 1 : first;
     TokenChoice choice;
-    if (greedy) {
-      choice.id = picks[lastRow].id;
-      choice.logprob = picks[lastRow].logprob;
-    } else if (!wholeRows) {
-      choice.id = sampled[lastRow].id;
-      choice.logprob = sampled[lastRow].logprob;
-      choice.top = std::move(sampled[lastRow].top);
-    } else {
-      choice =
-          r.sampler.choose(std::span<float>(logits->data() + lastRow * vocab, vocab), r.tokens);
+    switch (plan.mode) {
+      case ChoiceMode::kGreedy:
+        choice.id = out.picks[lastRow].id;
+        choice.logprob = out.picks[lastRow].logprob;
+        break;
+      case ChoiceMode::kSample:
+        choice.id = out.sampled[lastRow].id;
+        choice.logprob = out.sampled[lastRow].logprob;
+        choice.top = std::move(out.sampled[lastRow].top);
+        break;
+      case ChoiceMode::kHostLogits:
+        choice = r.sampler.choose(std::span<float>(out.logits.data() + lastRow * vocab, vocab),
+                                  r.tokens);
+        break;
     }
     GenerationResult g;
     g.requestId = r.spec.id;
@@ -255,8 +320,7 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
       }
       g.prefillTokens = std::move(r.prefill);
     }
-    r.tokens.push_back(choice.id);
-    r.generated.push_back(choice.id);
+    r.append(choice.id);
     std::string text = r.detok.step(choice.id);
     const std::optional<FinishReason> reason = r.stopping.update(choice.id, text);
     if (reason) text += r.detok.flush();  // the stream's pieces add up to the whole text
@@ -283,7 +347,20 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
     }
     result.generations.push_back(std::move(g));
   }
-  batch->requests = std::move(alive);
+  batch.requests = std::move(alive);
+  return result;
+}
+
+StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
+  const uint64_t start = nowNs();
+  const StepPlan plan = schedule(*batch);
+  auto outputs = execute(plan);
+  if (!outputs.ok()) {
+    batches_.emplace(batch->id, std::move(batch));  // keep the batch: the router decides
+    return outputs.status();
+  }
+  const uint64_t forwardDone = nowNs();
+  StepResult result = update(*batch, plan, *outputs);
   if (!batch->requests.empty()) {
     result.batch = info(*batch);
     batches_.emplace(batch->id, std::move(batch));

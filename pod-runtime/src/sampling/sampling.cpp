@@ -42,7 +42,7 @@ void logSoftmax(std::span<const float> logits, std::span<float> out) {
 TokenChoice Sampler::choose(std::span<float> logits, std::span<const uint32_t> history) {
   const SamplingParams& p = params_;
   const auto vocab = static_cast<uint32_t>(logits.size());
-  SampleInputs in = sampleInputs(history, vocab);
+  SampleInputs in = sampleInputs(TokenCounts(history), vocab);
   kernels::SampleRow row = sampleRow(in);
   const auto n = static_cast<int64_t>(std::min(p.topNTokens, vocab));
   int32_t id = 0;
@@ -74,18 +74,12 @@ TokenChoice Sampler::choose(std::span<float> logits, std::span<const uint32_t> h
   return c;
 }
 
-Sampler::SampleInputs Sampler::sampleInputs(std::span<const uint32_t> history, uint32_t vocab) {
+Sampler::SampleInputs Sampler::sampleInputs(const TokenCounts& history, uint32_t vocab) {
   SampleInputs in;
-  std::unordered_map<uint32_t, size_t> index;
-  for (uint32_t id : history) {
-    if (id >= vocab) continue;
-    auto [it, inserted] = index.emplace(id, in.historyTokens.size());
-    if (inserted) {
-      in.historyTokens.push_back(static_cast<int32_t>(id));
-      in.historyCounts.push_back(1);
-    } else {
-      ++in.historyCounts[it->second];
-    }
+  for (size_t i = 0; i < history.tokens().size(); ++i) {
+    if (static_cast<uint32_t>(history.tokens()[i]) >= vocab) continue;
+    in.historyTokens.push_back(history.tokens()[i]);
+    in.historyCounts.push_back(history.counts()[i]);
   }
   for (const auto& [id, bias] : params_.logitBias) {
     in.biasTokens.push_back(static_cast<int32_t>(id));

@@ -117,8 +117,15 @@ class Engine {
  private:
   struct Request;
   struct Batch;
+  struct StepPlan;
+  struct StepOutputs;
   Status validate(const RequestSpec& r) const;
+  // One step: schedule (the forward's rows and how tokens are chosen) -> execute (the forward) ->
+  // update (tokens, text, stopping; finished requests leave the batch).
   StatusOr<StepResult> step(std::unique_ptr<Batch> batch);
+  StepPlan schedule(Batch& batch);
+  StatusOr<StepOutputs> execute(const StepPlan& plan);
+  StepResult update(Batch& batch, const StepPlan& plan, StepOutputs& outputs);
   BatchInfo info(const Batch& b) const;
 
   Model& model_;

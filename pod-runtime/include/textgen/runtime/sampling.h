@@ -9,6 +9,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,31 @@ struct TokenChoice {
   std::vector<std::pair<uint32_t, float>> top;  // topNTokens best (id, logprob), best first
 };
 
+// The distinct tokens of a request's history with their counts (the penalties' input), kept up to
+// date one token at a time, in first-seen order.
+class TokenCounts {
+ public:
+  TokenCounts() = default;
+  explicit TokenCounts(std::span<const uint32_t> tokens) {
+    for (uint32_t id : tokens) add(id);
+  }
+  void add(uint32_t id) {
+    auto [it, inserted] = index_.emplace(id, tokens_.size());
+    if (inserted) {
+      tokens_.push_back(static_cast<int32_t>(id));
+      counts_.push_back(1);
+    } else {
+      ++counts_[it->second];
+    }
+  }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<int32_t>& counts() const { return counts_; }
+
+ private:
+  std::unordered_map<uint32_t, size_t> index_;
+  std::vector<int32_t> tokens_, counts_;
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams params);
@@ -54,7 +80,7 @@ class Sampler {
     std::vector<float> biasValues;
     double uniform = 0.0;
   };
-  SampleInputs sampleInputs(std::span<const uint32_t> history, uint32_t vocab);
+  SampleInputs sampleInputs(const TokenCounts& history, uint32_t vocab);
   // The row parameters for those inputs (history and bias ranges start at 0).
   kernels::SampleRow sampleRow(const SampleInputs& in) const;
 
