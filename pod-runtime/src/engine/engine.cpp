@@ -497,6 +497,13 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
   int64_t numBlocks = 0;
   if (options_.kvCacheBytes > 0) {
     numBlocks = options_.kvCacheBytes / perBlock;
+    // Ranks may have been given different budgets (a fraction of each one's available memory):
+    // all keep the smallest pool.
+    if (options_.comm) {
+      auto least = allReduceMin(backend_, *options_.comm, numBlocks);
+      if (!least.ok()) return least.status().withContext("agreeing on the KV pool size");
+      numBlocks = *least;
+    }
     if (numBlocks < needed) {
       return resourceExhaustedError("KV cache budget of " + std::to_string(options_.kvCacheBytes) +
                                     " bytes holds " + std::to_string(numBlocks) + " blocks of " +
