@@ -57,6 +57,12 @@ if [ $tests -eq 1 ]; then
     "$t" --gtest_output="xml:$out/$name.xml" 2>&1 | tee "$out/$name.log" | grep -v "^\[       OK\|^\[ RUN"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+  if [ -x "$here/bin/textgen-launcher" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    echo "== tp_fixtures (textgen-launcher --num-shard 2 on two GPUs, float32, against transformers)"
+    python3 tests/integration/tp_fixtures_test.py "$here/bin/textgen-launcher" "$models" cuda 2>&1 |
+      tee "$out/tp_fixtures.log" | grep -v "^ok: "
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
   if [ $memcheck -eq 1 ] && command -v compute-sanitizer >/dev/null; then
     echo "== kernels_cuda_test (compute-sanitizer memcheck)"
     compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/kernels_cuda_test" 2>&1 |

@@ -4,7 +4,9 @@ the router and gRPC: each reference prompt's greedy tokens equal transformers' (
 reference.json), and a fixture whose heads do not divide across the ranks is refused at start-up
 with a message naming the dimension.
 
-Usage: tp_fixtures_test.py LAUNCHER_BINARY MODELS_DIR
+Usage: tp_fixtures_test.py LAUNCHER_BINARY MODELS_DIR [cuda]
+With `cuda` (the GPU machine, tools/gpu-run.sh): --num-shard 2 on two GPUs in float32 (NCCL and the
+one-shot all-reduce), with NCCL_DEBUG=INFO, printing the transport NCCL chose between the ranks.
 Prints "N passed, M failed" and exits non-zero on any failure.
 """
 import http.client
@@ -18,6 +20,8 @@ import tempfile
 import threading
 
 LAUNCHER, MODELS = sys.argv[1:3]
+CUDA = len(sys.argv) > 3 and sys.argv[3] == "cuda"
+WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
             "llama-rope-llama3", "llama-rope-yarn"]
 NEW_TOKENS = 12
@@ -40,7 +44,11 @@ def serve(model, world):
     cmd = [LAUNCHER, "--model-id", model, "--num-shard", str(world), "--port", str(free_port()),
            "--hostname", "127.0.0.1", "--master-port", str(free_port()),
            "--shard-uds-path", tempfile.mktemp(prefix="tgfx-"), "--kv-cache-memory", str(256 << 20)]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1")  # CPU ranks, even on a GPU machine
+    if CUDA:
+        cmd += ["--dtype", "float32"]
+        env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_NVLS_ENABLE="0")
+    else:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1")  # CPU ranks, even on a GPU machine
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     timer = threading.Timer(120, p.kill)
@@ -53,7 +61,10 @@ def serve(model, world):
             break
     timer.cancel()
     if url:
-        threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
+        def drain():
+            for line in p.stdout:
+                lines.append(line)
+        threading.Thread(target=drain, daemon=True).start()
     return p, url, lines
 
 
@@ -77,7 +88,7 @@ def main():
         model = os.path.join(MODELS, name)
         ref = json.load(open(os.path.join(model, "reference.json")))
         config = json.load(open(os.path.join(model, "config.json")))
-        for world in (2, 4):
+        for world in WORLDS:
             what = f"{name} --num-shard {world}"
             p, url, lines = serve(model, world)
             try:
@@ -91,6 +102,14 @@ def main():
                 if not url:
                     check(False, f"{what}: did not start: {''.join(lines)[-1500:]}")
                     continue
+                if CUDA:
+                    log = "".join(lines)
+                    check("one-shot peer-memory kernel" in log or "all-reduce through" in log,
+                          f"{what}: " + next((l.strip() for l in lines if "all-reduce through" in l),
+                                             "no all-reduce line"))
+                    for via in sorted({l.split("NCCL INFO", 1)[1].strip() for l in lines
+                                       if "NCCL INFO" in l and " via " in l})[:4]:
+                        print(f"      NCCL: {via}")
                 for prompt in ref["prompts"]:
                     status, body = generate(url, prompt["text"])
                     got = [t["id"] for t in body.get("details", {}).get("tokens", [])]
