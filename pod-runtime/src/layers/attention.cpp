@@ -1,0 +1,85 @@
+#include "layers/attention.h"
+
+#include <cmath>
+
+#include "textgen/runtime/rope.h"
+
+namespace textgen::runtime {
+
+StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
+                                    const Options& options) {
+  const ModelConfig& c = w.config();
+  const Partition& part = w.partition();
+  const int64_t h = c.hiddenSize, qOut = c.numHeads * c.headDim, kvOut = c.numKvHeads * c.headDim;
+  Attention a;
+  a.options_ = options;
+  a.ropeScaling_ = ropeAttentionScaling(c);
+  // q, k and v stacked: one GEMM yields [rows, qOut + 2 kvOut] (this rank's heads).
+  TG_ASSIGN_OR_RETURN(a.qkv_, w.upload({{names.q, {qOut, h}, part.column()},
+                                        {names.k, {kvOut, h}, part.kvShard},
+                                        {names.v, {kvOut, h}, part.kvShard}}));
+  TG_ASSIGN_OR_RETURN(a.o_, w.upload({{names.o, {h, qOut}, part.row()}}));
+  return a;
+}
+
+Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) const {
+  const ModelConfig& c = ctx.config;
+  const BatchMetadata& meta = ctx.meta;
+  const int64_t rows = ctx.rows(), h = c.hiddenSize, hd = c.headDim, nh = ctx.partition.heads,
+                nkv = ctx.partition.kvHeads, qkvOut = (nh + 2 * nkv) * hd;
+  const DType dt = ctx.dtype;
+  void* qkv = ctx.ws.qkv->data();
+  void* kPart = ctx.at(qkv, nh * hd);
+  void* vPart = ctx.at(qkv, (nh + nkv) * hd);
+  void* attn = ctx.ws.attn->data();
+  KvCache& cache = ctx.cache;
+  TG_RETURN_IF_ERROR(ctx.backend.linear({hs, qkv_->data(), qkv, rows, h, qkvOut, dt}));
+  TG_RETURN_IF_ERROR(ctx.backend.ropeWriteKv({.rope = {.q = qkv,
+                                                       .k = kPart,
+                                                       .qRowStride = qkvOut,
+                                                       .kRowStride = qkvOut,
+                                                       .invFreq = meta.invFreq,
+                                                       .positions = meta.positions,
+                                                       .rows = rows,
+                                                       .numHeads = nh,
+                                                       .numKvHeads = nkv,
+                                                       .headDim = hd,
+                                                       .rotaryDim = c.rotaryDim(),
+                                                       .attentionScaling = ropeScaling_,
+                                                       .dtype = dt},
+                                              .kv = {.k = kPart,
+                                                     .v = vPart,
+                                                     .kvRowStride = qkvOut,
+                                                     .kCache = cache.keys(layer),
+                                                     .vCache = cache.values(layer),
+                                                     .slots = meta.slots,
+                                                     .rows = rows,
+                                                     .numKvHeads = nkv,
+                                                     .headDim = hd,
+                                                     .numSlots = cache.numSlots(),
+                                                     .dtype = dt}}));
+  TG_RETURN_IF_ERROR(ctx.backend.attention({.q = qkv,
+                                            .qRowStride = qkvOut,
+                                            .kCache = cache.keys(layer),
+                                            .vCache = cache.values(layer),
+                                            .out = attn,
+                                            .seqStarts = meta.seqStarts,
+                                            .startPos = meta.startPos,
+                                            .blockTables = meta.blockTables,
+                                            .rows = rows,
+                                            .numSeqs = meta.layout.numSeqs,
+                                            .maxBlocksPerSeq = meta.layout.maxBlocksPerSeq,
+                                            .numHeads = nh,
+                                            .numKvHeads = nkv,
+                                            .headDim = hd,
+                                            .blockSize = cache.blockSize(),
+                                            .slidingWindow = options_.slidingWindow,
+                                            .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+                                            .maxNewRows = meta.layout.maxNewRows,
+                                            .maxContext = meta.layout.maxContext,
+                                            .dtype = dt}));
+  TG_RETURN_IF_ERROR(ctx.backend.linear({attn, o_->data(), hs, rows, nh * hd, h, dt}));
+  return ctx.allReduceSum(hs, rows * h);
+}
+
+}  // namespace textgen::runtime

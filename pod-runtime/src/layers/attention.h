@@ -1,0 +1,52 @@
+// Self-attention over the paged KV cache, tensor-parallel as Megatron splits it: q/k/v
+// column-parallel in one GEMM, RoPE and the KV write in one pass, paged attention (grouped-query,
+// optional sliding window), o row-parallel followed by one all-reduce.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "layers/forward_context.h"
+#include "layers/weight_loader.h"
+
+namespace textgen::runtime {
+
+// How the checkpoint stores q, k and v: three tensors (Llama), one [q; k; v] tensor (Phi-3), or
+// one tensor interleaving each head's q, k and v (GPT-NeoX, Bloom).
+enum class QkvLayout { kSeparate, kFused, kFusedInterleavedPerHead };
+
+constexpr std::string_view toString(QkvLayout l) {
+  switch (l) {
+    case QkvLayout::kSeparate: return "separate";
+    case QkvLayout::kFused: return "fused";
+    case QkvLayout::kFusedInterleavedPerHead: return "fused_interleaved_per_head";
+  }
+  return "?";
+}
+
+class Attention {
+ public:
+  struct Weights {  // one layer's tensor names (QkvLayout::kSeparate)
+    std::string q, k, v, o;
+  };
+  struct Options {
+    int64_t slidingWindow = 0;  // attend to this many most recent positions; 0: all
+  };
+
+  static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,
+                                  const Options& options);
+
+  // `hs` [rows, hidden], normalised, in; the attention output projected and summed over ranks
+  // out. Writes this layer's keys and values for the batch's slots into the cache.
+  Status forward(const ForwardContext& ctx, int64_t layer, void* hs) const;
+
+ private:
+  // [(heads + 2 kvHeads) * headDim, hidden]: this rank's q, k and v stacked.
+  std::unique_ptr<Buffer> qkv_;
+  std::unique_ptr<Buffer> o_;  // [hidden, heads * headDim]: this rank's columns
+  Options options_;
+  float ropeScaling_ = 1.0f;  // multiplies cos and sin (yarn)
+};
+
+}  // namespace textgen::runtime

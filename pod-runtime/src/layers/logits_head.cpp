@@ -1,0 +1,35 @@
+#include "layers/logits_head.h"
+
+namespace textgen::runtime {
+
+StatusOr<LogitsHead> LogitsHead::load(const WeightLoader& w, Norm finalNorm,
+                                      const std::string& head, bool tied,
+                                      const Embedding& embedding) {
+  LogitsHead l;
+  l.finalNorm_ = std::move(finalNorm);
+  if (tied || !w.contains(head)) {
+    if (!tied) return notFoundError("weight '" + head + "' not found");
+    l.head_ = &embedding.table();
+    return l;
+  }
+  const ModelConfig& c = w.config();
+  TG_ASSIGN_OR_RETURN(l.ownHead_,
+                      w.upload({{head, {c.vocabSize, c.hiddenSize}, w.partition().vocab()}}));
+  l.head_ = l.ownHead_.get();
+  return l;
+}
+
+Status LogitsHead::forward(const ForwardContext& ctx, const void* hs, const void* residual) const {
+  const int64_t rows = ctx.rows(), n = ctx.logitRows(), h = ctx.config.hiddenSize;
+  const int64_t width = ctx.partition.world == 1 ? ctx.config.vocabSize : ctx.partition.vocabPart;
+  const DType dt = ctx.dtype;
+  void* pickedHs = ctx.ws.pickedHidden->data();
+  void* pickedX = ctx.ws.pickedResidual->data();
+  TG_RETURN_IF_ERROR(ctx.backend.gatherRows({hs, ctx.meta.logitRows, pickedHs, n, h, rows, dt}));
+  TG_RETURN_IF_ERROR(
+      ctx.backend.gatherRows({residual, ctx.meta.logitRows, pickedX, n, h, rows, dt}));
+  TG_RETURN_IF_ERROR(finalNorm_.forward(ctx, pickedHs, pickedX, pickedHs, n));
+  return ctx.backend.linear({pickedHs, head_->data(), ctx.headOut(), n, h, width, dt});
+}
+
+}  // namespace textgen::runtime

@@ -1,0 +1,33 @@
+// The end of every graph: the final norm of the rows whose logits are wanted (only those), then the
+// head, split over ranks by vocabulary. It writes ctx.headOut(): the whole logit rows on one rank,
+// else this rank's part, which the model runner all-gathers into whole rows.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "layers/embedding.h"
+#include "layers/forward_context.h"
+#include "layers/norm.h"
+#include "layers/weight_loader.h"
+
+namespace textgen::runtime {
+
+class LogitsHead {
+ public:
+  // The head is `head`'s tensor, or the embedding's table when `tied` (or when `head` is absent
+  // and tied: NOT_FOUND naming it when it is absent and not tied). `embedding` must outlive it.
+  static StatusOr<LogitsHead> load(const WeightLoader& w, Norm finalNorm, const std::string& head,
+                                   bool tied, const Embedding& embedding);
+
+  // `hs` (the last layer's output) and `residual` [rows, hidden]: the logit rows picked, normalised
+  // with their residual added, and projected.
+  Status forward(const ForwardContext& ctx, const void* hs, const void* residual) const;
+
+ private:
+  Norm finalNorm_;
+  std::unique_ptr<Buffer> ownHead_;
+  Buffer* head_ = nullptr;  // [vocabPart, hidden]
+};
+
+}  // namespace textgen::runtime

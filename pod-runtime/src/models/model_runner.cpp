@@ -1,0 +1,373 @@
+#include "models/model_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "layers/forward_context.h"
+#include "layers/weight_loader.h"
+#include "textgen/kernels/half.h"
+#include "textgen/runtime/rope.h"
+
+namespace textgen::runtime {
+
+StatusOr<std::unique_ptr<Model>> ModelRunner::load(const ModelConfig& config,
+                                                   std::unique_ptr<ArchitectureGraph> graph,
+                                                   const WeightStore& weights, Backend& backend,
+                                                   const ModelOptions& options) {
+  auto r = std::make_unique<ModelRunner>(config, std::move(graph), backend);
+  r->comm_ = options.comm;
+  TG_ASSIGN_OR_RETURN(r->part_, options.comm ? Partition::split(r->config_, options.comm->rank(),
+                                                                options.comm->worldSize())
+                                             : Partition::split(r->config_, 0, 1));
+  r->dtype_ = options.dtype;
+  TG_RETURN_IF_ERROR(backend.supports(r->dtype_));
+  r->graphSizes_ = options.graphBatchSizes;
+  std::sort(r->graphSizes_.begin(), r->graphSizes_.end());
+  if (!r->graphSizes_.empty() && r->graphSizes_.front() <= 0)
+    return invalidArgumentError("graph batch sizes must be positive");
+  r->graphContext_ = r->config_.maxContext();
+  const WeightLoader loader(weights, backend, r->dtype_, r->config_, r->part_);
+  TG_RETURN_IF_ERROR(r->graph_->load(loader));
+  TG_RETURN_IF_ERROR(backend.synchronize());
+  return std::unique_ptr<Model>(std::move(r));
+}
+
+StatusOr<std::vector<float>> ModelRunner::forward(const ForwardBatch& b, KvCache& cache) {
+  TG_RETURN_IF_ERROR(run(b, cache));
+  return downloadLogits(static_cast<int64_t>(b.logitRows.size()) * config_.vocabSize);
+}
+
+StatusOr<std::vector<GreedyToken>> ModelRunner::forwardGreedy(const ForwardBatch& b,
+                                                              KvCache& cache) {
+  TG_RETURN_IF_ERROR(run(b, cache));
+  const auto n = static_cast<int64_t>(b.logitRows.size());
+  // [ids (int32) | logprobs (float)] in one buffer: one download.
+  TG_RETURN_IF_ERROR(ensureBuffer(backend_, greedy_, static_cast<size_t>(2 * n) * 4));
+  auto* ids = greedy_->as<int32_t>();
+  TG_RETURN_IF_ERROR(backend_.argmax({.logits = ws_.logits->data(),
+                                      .ids = ids,
+                                      .logprobs = reinterpret_cast<float*>(ids + n),
+                                      .rows = n,
+                                      .vocab = config_.vocabSize,
+                                      .dtype = dtype_}));
+  std::vector<int32_t> raw(2 * n);
+  TG_RETURN_IF_ERROR(backend_.download(raw.data(), *greedy_, raw.size() * 4));
+  std::vector<GreedyToken> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i].id = static_cast<uint32_t>(raw[i]);
+    std::memcpy(&out[i].logprob, &raw[n + i], 4);
+  }
+  return out;
+}
+
+StatusOr<std::vector<SampledToken>> ModelRunner::forwardSample(const ForwardBatch& b,
+                                                               KvCache& cache,
+                                                               const SampleBatch& sb) {
+  const auto n = static_cast<int64_t>(b.logitRows.size());
+  if (static_cast<int64_t>(sb.rows.size()) != n)
+    return invalidArgumentError("one sampling row per logit row is required");
+  TG_RETURN_IF_ERROR(run(b, cache));
+  const int64_t vocab = config_.vocabSize, topN = sb.maxTopN;
+  // Inputs in one upload: [rows | history tokens | counts | bias tokens | bias values].
+  auto bytesOf = [](const auto& v) { return v.size() * sizeof(v[0]); };
+  const size_t oRows = 0, oHist = oRows + bytesOf(sb.rows),
+               oCounts = oHist + bytesOf(sb.historyTokens),
+               oBiasTok = oCounts + bytesOf(sb.historyCounts),
+               oBiasVal = oBiasTok + bytesOf(sb.biasTokens),
+               total = oBiasVal + bytesOf(sb.biasValues);
+  std::vector<unsigned char> host(std::max<size_t>(total, 16));
+  auto put = [&](size_t at, const auto& v) {
+    if (!v.empty()) std::memcpy(host.data() + at, v.data(), bytesOf(v));
+  };
+  put(oRows, sb.rows);
+  put(oHist, sb.historyTokens);
+  put(oCounts, sb.historyCounts);
+  put(oBiasTok, sb.biasTokens);
+  put(oBiasVal, sb.biasValues);
+  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleIn_, host.size()));
+  TG_RETURN_IF_ERROR(backend_.upload(*sampleIn_, host.data(), host.size()));
+  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleWork_, static_cast<size_t>(n * vocab) * 4));
+  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleProbs_, static_cast<size_t>(n * vocab) * 8));
+  // Outputs in one download: [ids | logprobs | top ids | top logprobs].
+  const size_t outWords = static_cast<size_t>(2 * n + 2 * n * topN);
+  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleOut_, std::max<size_t>(outWords, 1) * 4));
+  auto* base = static_cast<unsigned char*>(sampleIn_->data());
+  auto* out = sampleOut_->as<int32_t>();
+  TG_RETURN_IF_ERROR(
+      backend_.sample({.logits = ws_.logits->data(),
+                       .rowParams = reinterpret_cast<const kernels::SampleRow*>(base + oRows),
+                       .historyTokens = reinterpret_cast<const int32_t*>(base + oHist),
+                       .historyCounts = reinterpret_cast<const int32_t*>(base + oCounts),
+                       .biasTokens = reinterpret_cast<const int32_t*>(base + oBiasTok),
+                       .biasValues = reinterpret_cast<const float*>(base + oBiasVal),
+                       .work = sampleWork_->as<float>(),
+                       .probs = sampleProbs_->as<double>(),
+                       .ids = out,
+                       .logprobs = reinterpret_cast<float*>(out + n),
+                       .topIds = out + 2 * n,
+                       .topLogprobs = reinterpret_cast<float*>(out + 2 * n + n * topN),
+                       .rows = n,
+                       .vocab = vocab,
+                       .maxTopN = topN,
+                       .dtype = dtype_}));
+  std::vector<int32_t> raw(outWords);
+  TG_RETURN_IF_ERROR(backend_.download(raw.data(), *sampleOut_, outWords * 4));
+  std::vector<SampledToken> result(n);
+  auto asFloat = [](int32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    result[i].id = static_cast<uint32_t>(raw[i]);
+    result[i].logprob = asFloat(raw[n + i]);
+    for (int32_t j = 0; j < sb.rows[i].topN; ++j) {
+      result[i].top.emplace_back(static_cast<uint32_t>(raw[2 * n + i * topN + j]),
+                                 asFloat(raw[2 * n + n * topN + i * topN + j]));
+    }
+  }
+  return result;
+}
+
+// Validates the batch and enqueues its forward, through a decode graph where one applies; the
+// logits land in ws_.logits.
+Status ModelRunner::run(const ForwardBatch& b, KvCache& cache) {
+  TG_RETURN_IF_ERROR(validate(b, cache));
+  if (cache.dtype() != dtype_) return invalidArgumentError("the KV cache has another dtype");
+  const auto n = static_cast<int64_t>(b.logitRows.size());
+  if (const int64_t bucket = graphBucket(b, cache); bucket > 0) return runGraph(b, cache, bucket);
+  const Layout layout = eagerLayout(b);
+  TG_ASSIGN_OR_RETURN(const BatchMetadata meta, uploadMetadata(b, layout, meta_, invFreq_));
+  TG_RETURN_IF_ERROR(reserve(layout.rows, n));
+  return enqueue(meta, cache);
+}
+
+// Enqueues the whole forward (no host synchronisation): the architecture's graph, then the
+// tensor-parallel logits gathered into whole rows.
+Status ModelRunner::enqueue(const BatchMetadata& meta, KvCache& cache) {
+  const ForwardContext ctx{.backend = backend_,
+                           .comm = comm_,
+                           .config = config_,
+                           .partition = part_,
+                           .dtype = dtype_,
+                           .meta = meta,
+                           .ws = ws_,
+                           .cache = cache};
+  TG_RETURN_IF_ERROR(graph_->build(ctx));
+  return part_.world == 1 ? okStatus() : gatherLogits(meta.layout.logitRows);
+}
+
+// Each rank's part of the vocabulary, gathered as [rank][row][part], then laid out as whole rows
+// (the padding of the last part dropped): every rank holds every logit.
+Status ModelRunner::gatherLogits(int64_t n) {
+  const int64_t vocab = config_.vocabSize, part = part_.vocabPart;
+  TG_RETURN_IF_ERROR(
+      comm_->allGather(ws_.partLogits->data(), ws_.gatheredLogits->data(), n * part, dtype_));
+  const size_t es = kernels::dtypeSize(dtype_);
+  auto* logits = static_cast<char*>(ws_.logits->data());
+  auto* gathered = static_cast<const char*>(ws_.gatheredLogits->data());
+  for (int r = 0; r < part_.world; ++r) {
+    const int64_t width = std::min(part, vocab - r * part);
+    if (width <= 0) break;
+    TG_RETURN_IF_ERROR(backend_.copy2d(logits + r * part * es, vocab * es,
+                                       gathered + r * n * part * es, part * es, width * es, n));
+  }
+  return okStatus();
+}
+
+BatchMetadata::Layout ModelRunner::eagerLayout(const ForwardBatch& b) const {
+  Layout l;
+  l.rows = static_cast<int64_t>(b.tokenIds.size());
+  l.numSeqs = static_cast<int64_t>(b.sequences.size());
+  l.logitRows = static_cast<int64_t>(b.logitRows.size());
+  for (const SequenceRows& s : b.sequences) {
+    l.maxBlocksPerSeq = std::max<int64_t>(l.maxBlocksPerSeq, static_cast<int64_t>(s.blocks.size()));
+    l.maxNewRows = std::max(l.maxNewRows, s.numRows);
+    l.maxContext = std::max(l.maxContext, s.startPos + s.numRows);
+  }
+  return l;
+}
+
+// The graph batch size for a decode step (one new row per sequence, every sequence's logits), or
+// 0 to run eagerly.
+int64_t ModelRunner::graphBucket(const ForwardBatch& b, const KvCache& cache) const {
+  if (graphSizes_.empty()) return 0;
+  const auto n = static_cast<int64_t>(b.sequences.size());
+  if (static_cast<int64_t>(b.tokenIds.size()) != n || static_cast<int64_t>(b.logitRows.size()) != n)
+    return 0;
+  const int64_t maxBlocks = graphContext_ / cache.blockSize() + 1;
+  for (size_t i = 0; i < b.sequences.size(); ++i) {
+    const SequenceRows& s = b.sequences[i];
+    if (s.numRows != 1 || b.logitRows[i] != static_cast<int64_t>(i) ||
+        static_cast<int64_t>(s.blocks.size()) > maxBlocks || s.startPos + 1 > graphContext_)
+      return 0;
+  }
+  for (int64_t size : graphSizes_) {
+    if (size >= n) return size;
+  }
+  return 0;
+}
+
+BatchMetadata::Layout ModelRunner::graphLayout(int64_t bucket, const KvCache& cache) const {
+  Layout l;
+  l.rows = l.numSeqs = l.logitRows = bucket;
+  l.maxBlocksPerSeq = graphContext_ / cache.blockSize() + 1;
+  l.maxNewRows = 1;
+  l.maxContext = graphContext_;
+  return l;
+}
+
+// A decode step through the captured graph of `bucket` sequences (captured on first use, and again
+// when the KV cache or the activation buffers change).
+Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, int64_t bucket) {
+  if (cache.id() != graphCacheId_) {
+    graphs_.clear();
+    graphCacheId_ = cache.id();
+  }
+  const Layout layout = graphLayout(bucket, cache);
+  // Activations for the largest graph, so that eager forwards rarely move them.
+  TG_RETURN_IF_ERROR(reserve(graphSizes_.back(), graphSizes_.back()));
+  TG_ASSIGN_OR_RETURN(const BatchMetadata meta,
+                      uploadMetadata(b, layout, graphMeta_, graphFreq_, graphMetaBytes()));
+  auto it = graphs_.find(bucket);
+  if (it == graphs_.end()) {
+    TG_RETURN_IF_ERROR(backend_.beginCapture());
+    const Status st = enqueue(meta, cache);
+    auto graph = backend_.endCapture();
+    TG_RETURN_IF_ERROR(st.withContext("capturing the decode graph of " + std::to_string(bucket)));
+    if (!graph.ok()) return graph.status();
+    it = graphs_.emplace(bucket, std::move(*graph)).first;
+  }
+  return backend_.launch(*it->second);
+}
+
+// Bytes of the graph metadata buffers, sized once for the largest graph (captured pointers must
+// not move): int32 fields and RoPE frequencies.
+std::pair<size_t, size_t> ModelRunner::graphMetaBytes() const {
+  const int64_t bucket = graphSizes_.back();
+  const int64_t blocks = graphContext_ + 1;  // an upper bound on blocks per sequence
+  return {static_cast<size_t>(5 * bucket + 1 + bucket * blocks) * sizeof(int32_t),
+          static_cast<size_t>(bucket * config_.rotaryDim() / 2) * sizeof(float)};
+}
+
+// Builds the batch description on the host in `layout` (rows and sequences past the batch's are
+// padding: token 0 at position 0, no KV slot) and uploads it in two copies, int32 fields and each
+// row's RoPE frequencies (dynamic NTK depends on each sequence's length). `minBytes` presizes the
+// buffers (graphs need them never to move).
+StatusOr<BatchMetadata> ModelRunner::uploadMetadata(const ForwardBatch& b, const Layout& layout,
+                                                    std::unique_ptr<Buffer>& metaBuf,
+                                                    std::unique_ptr<Buffer>& freqBuf,
+                                                    std::pair<size_t, size_t> minBytes) {
+  const int64_t rows = layout.rows, numSeqs = layout.numSeqs, n = layout.logitRows,
+                width = layout.maxBlocksPerSeq;
+  // [ids | positions | slots | seqStarts | startPos | blockTables | logitRows]
+  const int64_t oIds = 0, oPos = rows, oSlots = 2 * rows, oStarts = 3 * rows,
+                oStartPos = oStarts + numSeqs + 1, oTables = oStartPos + numSeqs,
+                oLogits = oTables + numSeqs * width, total = oLogits + n;
+  hostMeta_.assign(total, 0);
+  const int64_t half = config_.rotaryDim() / 2;
+  hostFreq_.assign(rows * half, 0.0f);
+  const auto realRows = static_cast<int64_t>(b.tokenIds.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    hostMeta_[oIds + r] = r < realRows ? static_cast<int32_t>(b.tokenIds[r]) : 0;
+    hostMeta_[oSlots + r] = r < realRows ? static_cast<int32_t>(b.slots[r]) : -1;
+  }
+  const auto realSeqs = static_cast<int64_t>(b.sequences.size());
+  for (int64_t i = 0; i < numSeqs; ++i) {
+    if (i >= realSeqs) {  // padding: one row at position 0
+      hostMeta_[oStarts + i] = static_cast<int32_t>(realRows + (i - realSeqs));
+      continue;
+    }
+    const SequenceRows& s = b.sequences[i];
+    const std::vector<float> freq = ropeInverseFrequencies(config_, s.startPos + s.numRows);
+    for (int64_t t = 0; t < s.numRows; ++t) {
+      hostMeta_[oPos + s.firstRow + t] = static_cast<int32_t>(s.startPos + t);
+      std::copy(freq.begin(), freq.end(), hostFreq_.begin() + (s.firstRow + t) * half);
+    }
+    hostMeta_[oStarts + i] = static_cast<int32_t>(s.firstRow);
+    hostMeta_[oStartPos + i] = static_cast<int32_t>(s.startPos);
+    for (size_t j = 0; j < s.blocks.size(); ++j)
+      hostMeta_[oTables + i * width + static_cast<int64_t>(j)] = static_cast<int32_t>(s.blocks[j]);
+  }
+  hostMeta_[oStarts + numSeqs] = static_cast<int32_t>(rows);
+  for (int64_t i = 0; i < n; ++i) {
+    hostMeta_[oLogits + i] =
+        i < static_cast<int64_t>(b.logitRows.size()) ? static_cast<int32_t>(b.logitRows[i]) : 0;
+  }
+
+  TG_RETURN_IF_ERROR(ensureBuffer(backend_, metaBuf,
+                                  std::max(minBytes.first, hostMeta_.size() * sizeof(int32_t))));
+  TG_RETURN_IF_ERROR(ensureBuffer(
+      backend_, freqBuf, std::max({minBytes.second, hostFreq_.size() * sizeof(float), size_t{4}})));
+  TG_RETURN_IF_ERROR(
+      backend_.upload(*metaBuf, hostMeta_.data(), hostMeta_.size() * sizeof(int32_t)));
+  TG_RETURN_IF_ERROR(backend_.upload(*freqBuf, hostFreq_.data(), hostFreq_.size() * sizeof(float)));
+  BatchMetadata m{};
+  const auto* base = metaBuf->as<const int32_t>();
+  m.ids = base + oIds;
+  m.positions = base + oPos;
+  m.slots = base + oSlots;
+  m.seqStarts = base + oStarts;
+  m.startPos = base + oStartPos;
+  m.blockTables = base + oTables;
+  m.logitRows = base + oLogits;
+  m.invFreq = freqBuf->as<const float>();
+  m.layout = layout;
+  return m;
+}
+
+Status ModelRunner::reserve(int64_t rows, int64_t logitRows) {
+  bool moved = false;
+  const Status st = ws_.reserve(backend_, config_, part_, dtype_, rows, logitRows, moved);
+  if (moved) graphs_.clear();  // their pointers move (even when an allocation failed)
+  return st;
+}
+
+StatusOr<std::vector<float>> ModelRunner::downloadLogits(int64_t count) {
+  std::vector<float> logits(count);
+  if (dtype_ == DType::kF32) {
+    TG_RETURN_IF_ERROR(backend_.download(logits.data(), *ws_.logits, count * sizeof(float)));
+    return logits;
+  }
+  std::vector<uint16_t> raw(count);
+  TG_RETURN_IF_ERROR(backend_.download(raw.data(), *ws_.logits, count * sizeof(uint16_t)));
+  for (int64_t i = 0; i < count; ++i) {
+    logits[i] = dtype_ == DType::kF16 ? kernels::f16ToFloat(raw[i]) : kernels::bf16ToFloat(raw[i]);
+  }
+  return logits;
+}
+
+Status ModelRunner::validate(const ForwardBatch& b, const KvCache& cache) const {
+  const auto rows = static_cast<int64_t>(b.tokenIds.size());
+  if (rows == 0) return invalidArgumentError("empty batch");
+  if (static_cast<int64_t>(b.slots.size()) != rows)
+    return invalidArgumentError("one slot per token is required");
+  int64_t covered = 0;
+  for (const SequenceRows& s : b.sequences) {
+    if (s.firstRow != covered || s.numRows <= 0)
+      return invalidArgumentError("sequences must cover the rows in order");
+    if (static_cast<int64_t>(s.blocks.size()) * cache.blockSize() < s.startPos + s.numRows) {
+      return invalidArgumentError("a sequence has fewer KV blocks than positions");
+    }
+    for (uint32_t block : s.blocks) {
+      if (block >= cache.numBlocks())
+        return invalidArgumentError("block " + std::to_string(block) + " out of range");
+    }
+    covered += s.numRows;
+  }
+  if (covered != rows) return invalidArgumentError("sequences must cover every row");
+  for (uint32_t slot : b.slots) {
+    if (slot >= cache.numSlots())
+      return invalidArgumentError("slot " + std::to_string(slot) + " out of range");
+  }
+  for (uint32_t id : b.tokenIds) {
+    if (id >= config_.vocabSize)
+      return invalidArgumentError("token id " + std::to_string(id) + " out of vocabulary");
+  }
+  for (int64_t r : b.logitRows) {
+    if (r < 0 || r >= rows) return invalidArgumentError("logit row out of range");
+  }
+  return okStatus();
+}
+
+}  // namespace textgen::runtime

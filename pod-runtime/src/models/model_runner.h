@@ -1,0 +1,82 @@
+// The model runner (vLLM's model runner, llama.cpp's context): everything about a forward that
+// belongs to no architecture. It validates the batch, lays out and uploads its metadata, keeps the
+// shared activation buffers, captures and replays decode graphs, runs the architecture's graph,
+// all-gathers the vocabulary parts of tensor-parallel logits, and hands the logits to the host or
+// to token choice (argmax, kernels::sample) where they are.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "layers/batch_metadata.h"
+#include "layers/partition.h"
+#include "layers/workspace.h"
+#include "models/architecture_graph.h"
+#include "textgen/runtime/model.h"
+#include "textgen/runtime/weights.h"
+
+namespace textgen::runtime {
+
+class ModelRunner final : public Model {
+ public:
+  // This rank's share of `graph`'s weights (options.comm's rank; the whole model without one).
+  // INVALID_ARGUMENT for a shape that does not divide across the ranks, UNIMPLEMENTED for a dtype
+  // the backend does not compute in.
+  static StatusOr<std::unique_ptr<Model>> load(const ModelConfig& config,
+                                               std::unique_ptr<ArchitectureGraph> graph,
+                                               const WeightStore& weights, Backend& backend,
+                                               const ModelOptions& options);
+
+  ModelRunner(const ModelConfig& config, std::unique_ptr<ArchitectureGraph> graph, Backend& backend)
+      : config_(config), graph_(std::move(graph)), backend_(backend) {}
+
+  const ModelConfig& config() const override { return config_; }
+  DType dtype() const override { return dtype_; }
+  KvShape kvShape() const override { return {config_.numLayers, part_.kvHeads, config_.headDim}; }
+  StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override;
+  StatusOr<std::vector<GreedyToken>> forwardGreedy(const ForwardBatch& b, KvCache& cache) override;
+  StatusOr<std::vector<SampledToken>> forwardSample(const ForwardBatch& b, KvCache& cache,
+                                                    const SampleBatch& sb) override;
+
+ private:
+  using Layout = BatchMetadata::Layout;
+
+  Status validate(const ForwardBatch& b, const KvCache& cache) const;
+  Status run(const ForwardBatch& b, KvCache& cache);
+  Status enqueue(const BatchMetadata& meta, KvCache& cache);
+  Status gatherLogits(int64_t logitRows);
+  Layout eagerLayout(const ForwardBatch& b) const;
+  int64_t graphBucket(const ForwardBatch& b, const KvCache& cache) const;
+  Layout graphLayout(int64_t bucket, const KvCache& cache) const;
+  Status runGraph(const ForwardBatch& b, KvCache& cache, int64_t bucket);
+  std::pair<size_t, size_t> graphMetaBytes() const;
+  StatusOr<BatchMetadata> uploadMetadata(const ForwardBatch& b, const Layout& layout,
+                                         std::unique_ptr<Buffer>& metaBuf,
+                                         std::unique_ptr<Buffer>& freqBuf,
+                                         std::pair<size_t, size_t> minBytes = {0, 0});
+  Status reserve(int64_t rows, int64_t logitRows);
+  StatusOr<std::vector<float>> downloadLogits(int64_t count);
+
+  ModelConfig config_;
+  std::unique_ptr<ArchitectureGraph> graph_;
+  Backend& backend_;
+  Communicator* comm_ = nullptr;  // tensor parallelism; null on one rank
+  Partition part_;                // this rank's share (everything, on one rank)
+  DType dtype_ = DType::kF32;
+  Workspace ws_;
+  // Eager metadata, token choice's buffers: greedy ids and log-probs; kernels::sample's inputs,
+  // float32/float64 scratch and outputs.
+  std::unique_ptr<Buffer> meta_, invFreq_, greedy_, sampleIn_, sampleWork_, sampleProbs_,
+      sampleOut_;
+  // Decode graphs by batch size, bound to one KV cache and to the workspace's buffers.
+  std::vector<int64_t> graphSizes_;  // ascending
+  int64_t graphContext_ = 0;         // longest context a graph serves
+  std::map<int64_t, std::unique_ptr<Graph>> graphs_;
+  uint64_t graphCacheId_ = 0;
+  std::unique_ptr<Buffer> graphMeta_, graphFreq_;
+  std::vector<int32_t> hostMeta_;
+  std::vector<float> hostFreq_;
+};
+
+}  // namespace textgen::runtime
