@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "textgen/kernels/bias_add.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/kv_write.h"
 #include "textgen/kernels/rope.h"
@@ -151,6 +152,25 @@ __global__ void siluMulKernel(const T* gateUp, T* out, int64_t rows, int64_t n) 
 }
 
 template <typename T>
+__global__ void biasAddKernel(T* y, const T* bias, int64_t rows, int64_t out) {
+  using C = Convert<T>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  const int64_t total = rows * out;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = C::fromFloat(C::toFloat(y[i]) + C::toFloat(bias[i % out]));
+}
+
+template <typename T>
+Status launchBiasAdd(const BiasAddParams& p, cudaStream_t stream) {
+  const int64_t total = p.rows * p.out;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
+  return cuda::launch("bias_add", biasAddKernel<T>, blocks, 256, 0, stream, static_cast<T*>(p.y),
+                      static_cast<const T*>(p.bias), p.rows, p.out);
+}
+
+template <typename T>
 Status launchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const auto* g = static_cast<const T*>(p.gateUp);
@@ -181,6 +201,12 @@ Status launchRope(const RopeParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+Status invokeBiasAdd(const BiasAddParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validateBiasAdd(p));
+  if (p.rows == 0) return okStatus();
+  TG_DISPATCH_DTYPE(p.dtype, launchBiasAdd, p, stream);
+}
 
 Status invokeGatherRows(const GatherRowsParams& p, Stream stream) {
   TG_RETURN_IF_ERROR(validateGatherRows(p));

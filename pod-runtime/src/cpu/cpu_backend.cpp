@@ -77,7 +77,12 @@ class CpuBackend final : public Backend {
     return kernels::rmsNormReference(p);
   }
 
-  Status linear(const kernels::GemmParams& p) override {
+  Status biasAdd(const kernels::BiasAddParams& p) override {
+    TG_RETURN_IF_ERROR(f32Only(p.dtype));
+    return kernels::biasAddReference(p);
+  }
+
+  Status gemm(const kernels::GemmParams& p) override {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));
     TG_RETURN_IF_ERROR(kernels::validateGemm(p));
     if (p.rows == 0) return okStatus();

@@ -148,7 +148,10 @@ class CudaBackend final : public Backend {
   Status rmsNorm(const kernels::RmsNormParams& p) override {
     return kernels::invokeRmsNorm(p, stream_);
   }
-  Status linear(const kernels::GemmParams& p) override { return gemm_->run(p); }
+  Status gemm(const kernels::GemmParams& p) override { return gemm_->run(p); }
+  Status biasAdd(const kernels::BiasAddParams& p) override {
+    return kernels::invokeBiasAdd(p, stream_);
+  }
   Status rope(const kernels::RopeParams& p) override { return kernels::invokeRope(p, stream_); }
   Status writeKv(const kernels::KvWriteParams& p) override {
     return kernels::invokeKvWrite(p, stream_);

@@ -15,10 +15,11 @@ StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
   a.options_ = options;
   a.ropeScaling_ = ropeAttentionScaling(c);
   // q, k and v stacked: one GEMM yields [rows, qOut + 2 kvOut] (this rank's heads).
-  TG_ASSIGN_OR_RETURN(a.qkv_, w.upload({{names.q, {qOut, h}, part.column()},
+  TG_ASSIGN_OR_RETURN(a.qkv_, w.linear({{names.q, {qOut, h}, part.column()},
                                         {names.k, {kvOut, h}, part.kvShard},
-                                        {names.v, {kvOut, h}, part.kvShard}}));
-  TG_ASSIGN_OR_RETURN(a.o_, w.upload({{names.o, {h, qOut}, part.row()}}));
+                                        {names.v, {kvOut, h}, part.kvShard}},
+                                       SplitKind::kColumn));
+  TG_ASSIGN_OR_RETURN(a.o_, w.linear({{names.o, {h, qOut}, part.row()}}, SplitKind::kRow));
   return a;
 }
 
@@ -33,7 +34,7 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
   void* vPart = ctx.at(qkv, (nh + nkv) * hd);
   void* attn = ctx.ws.attn->data();
   KvCache& cache = ctx.cache;
-  TG_RETURN_IF_ERROR(ctx.backend.linear({hs, qkv_->data(), qkv, rows, h, qkvOut, dt}));
+  TG_RETURN_IF_ERROR(ctx.backend.linear(qkv_, hs, qkv, rows));
   TG_RETURN_IF_ERROR(ctx.backend.ropeWriteKv({.rope = {.q = qkv,
                                                        .k = kPart,
                                                        .qRowStride = qkvOut,
@@ -78,7 +79,7 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
                                             .maxNewRows = meta.layout.maxNewRows,
                                             .maxContext = meta.layout.maxContext,
                                             .dtype = dt}));
-  TG_RETURN_IF_ERROR(ctx.backend.linear({attn, o_->data(), hs, rows, nh * hd, h, dt}));
+  TG_RETURN_IF_ERROR(ctx.backend.linear(o_, attn, hs, rows));
   return ctx.allReduceSum(hs, rows * h);
 }
 

@@ -42,9 +42,9 @@ class Attention {
   Status forward(const ForwardContext& ctx, int64_t layer, void* hs) const;
 
  private:
-  // [(heads + 2 kvHeads) * headDim, hidden]: this rank's q, k and v stacked.
-  std::unique_ptr<Buffer> qkv_;
-  std::unique_ptr<Buffer> o_;  // [hidden, heads * headDim]: this rank's columns
+  // [(heads + 2 kvHeads) * headDim, hidden]: this rank's q, k and v stacked (column-parallel).
+  Linear qkv_;
+  Linear o_;  // [hidden, heads * headDim]: this rank's columns (row-parallel)
   Options options_;
   float ropeScaling_ = 1.0f;  // multiplies cos and sin (yarn)
 };

@@ -25,8 +25,8 @@ class GatedMlp {
   Status forward(const ForwardContext& ctx, void* hs) const;
 
  private:
-  std::unique_ptr<Buffer> gateUp_;  // [2 * intermediate, hidden]: this rank's rows of each
-  std::unique_ptr<Buffer> down_;    // [hidden, intermediate]: this rank's columns
+  Linear gateUp_;  // [2 * intermediate, hidden]: this rank's rows of each (column-parallel)
+  Linear down_;    // [hidden, intermediate]: this rank's columns (row-parallel)
 };
 
 }  // namespace textgen::runtime

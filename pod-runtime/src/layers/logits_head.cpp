@@ -7,15 +7,19 @@ StatusOr<LogitsHead> LogitsHead::load(const WeightLoader& w, Norm finalNorm,
                                       const Embedding& embedding) {
   LogitsHead l;
   l.finalNorm_ = std::move(finalNorm);
+  const ModelConfig& c = w.config();
   if (tied || !w.contains(head)) {
     if (!tied) return notFoundError("weight '" + head + "' not found");
-    l.head_ = &embedding.table();
+    l.head_.dtype = w.dtype();
+    l.head_.in = c.hiddenSize;
+    l.head_.out = w.partition().world == 1 ? c.vocabSize : w.partition().vocabPart;
+    l.head_.split = SplitKind::kVocab;
+    l.head_.weight = &embedding.table();
     return l;
   }
-  const ModelConfig& c = w.config();
-  TG_ASSIGN_OR_RETURN(l.ownHead_,
-                      w.upload({{head, {c.vocabSize, c.hiddenSize}, w.partition().vocab()}}));
-  l.head_ = l.ownHead_.get();
+  TG_ASSIGN_OR_RETURN(
+      l.head_,
+      w.linear({{head, {c.vocabSize, c.hiddenSize}, w.partition().vocab()}}, SplitKind::kVocab));
   return l;
 }
 
@@ -29,7 +33,8 @@ Status LogitsHead::forward(const ForwardContext& ctx, const void* hs, const void
   TG_RETURN_IF_ERROR(
       ctx.backend.gatherRows({residual, ctx.meta.logitRows, pickedX, n, h, rows, dt}));
   TG_RETURN_IF_ERROR(finalNorm_.forward(ctx, pickedHs, pickedX, pickedHs, n));
-  return ctx.backend.linear({pickedHs, head_->data(), ctx.headOut(), n, h, width, dt});
+  if (head_.out != width) return internalError("the head's width is not the partition's");
+  return ctx.backend.linear(head_, pickedHs, ctx.headOut(), n);
 }
 
 }  // namespace textgen::runtime

@@ -26,8 +26,7 @@ class LogitsHead {
 
  private:
   Norm finalNorm_;
-  std::unique_ptr<Buffer> ownHead_;
-  Buffer* head_ = nullptr;  // [vocabPart, hidden]
+  Linear head_;  // [vocabPart, hidden]: this rank's part of the vocabulary (a view when tied)
 };
 
 }  // namespace textgen::runtime

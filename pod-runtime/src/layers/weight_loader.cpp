@@ -20,4 +20,42 @@ StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& 
   return buf;
 }
 
+StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind split,
+                                      const std::vector<Part>& bias) const {
+  if (parts.empty()) return invalidArgumentError("a linear layer needs a weight");
+  Linear l;
+  l.format = WeightFormat::kDense;
+  l.dtype = dtype_;
+  l.split = split;
+  for (const Part& p : parts) {
+    const TensorInfo* info = store_.info(p.name);
+    if (!info) return notFoundError("weight '" + p.name + "' not found in the checkpoint");
+    if (p.shape.size() != 2)
+      return invalidArgumentError("weight '" + p.name + "' of a linear layer must be 2-D");
+    // This rank's share of the part: the split dimension divided (padded when the shard pads).
+    auto part = [&](int64_t size, int dim) {
+      if (p.shard.dim != dim || p.shard.worldSize == 1) return size;
+      return (size + p.shard.worldSize - 1) / p.shard.worldSize;
+    };
+    const int64_t in = part(p.shape[1], 1);
+    if (l.in != 0 && l.in != in)
+      return invalidArgumentError("weight '" + p.name + "': stacked parts differ in inputs");
+    l.in = in;
+    l.out += part(p.shape[0], 0);
+  }
+  TG_ASSIGN_OR_RETURN(l.owned, upload(parts));
+  l.weight = l.owned.get();
+  if (l.owned->bytes() != static_cast<size_t>(l.in * l.out) * kernels::dtypeSize(dtype_))
+    return internalError("'" + parts[0].name +
+                         "': the loaded slices do not match the layer's shape");
+  if (!bias.empty()) {
+    if (bias.size() != parts.size())
+      return invalidArgumentError("'" + parts[0].name + "': one bias per stacked weight");
+    TG_ASSIGN_OR_RETURN(l.bias, upload(bias));
+    if (l.bias->bytes() != static_cast<size_t>(l.out) * kernels::dtypeSize(dtype_))
+      return invalidArgumentError("'" + bias[0].name + "': the bias does not match the outputs");
+  }
+  return l;
+}
+
 }  // namespace textgen::runtime

@@ -29,6 +29,10 @@ class WeightLoader {
   // The parts' slices stacked in order: NOT_FOUND / INVALID_ARGUMENT naming a missing or
   // misshapen tensor.
   StatusOr<std::unique_ptr<Buffer>> upload(const std::vector<Part>& parts) const;
+  // A dense linear layer from `parts` stacked along the outputs (each part's slice [out_i, in]),
+  // split as `split`, with the bias tensors' slices stacked the same way when given (one per part).
+  StatusOr<Linear> linear(const std::vector<Part>& parts, SplitKind split,
+                          const std::vector<Part>& bias = {}) const;
   bool contains(const std::string& name) const { return store_.contains(name); }
 
   const ModelConfig& config() const { return config_; }

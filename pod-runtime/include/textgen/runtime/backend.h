@@ -15,6 +15,7 @@
 
 #include "textgen/base/status_or.h"
 #include "textgen/kernels/argmax.h"
+#include "textgen/kernels/bias_add.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm.h"
 #include "textgen/kernels/kv_write.h"
@@ -24,6 +25,7 @@
 #include "textgen/kernels/rope_kv_write.h"
 #include "textgen/kernels/sample.h"
 #include "textgen/kernels/silu_mul.h"
+#include "textgen/runtime/linear.h"
 
 namespace textgen::runtime {
 
@@ -88,7 +90,12 @@ class Backend {
 
   virtual Status gatherRows(const kernels::GatherRowsParams& p) = 0;
   virtual Status rmsNorm(const kernels::RmsNormParams& p) = 0;
-  virtual Status linear(const kernels::GemmParams& p) = 0;
+  // y[rows, out] = x[rows, in] · W[out, in]ᵀ on raw operands.
+  virtual Status gemm(const kernels::GemmParams& p) = 0;
+  virtual Status biasAdd(const kernels::BiasAddParams& p) = 0;
+  // A linear layer: x [rows, w.in] -> y [rows, w.out], bias added. The format picks the kernels;
+  // UNIMPLEMENTED naming a format or part (scales, zero points) this backend cannot run.
+  virtual Status linear(const Linear& w, const void* x, void* y, int64_t rows);
   virtual Status rope(const kernels::RopeParams& p) = 0;
   virtual Status writeKv(const kernels::KvWriteParams& p) = 0;
   // rope then writeKv in one pass where the backend has a fused kernel.
