@@ -6,6 +6,11 @@
 // MASTER_PORT; one GPU each through CUDA_VISIBLE_DEVICES, or sharing the CPU) and waits until every
 // rank is ready, starts the router, prints a curl command, forwards SIGTERM/SIGINT, and when any
 // part dies it stops the others and exits non-zero with that part's last log lines.
+//
+// With --shards-only it starts only this machine's ranks of a group (--num-shard K of --world-size
+// N from --rank-offset R, --gpus-per-shard G each, TCP ports from --port), no router: a Kubernetes
+// shard pod's one container (docs/operator.md). Any rank's exit stops the others (exit 1);
+// SIGTERM stops them all (exit 0).
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -16,11 +21,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "textgen/base/version.h"
@@ -43,7 +50,9 @@ enum class Kind { kValue, kSwitch, kRouter, kRouterSwitch, kUnsupported };
 struct FlagSpec {
   const char* name;
   Kind kind;
-  const char* why = "";  // kUnsupported: why it is refused
+  const char* why = "";     // kUnsupported: why it is refused
+  bool shardsOnly = false;  // --shards-only's: command line only (WORLD_SIZE, RANK_OFFSET, ... in
+                            // the environment are other tools' business), refused without it
 };
 
 // TGI's launcher flags. kRouter values pass through to textgen-router unchanged.
@@ -95,7 +104,15 @@ const FlagSpec kFlags[] = {
     {"trust-remote-code", Kind::kSwitch},
     {"kv-cache-memory", Kind::kValue},  // textgen: the CPU KV pool budget (fraction or bytes)
     {"log-level", Kind::kValue},
+    // textgen: run only this machine's ranks of a group (a Kubernetes pod's), no router.
+    {"shards-only", Kind::kSwitch, "", true},
+    {"world-size", Kind::kValue, "", true},
+    {"rank-offset", Kind::kValue, "", true},
+    {"gpus-per-shard", Kind::kValue, "", true},
+    {"shard-urls", Kind::kValue, "", true},
 };
+
+using Values = std::map<std::string, std::vector<std::string>>;
 
 std::atomic<int> gSignal{0};
 
@@ -129,8 +146,7 @@ fs::path selfDir() {
 }
 
 // --sharded / --num-shard and what the ranks depend on: the GPUs this process sees, its CPUs.
-launcher::ShardPlanOptions shardPlanOptions(
-    const std::map<std::string, std::vector<std::string>>& values) {
+launcher::ShardPlanOptions shardPlanOptions(const Values& values, bool shardsOnly) {
   auto given = [&](const std::string& n) {
     auto it = values.find(n);
     return it == values.end() ? std::nullopt : std::optional<std::string>(it->second.front());
@@ -144,7 +160,11 @@ launcher::ShardPlanOptions shardPlanOptions(
                                                 : std::nullopt),
       .nvlsSetByUser = std::getenv("NCCL_NVLS_ENABLE") != nullptr,
       .cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1,
-      .kvCacheMemory = given("kv-cache-memory")};
+      .kvCacheMemory = given("kv-cache-memory"),
+      .shardsOnly = shardsOnly,
+      .worldSize = given("world-size"),
+      .rankOffset = given("rank-offset"),
+      .gpusPerShard = given("gpus-per-shard")};
   o.masterAddr = given("master-addr").value_or(o.masterAddr);
   o.masterPort = given("master-port").value_or(o.masterPort);
   return o;
@@ -202,19 +222,46 @@ int downloadWeights(int argc, char** argv) {
   return 0;
 }
 
-int run(int argc, char** argv) {
-  std::map<std::string, std::vector<std::string>> values;
+// Stops every part after a failure, naming the culprit with its last lines. Returns 1.
+int failAll(std::vector<std::unique_ptr<ChildProcess>>& parts, size_t numShards,
+            const std::string& what, ChildProcess* culprit) {
+  if (gSignal) {
+    std::fprintf(stderr, "textgen-launcher: signal %d before every part was ready: stopping\n",
+                 gSignal.load());
+  } else {
+    std::fprintf(stderr, "textgen-launcher: %s\n", what.c_str());
+  }
+  if (culprit)
+    std::fprintf(stderr, "  last lines of %s:\n%s", culprit->name().c_str(),
+                 culprit->lastLines().c_str());
+  stopAll(parts, numShards, std::chrono::seconds(5));
+  return 1;
+}
+
+// The command line as parsed: values (environment first, then flags) and switches.
+struct Parsed {
+  Values values;
   std::set<std::string> switches;
-  if (argc > 1 && std::string(argv[1]) == "download-weights") return downloadWeights(argc, argv);
+  std::set<std::string> onCommandLine;
+  std::string get(const std::string& n, const std::string& fallback) const {
+    auto it = values.find(n);
+    return it == values.end() ? fallback : it->second.front();
+  }
+};
+
+// Parses argv (and the flags' environment variables). Returns an exit status when done already
+// (--version, a usage error).
+std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
   // Environment first (TGI's clap env), then the command line.
   for (const FlagSpec& f : kFlags) {
+    if (f.shardsOnly) continue;
     if (const char* v = std::getenv(envName(f.name).c_str()); v && *v) {
       if (f.kind == Kind::kSwitch || f.kind == Kind::kRouterSwitch) {
-        if (std::string(v) == "true" || std::string(v) == "1") switches.insert(f.name);
+        if (std::string(v) == "true" || std::string(v) == "1") p.switches.insert(f.name);
       } else if (std::string(f.name) != "port" || std::getenv("TEXTGEN_LAUNCHER_PORT_FROM_ENV")) {
         // PORT is commonly set by other tools; only --port or TEXTGEN_LAUNCHER_PORT_FROM_ENV honour
         // it.
-        values[f.name] = {v};
+        p.values[f.name] = {v};
       }
     }
   }
@@ -233,8 +280,9 @@ int run(int argc, char** argv) {
     }
     const FlagSpec* f = findFlag(name);
     if (!f) return usage("unknown flag --" + name);
+    p.onCommandLine.insert(name);
     if (f->kind == Kind::kSwitch || f->kind == Kind::kRouterSwitch) {
-      switches.insert(name);
+      p.switches.insert(name);
       continue;
     }
     if (eq == std::string::npos) {
@@ -244,36 +292,48 @@ int run(int argc, char** argv) {
     if (f->kind == Kind::kUnsupported)
       return usage("--" + name + " is not supported: " + std::string(f->why));
     if (name == "cors-allow-origin") {
-      values[name].push_back(value);
+      p.values[name].push_back(value);
     } else {
-      values[name] = {value};
+      p.values[name] = {value};
     }
   }
-  for (const auto& [name, v] : values) {
+  for (const auto& [name, v] : p.values) {
     if (const FlagSpec* f = findFlag(name); f && f->kind == Kind::kUnsupported) {
       return usage(envName(name) + " is set, but it is not supported: " + std::string(f->why));
     }
   }
-  if (switches.contains("trust-remote-code")) {
+  if (p.switches.contains("trust-remote-code")) {
     return usage(
         "--trust-remote-code is refused: textgen never runs code from a model repository; "
         "it serves the architectures it implements from their weights alone");
   }
-  auto get = [&](const std::string& n, const std::string& fallback) {
-    return values.contains(n) ? values[n].front() : fallback;
-  };
-  auto plan = launcher::planShards(shardPlanOptions(values));
-  if (!plan.ok()) return usage(plan.status().message());
-  // The model: a local directory, or a hub id resolved in (and downloaded into) the hub cache.
+  // --shards-only's flags need it; the router's flags are refused with it (it starts no router).
+  const bool shardsOnly = p.switches.contains("shards-only");
+  for (const std::string& name : p.onCommandLine) {
+    const FlagSpec* f = findFlag(name);
+    if (!shardsOnly && f->shardsOnly) return usage("--" + name + " needs --shards-only");
+    const bool routers = (f->kind == Kind::kRouter || f->kind == Kind::kRouterSwitch ||
+                          name == "hostname" || name == "shard-uds-path") &&
+                         name != "json-output";
+    if (shardsOnly && routers)
+      return usage("--" + name + " is the router's, and --shards-only starts no router");
+  }
+  return std::nullopt;
+}
+
+// The model directory: a local directory, or a hub id resolved in (and downloaded into) the hub
+// cache; the demo model without --model-id. Returns an exit status on failure.
+std::variant<fs::path, int> modelDirectory(const Parsed& p) {
   const fs::path demo = std::getenv("TEXTGEN_DEMO_MODEL")
                             ? fs::path(std::getenv("TEXTGEN_DEMO_MODEL"))
                             : fs::path(TEXTGEN_DEMO_MODEL);
-  const std::string modelId = get("model-id", "");
+  const std::string modelId = p.get("model-id", "");
   fs::path modelDir = modelId.empty() ? demo : fs::path(modelId);
   if (!modelId.empty() && !fs::is_directory(modelDir)) {
     HubOptions hub = hubOptionsFromEnv();
-    if (values.contains("huggingface-hub-cache")) hub.cacheDir = get("huggingface-hub-cache", "");
-    auto snapshot = resolveModel(modelId, get("revision", ""), hub);
+    if (p.values.contains("huggingface-hub-cache"))
+      hub.cacheDir = p.get("huggingface-hub-cache", "");
+    auto snapshot = resolveModel(modelId, p.get("revision", ""), hub);
     if (!snapshot.ok()) {
       std::fprintf(stderr, "textgen-launcher: %s\n", snapshot.status().message().c_str());
       return 1;
@@ -282,70 +342,154 @@ int run(int argc, char** argv) {
   }
   if (!fs::exists(modelDir / "config.json"))
     return usage(modelDir.string() + " has no config.json");
-  const std::string served = modelId.empty() ? "textgen-demo" : modelId;
-  const std::string dtype = get("dtype", ""), memoryFraction = get("cuda-memory-fraction", ""),
-                    cudaGraphs = get("cuda-graphs", "");
-  const std::string uds = get("shard-uds-path", "/tmp/text-generation-server");
-  const auto grace =
-      std::chrono::seconds(std::atoi(get("graceful-termination-timeout", "90").c_str()));
-  const std::string logLevel = get("log-level", "info");
-  const fs::path bin = selfDir();
+  return modelDir;
+}
 
-  std::signal(SIGTERM, [](int s) { gSignal = s; });
-  std::signal(SIGINT, [](int s) { gSignal = s; });
-
-  std::vector<std::unique_ptr<ChildProcess>> parts;
-  auto fail = [&](const std::string& what, ChildProcess* culprit) {
-    if (gSignal) {
-      std::fprintf(stderr, "textgen-launcher: signal %d before every part was ready: stopping\n",
-                   gSignal.load());
-    } else {
-      std::fprintf(stderr, "textgen-launcher: %s\n", what.c_str());
+// Every rank's command line but its address (--uds-path or --port) and --shard-urls.
+std::vector<std::string> shardArgs(const Parsed& p, const fs::path& modelDir,
+                                   const launcher::ShardPlan& plan) {
+  std::vector<std::string> args{(selfDir() / "textgen-shard").string(), "--model-id",
+                                modelDir.string(), "--log-level", p.get("log-level", "info")};
+  // --dtype etc.: the shard checks them against its device.
+  for (const char* flag : {"dtype", "cuda-graphs", "cuda-memory-fraction"}) {
+    if (p.values.contains(flag)) {
+      args.push_back(std::string("--") + flag);
+      args.push_back(p.get(flag, ""));
     }
-    if (culprit)
-      std::fprintf(stderr, "  last lines of %s:\n%s", culprit->name().c_str(),
-                   culprit->lastLines().c_str());
-    stopAll(parts, static_cast<size_t>(plan->numShard), std::chrono::seconds(5));
-    return 1;
-  };
+  }
+  for (std::string& a : plan.rankArgs()) args.push_back(std::move(a));
+  if (p.switches.contains("json-output")) args.push_back("--json-output");
+  return args;
+}
+
+// Starts plan.numShard ranks with `addressArgs(i)` appended to local rank i's command line, and
+// waits until all are ready (they meet each other before any is: all start at once). Returns the
+// ready lines' rest, or the exit status after stopping them.
+std::variant<std::vector<std::string>, int> startRanks(
+    std::vector<std::unique_ptr<ChildProcess>>& parts, const launcher::ShardPlan& plan,
+    const std::vector<std::string>& common,
+    const std::function<std::vector<std::string>(int)>& addressArgs, std::chrono::seconds timeout) {
   const ReadyWait shardsReady{.prefix = "textgen-shard ready ",
-                              .timeout = std::chrono::seconds(600),
+                              .timeout = timeout,
                               .cancelled = [] { return gSignal != 0; },
                               .running = {}};
-  // Every rank first, then wait for them all: ranks meet each other before any is ready.
+  const auto numShard = static_cast<size_t>(plan.numShard);
   std::vector<ChildProcess*> shards;
-  for (int rank = 0; rank < plan->numShard; ++rank) {
-    std::vector<std::string> args{(bin / "textgen-shard").string(),
-                                  "--model-id",
-                                  modelDir.string(),
-                                  "--uds-path",
-                                  uds,
-                                  "--log-level",
-                                  logLevel};
-    if (!dtype.empty()) {  // the shard checks it against its device
-      args.push_back("--dtype");
-      args.push_back(dtype);
-    }
-    if (!cudaGraphs.empty()) {
-      args.push_back("--cuda-graphs");
-      args.push_back(cudaGraphs);
-    }
-    if (!memoryFraction.empty()) {
-      args.push_back("--cuda-memory-fraction");
-      args.push_back(memoryFraction);
-    }
-    for (std::string& a : plan->rankArgs()) args.push_back(std::move(a));
-    if (switches.contains("json-output")) args.push_back("--json-output");
-    auto shard = ChildProcess::start("textgen-shard rank " + std::to_string(rank), args,
-                                     plan->rankEnv(rank));
-    if (!shard.ok()) return fail(shard.status().message(), nullptr);
+  for (int i = 0; i < plan.numShard; ++i) {
+    std::vector<std::string> args = common;
+    for (std::string& a : addressArgs(i)) args.push_back(std::move(a));
+    auto shard = ChildProcess::start("textgen-shard rank " + std::to_string(plan.rankOffset + i),
+                                     args, plan.rankEnv(i));
+    if (!shard.ok()) return failAll(parts, numShard, shard.status().message(), nullptr);
     parts.push_back(std::move(*shard));
     shards.push_back(parts.back().get());
   }
   ChildProcess* culprit = nullptr;
-  if (auto ready = ChildProcess::waitAllReady(shards, shardsReady, &culprit); !ready.ok())
-    return fail(ready.status().message(), culprit);
-  std::vector<std::string> routerArgs{(bin / "textgen-router").string(),
+  auto ready = ChildProcess::waitAllReady(shards, shardsReady, &culprit);
+  if (!ready.ok()) return failAll(parts, numShard, ready.status().message(), culprit);
+  return *ready;
+}
+
+// After start-up: until a signal (stop everything; `stopped` is the exit status) or a part's exit
+// (stop the others, exit 1).
+int supervise(std::vector<std::unique_ptr<ChildProcess>>& parts, size_t numShards,
+              std::chrono::seconds grace, const std::function<int(int worst)>& stopped) {
+  while (true) {
+    if (gSignal) {
+      std::fprintf(stderr, "textgen-launcher: signal %d: stopping (graceful timeout %lld s)\n",
+                   gSignal.load(), static_cast<long long>(grace.count()));
+      return stopped(stopAll(parts, numShards, grace));
+    }
+    for (auto& p : parts) {
+      if (auto status = p->poll()) {
+        return failAll(parts, numShards,
+                       p->name() + " exited with status " + std::to_string(*status), p.get());
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// `--shards-only`: this machine's ranks of a group on TCP ports --port .. --port+K-1, no router
+// (a Kubernetes pod's: docs/operator.md). All or nothing: one rank's exit stops the others and
+// exits 1; SIGTERM stops them all at once and exits 0.
+int runShardsOnly(const Parsed& p, const launcher::ShardPlan& plan,
+                  const std::vector<std::string>& common, std::chrono::seconds grace) {
+  const std::string portText = p.get("port", "50051");
+  const bool digits =
+      !portText.empty() && portText.find_first_not_of("0123456789") == std::string::npos;
+  const long port = digits && portText.size() < 6 ? std::stol(portText) : -1;
+  if (port < 1 || port + plan.numShard - 1 > 65535) {
+    return usage("--port must be a port number with room for " + std::to_string(plan.numShard) +
+                 " ranks after it (at most 65535), not '" + portText + "'");
+  }
+  std::string urls = p.get("shard-urls", "");
+  if (urls.empty() && plan.worldSize > 1) {
+    if (plan.numShard < plan.worldSize) {
+      return usage("--shard-urls is needed: ranks of this group run elsewhere too (--world-size " +
+                   std::to_string(plan.worldSize) + ", --num-shard " +
+                   std::to_string(plan.numShard) + ")");
+    }
+    for (int i = 0; i < plan.numShard; ++i)
+      urls += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(port + i);
+  }
+  std::signal(SIGTERM, [](int s) { gSignal = s; });
+  std::signal(SIGINT, [](int s) { gSignal = s; });
+  std::vector<std::unique_ptr<ChildProcess>> parts;
+  auto addressArgs = [&](int i) {
+    std::vector<std::string> a{"--port", std::to_string(port + i)};
+    if (!urls.empty()) a.insert(a.end(), {"--shard-urls", urls});
+    return a;
+  };
+  // Loading a large model can take long; a Kubernetes startup probe bounds it too.
+  auto ready = startRanks(parts, plan, common, addressArgs, std::chrono::seconds(3600));
+  if (auto* status = std::get_if<int>(&ready)) return *status;
+  std::string lines;
+  for (const std::string& l : std::get<std::vector<std::string>>(ready)) lines += " " + l;
+  std::printf("textgen-launcher shards ready: ranks %d..%d of %d:%s\n", plan.rankOffset,
+              plan.rankOffset + plan.numShard - 1, plan.worldSize, lines.c_str());
+  std::fflush(stdout);
+  return supervise(parts, parts.size(), grace, [](int worst) {
+    if (worst != 0)
+      std::fprintf(stderr, "textgen-launcher: a rank exited with status %d as it stopped\n", worst);
+    return 0;  // a requested stop
+  });
+}
+
+int run(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "download-weights") return downloadWeights(argc, argv);
+  Parsed p;
+  if (auto done = parseFlags(argc, argv, p)) return *done;
+  const bool shardsOnly = p.switches.contains("shards-only");
+  auto plan = launcher::planShards(shardPlanOptions(p.values, shardsOnly));
+  if (!plan.ok()) return usage(plan.status().message());
+  auto model = modelDirectory(p);
+  if (auto* status = std::get_if<int>(&model)) return *status;
+  const fs::path modelDir = std::get<fs::path>(model);
+  const std::vector<std::string> common = shardArgs(p, modelDir, *plan);
+  const auto grace =
+      std::chrono::seconds(std::atoi(p.get("graceful-termination-timeout", "90").c_str()));
+  if (shardsOnly) return runShardsOnly(p, *plan, common, grace);
+
+  const std::string modelId = p.get("model-id", "");
+  const std::string served = modelId.empty() ? "textgen-demo" : modelId;
+  const std::string uds = p.get("shard-uds-path", "/tmp/text-generation-server");
+  std::signal(SIGTERM, [](int s) { gSignal = s; });
+  std::signal(SIGINT, [](int s) { gSignal = s; });
+
+  std::vector<std::unique_ptr<ChildProcess>> parts;
+  const auto numShard = static_cast<size_t>(plan->numShard);
+  // The router is given rank 0's socket and finds the others through ServiceDiscovery.
+  auto ready = startRanks(
+      parts, *plan, common,
+      [&](int) {
+        return std::vector<std::string>{"--uds-path", uds};
+      },
+      std::chrono::seconds(600));
+  if (auto* status = std::get_if<int>(&ready)) return *status;
+  std::vector<ChildProcess*> shards;
+  for (auto& part : parts) shards.push_back(part.get());
+  std::vector<std::string> routerArgs{(selfDir() / "textgen-router").string(),
                                       "--tokenizer-name",
                                       modelDir.string(),
                                       "--model-id",
@@ -353,29 +497,31 @@ int run(int argc, char** argv) {
                                       "--master-shard-uds-path",
                                       uds + "-0",
                                       "--hostname",
-                                      get("hostname", "0.0.0.0"),
+                                      p.get("hostname", "0.0.0.0"),
                                       "--port",
-                                      get("port", "3000"),
+                                      p.get("port", "3000"),
                                       "--log-level",
-                                      logLevel};
+                                      p.get("log-level", "info")};
   for (const FlagSpec& f : kFlags) {
-    if (f.kind == Kind::kRouter && values.contains(f.name)) {
-      for (const std::string& v : values[f.name]) {
+    if (f.kind == Kind::kRouter && p.values.contains(f.name)) {
+      for (const std::string& v : p.values.at(f.name)) {
         routerArgs.push_back(std::string("--") + f.name);
         routerArgs.push_back(v);
       }
     }
-    if (f.kind == Kind::kRouterSwitch && switches.contains(f.name))
+    if (f.kind == Kind::kRouterSwitch && p.switches.contains(f.name))
       routerArgs.push_back(std::string("--") + f.name);
   }
   auto router = ChildProcess::start("textgen-router", routerArgs, {});
-  if (!router.ok()) return fail(router.status().message(), nullptr);
+  if (!router.ok()) return failAll(parts, numShard, router.status().message(), nullptr);
   parts.push_back(std::move(*router));
-  ReadyWait routerReady = shardsReady;
-  routerReady.prefix = "textgen-router ready ";
-  routerReady.running = shards;
+  const ReadyWait routerReady{.prefix = "textgen-router ready ",
+                              .timeout = std::chrono::seconds(600),
+                              .cancelled = [] { return gSignal != 0; },
+                              .running = shards};
+  ChildProcess* culprit = nullptr;
   auto urls = ChildProcess::waitAllReady({parts.back().get()}, routerReady, &culprit);
-  if (!urls.ok()) return fail(urls.status().message(), culprit);
+  if (!urls.ok()) return failAll(parts, numShard, urls.status().message(), culprit);
   const std::string url = urls->front();
   std::string local = url;
   if (local.find("0.0.0.0") != std::string::npos)
@@ -386,21 +532,7 @@ int run(int argc, char** argv) {
       "-d '{\"inputs\":\"To open a file\",\"parameters\":{\"max_new_tokens\":40}}'\n",
       served.c_str(), local.c_str());
   std::fflush(stdout);
-
-  while (true) {
-    if (gSignal) {
-      std::fprintf(stderr, "textgen-launcher: signal %d: stopping (graceful timeout %lld s)\n",
-                   gSignal.load(), static_cast<long long>(grace.count()));
-      const int worst = stopAll(parts, static_cast<size_t>(plan->numShard), grace);
-      return worst == 0 ? 0 : 1;
-    }
-    for (auto& p : parts) {
-      if (auto status = p->poll()) {
-        return fail(p->name() + " exited with status " + std::to_string(*status), p.get());
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  return supervise(parts, numShard, grace, [](int worst) { return worst == 0 ? 0 : 1; });
 }
 
 }  // namespace

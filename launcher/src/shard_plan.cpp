@@ -47,6 +47,59 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// A whole number for `flag` within [low, high].
+StatusOr<int> parseBounded(const std::string& flag, const std::string& v, int64_t low,
+                           int64_t high) {
+  const std::optional<int64_t> n = parseWhole(v);
+  if (!n || *n < low || *n > high) {
+    return invalidArgumentError(flag + " must be a whole number from " + std::to_string(low) +
+                                " to " + std::to_string(high) + ", not '" + v + "'");
+  }
+  return static_cast<int>(*n);
+}
+
+// --shards-only: this machine's part of a group (--world-size, --rank-offset, --gpus-per-shard).
+Status planPart(const ShardPlanOptions& o, ShardPlan& plan) {
+  if (o.sharded) {
+    return invalidArgumentError(
+        "--sharded does not go with --shards-only: give --num-shard K, this machine's ranks");
+  }
+  if (!o.numShard)
+    return invalidArgumentError("--shards-only needs --num-shard K (this machine's ranks)");
+  TG_ASSIGN_OR_RETURN(plan.numShard, parseNumShard(*o.numShard));
+  plan.worldSize = plan.numShard;
+  if (o.worldSize) {
+    TG_ASSIGN_OR_RETURN(plan.worldSize, parseBounded("--world-size", *o.worldSize, 1, kMaxShards));
+  }
+  if (o.rankOffset) {
+    TG_ASSIGN_OR_RETURN(plan.rankOffset,
+                        parseBounded("--rank-offset", *o.rankOffset, 0, kMaxShards - 1));
+  }
+  if (plan.rankOffset + plan.numShard > plan.worldSize) {
+    return invalidArgumentError("ranks " + std::to_string(plan.rankOffset) + ".." +
+                                std::to_string(plan.rankOffset + plan.numShard - 1) +
+                                " (--rank-offset, --num-shard) are not all below --world-size " +
+                                std::to_string(plan.worldSize));
+  }
+  plan.gpusPerRank = o.gpus.empty() ? 0 : 1;
+  if (o.gpusPerShard) {
+    TG_ASSIGN_OR_RETURN(plan.gpusPerRank,
+                        parseBounded("--gpus-per-shard", *o.gpusPerShard, 0, kMaxShards));
+  }
+  const size_t needed = static_cast<size_t>(plan.numShard) * plan.gpusPerRank;
+  if (needed > o.gpus.size()) {
+    return invalidArgumentError("--num-shard " + std::to_string(plan.numShard) +
+                                " with --gpus-per-shard " + std::to_string(plan.gpusPerRank) +
+                                " needs " + std::to_string(needed) + " GPUs, and " +
+                                std::to_string(o.gpus.size()) + " are visible" +
+                                (o.gpus.empty() ? std::string() : " (" + joined(o.gpus) + ")"));
+  }
+  plan.gpus.assign(o.gpus.begin(), o.gpus.begin() + static_cast<std::ptrdiff_t>(needed));
+  plan.hideGpus = plan.gpusPerRank == 0;
+  plan.deviceCuda = plan.gpusPerRank > 0;  // a rank given GPUs runs on them or fails
+  return okStatus();
+}
+
 StatusOr<int> numShards(const ShardPlanOptions& o) {
   std::optional<bool> sharded;
   if (o.sharded) {
@@ -130,17 +183,24 @@ std::vector<std::string> visibleGpus(const std::optional<std::string>& cudaVisib
 
 StatusOr<ShardPlan> planShards(const ShardPlanOptions& o) {
   ShardPlan plan;
-  TG_ASSIGN_OR_RETURN(plan.numShard, numShards(o));
-  if (!o.gpus.empty() && plan.numShard > static_cast<int>(o.gpus.size())) {
-    return invalidArgumentError("--num-shard " + std::to_string(plan.numShard) +
-                                " needs one GPU per rank, and " + std::to_string(o.gpus.size()) +
-                                " are visible (" + joined(o.gpus) + ")");
+  if (o.shardsOnly) {
+    TG_RETURN_IF_ERROR(planPart(o, plan));
+  } else {
+    TG_ASSIGN_OR_RETURN(plan.numShard, numShards(o));
+    if (!o.gpus.empty() && plan.numShard > static_cast<int>(o.gpus.size())) {
+      return invalidArgumentError("--num-shard " + std::to_string(plan.numShard) +
+                                  " needs one GPU per rank, and " + std::to_string(o.gpus.size()) +
+                                  " are visible (" + joined(o.gpus) + ")");
+    }
+    plan.worldSize = plan.numShard;
+    if (!o.gpus.empty()) plan.gpus.assign(o.gpus.begin(), o.gpus.begin() + plan.numShard);
+    // A GPU rank of a group that fell back to the CPU would leave its peers waiting in NCCL.
+    plan.deviceCuda = !plan.gpus.empty() && plan.numShard > 1;
   }
   if (o.masterAddr.empty()) return invalidArgumentError("--master-addr must not be empty");
   const std::optional<int64_t> port = parseWhole(o.masterPort);
   if (!port || *port < 1 || *port > 65535)
     return invalidArgumentError("--master-port must be a port number, not '" + o.masterPort + "'");
-  if (!o.gpus.empty()) plan.gpus.assign(o.gpus.begin(), o.gpus.begin() + plan.numShard);
   plan.masterAddr = o.masterAddr;
   plan.masterPort = std::to_string(*port);
   plan.setNvls = !o.nvlsSetByUser;
@@ -152,20 +212,24 @@ StatusOr<ShardPlan> planShards(const ShardPlanOptions& o) {
   return plan;
 }
 
-std::map<std::string, std::string> ShardPlan::rankEnv(int rank) const {
-  std::map<std::string, std::string> env{{"RANK", std::to_string(rank)},
-                                         {"WORLD_SIZE", std::to_string(numShard)},
+std::map<std::string, std::string> ShardPlan::rankEnv(int i) const {
+  std::map<std::string, std::string> env{{"RANK", std::to_string(rankOffset + i)},
+                                         {"WORLD_SIZE", std::to_string(worldSize)},
                                          {"MASTER_ADDR", masterAddr},
                                          {"MASTER_PORT", masterPort}};
-  if (!gpus.empty()) env["CUDA_VISIBLE_DEVICES"] = gpus.at(static_cast<size_t>(rank));
+  if (!gpus.empty()) {
+    const auto first = gpus.begin() + static_cast<std::ptrdiff_t>(i) * gpusPerRank;
+    env["CUDA_VISIBLE_DEVICES"] = joined(std::vector<std::string>(first, first + gpusPerRank));
+  } else if (hideGpus) {
+    env["CUDA_VISIBLE_DEVICES"] = "";
+  }
   if (setNvls) env["NCCL_NVLS_ENABLE"] = "0";
   return env;
 }
 
 std::vector<std::string> ShardPlan::rankArgs() const {
   std::vector<std::string> args;
-  // A GPU rank that fell back to the CPU would leave its peers waiting in NCCL.
-  if (!gpus.empty() && numShard > 1) {
+  if (deviceCuda) {
     args.push_back("--device");
     args.push_back("cuda");
   }

@@ -61,22 +61,23 @@ std::string shellQuote(const std::string& a) {
 }
 
 // A command that runs `binary args` with the model directory as `modelFlag`'s value: exec form for
-// a model on a volume, a shell line for a hub model (resolved first) or when `shellPrefix` (shell
-// statements, e.g. computing RANK) must run before it.
+// a model on a volume, a shell line for a hub model (resolved first) or when `shellArgs` (shell
+// words appended unquoted, e.g. an arithmetic expansion) is given.
 json command(const ServiceSpec& s, const std::string& binary, const std::string& modelFlag,
-             const std::vector<std::string>& args, const std::string& shellPrefix = "") {
-  if (!fromHub(s) && shellPrefix.empty()) {
+             const std::vector<std::string>& args, const std::string& shellArgs = "") {
+  if (!fromHub(s) && shellArgs.empty()) {
     json c = json::array({binary, modelFlag, modelDir(s)});
     for (const auto& a : args) c.push_back(a);
     return c;
   }
-  std::string line = shellPrefix;
+  std::string line;
   if (fromHub(s)) {
     line += hubResolve() + "exec " + binary + " " + modelFlag + " \"$model\"";
   } else {
     line += "exec " + binary + " " + modelFlag + " " + shellQuote(modelDir(s));
   }
   for (const auto& a : args) line += " " + shellQuote(a);
+  if (!shellArgs.empty()) line += " " + shellArgs;
   return json::array({"/bin/sh", "-c", line});
 }
 
@@ -115,7 +116,7 @@ std::string podHost(const ServiceSpec& s, int64_t r, int64_t p) {
 }
 
 // Every rank's address as the router dials it, in rank order (rank 0 answers ServiceDiscovery
-// with them): rank p*k+i is container i of pod p, on port kShardPort+i of the pod's DNS name (the
+// with them): rank p*k+i is rank i of pod p, on port kShardPort+i of the pod's DNS name (the
 // router runs in another pod, so never 127.0.0.1).
 std::string shardUrls(const ServiceSpec& s, int64_t r) {
   std::string urls;
@@ -126,28 +127,23 @@ std::string shardUrls(const ServiceSpec& s, int64_t r) {
   return urls;
 }
 
-// Container i's rank and rendezvous environment, NCCL defaults, then spec.shardEnv (which may
-// replace the NCCL defaults but not what the operator sets: the spec refuses those names).
-json rankEnv(const ServiceSpec& s, int64_t r, int64_t i) {
+// The shard container's environment: the model's, POD_INDEX (pods > 1), the rendezvous address
+// (read by the launcher as --master-addr/--master-port), NCCL defaults, then spec.shardEnv (which
+// may replace the NCCL defaults but not what the operator sets: the spec refuses those names).
+// RANK, WORLD_SIZE and CUDA_VISIBLE_DEVICES are per rank: the launcher sets them.
+json shardEnv(const ServiceSpec& s, int64_t r) {
   json env = modelEnv(s);
   const bool onePod = podsPerReplica(s) == 1;
-  if (onePod) {
-    env.push_back(envValue("RANK", std::to_string(i)));
-  } else {  // RANK = POD_INDEX * shardsPerPod + i, computed by the container's shell
+  if (!onePod) {  // the pod's first rank is POD_INDEX * shardsPerPod, computed by the shell
     env.push_back(
         {{"name", "POD_INDEX"},
          {"valueFrom",
           {{"fieldRef",
             {{"fieldPath", std::string("metadata.labels['") + kPodIndexLabel + "']"}}}}}});
   }
-  env.push_back(envValue("WORLD_SIZE", std::to_string(s.shards)));
   env.push_back(envValue("MASTER_ADDR", onePod ? "127.0.0.1" : podHost(s, r, 0)));
   env.push_back(envValue("MASTER_PORT", std::to_string(kRendezvousPort)));
   env.push_back(envValue("NCCL_NVLS_ENABLE", "0"));  // NVLink multicast is never used
-  // The container sees its own GPUs as 0..g-1 (the device plugin's), and the shard takes one:
-  // device 0. Without this, a multi-rank shard that sees no CUDA_VISIBLE_DEVICES assumes every GPU
-  // of the machine is visible and takes device RANK.
-  if (s.gpusPerShard > 0) env.push_back(envValue("CUDA_VISIBLE_DEVICES", "0"));
   env.push_back(envValue("NCCL_DEBUG", "WARN"));
   env.push_back(envValue("NCCL_SOCKET_IFNAME", "eth0"));
   for (const json& e : s.shardEnv) {
@@ -163,33 +159,91 @@ json rankEnv(const ServiceSpec& s, int64_t r, int64_t i) {
   return env;
 }
 
-// Container `shard-i` of a replica's pod: one rank with its own GPUs and gRPC port.
-json shardContainer(const ServiceSpec& s, int64_t r, int64_t i) {
-  const int64_t port = kShardPort + i;
-  std::vector<std::string> args = {"--port", std::to_string(port), "--shard-urls", shardUrls(s, r)};
-  if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
-  // A rank given GPUs runs on one or fails (a crash loop shows), never silently on the CPU.
-  if (s.gpusPerShard > 0) args.insert(args.end(), {"--device", "cuda"});
-  const std::string rankPrefix = podsPerReplica(s) == 1 ? std::string()
-                                                        : "export RANK=$((POD_INDEX * " +
-                                                              std::to_string(s.shardsPerPod) +
-                                                              " + " + std::to_string(i) + ")); ";
+// A Kubernetes quantity times n: its number scaled, its suffix (binary, decimal or exponent, all
+// multiplicative) kept: "16Gi" x 2 = "32Gi", "500m" x 2 = "1000m", "1.5" x 2 = "3".
+std::string scaledQuantity(const std::string& q, int64_t n) {
+  const size_t end = q.find_first_not_of("0123456789.");
+  const std::string number = q.substr(0, end),
+                    suffix = end == std::string::npos ? "" : q.substr(end);
+  // Not a quantity (the API server names it), or too long to scale exactly: left as it is.
+  if (number.empty() || number == "." || number.size() > 15 ||
+      number.find('.') != number.rfind('.'))
+    return q;
+  const size_t dot = number.find('.');
+  if (dot == std::string::npos) return std::to_string(std::stoull(number) * n) + suffix;
+  // Decimal: scale the digits as an integer, then put the point back.
+  const std::string digits = number.substr(0, dot) + number.substr(dot + 1);
+  const size_t decimals = number.size() - dot - 1;
+  std::string scaled = std::to_string(std::stoull(digits.empty() ? "0" : digits) * n);
+  if (scaled.size() <= decimals) scaled.insert(0, decimals - scaled.size() + 1, '0');
+  std::string out = scaled.substr(0, scaled.size() - decimals);
+  std::string frac = scaled.substr(scaled.size() - decimals);
+  while (!frac.empty() && frac.back() == '0') frac.pop_back();
+  return out + (frac.empty() ? "" : "." + frac) + suffix;
+}
+
+// spec.resources are each rank's: the pod's container asks for shardsPerPod times as much.
+json podResources(const ServiceSpec& s) {
   json resources = s.resources;
-  if (s.gpusPerShard > 0) {  // the device plugin gives every container GPUs of its own
-    resources["limits"]["nvidia.com/gpu"] = std::to_string(s.gpusPerShard);
-    resources["requests"]["nvidia.com/gpu"] = std::to_string(s.gpusPerShard);
+  for (const char* group : {"limits", "requests"}) {
+    if (!resources.contains(group) || !resources[group].is_object()) continue;
+    for (auto& [name, value] : resources[group].items()) {
+      if (value.is_string()) value = scaledQuantity(value.get<std::string>(), s.shardsPerPod);
+      if (value.is_number_integer()) value = value.get<int64_t>() * s.shardsPerPod;
+      if (value.is_number_float())
+        value = value.get<double>() * static_cast<double>(s.shardsPerPod);
+    }
   }
-  json ports = json::array({{{"name", "grpc-" + std::to_string(i)}, {"containerPort", port}}});
-  if (i == 0) ports.push_back({{"name", "rendezvous"}, {"containerPort", kRendezvousPort}});
-  auto tcp = [port](int period, int failures) {
-    return json{
-        {"tcpSocket", {{"port", port}}}, {"periodSeconds", period}, {"failureThreshold", failures}};
+  return resources;
+}
+
+// The pod's one container `shard`: all of the pod's GPUs (NCCL's P2P/IPC/SHM transports and the
+// one-shot all-reduce's CUDA IPC need every rank to see its peers' GPUs: docs/operator.md), and
+// `textgen-launcher --shards-only` starting the pod's ranks as processes, rank i of the pod on
+// GPUs i*g..i*g+g-1 (CUDA_VISIBLE_DEVICES) and port kShardPort+i; one rank's exit ends them all.
+json shardContainer(const ServiceSpec& s, int64_t r) {
+  const int64_t k = s.shardsPerPod;
+  std::vector<std::string> args = {"--shards-only",
+                                   "--num-shard",
+                                   std::to_string(k),
+                                   "--world-size",
+                                   std::to_string(s.shards),
+                                   "--gpus-per-shard",
+                                   std::to_string(s.gpusPerShard),
+                                   "--port",
+                                   std::to_string(kShardPort),
+                                   "--shard-urls",
+                                   shardUrls(s, r)};
+  if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
+  // Kubernetes env cannot do arithmetic: with several pods the shell computes the first rank.
+  std::string shellArgs;
+  if (podsPerReplica(s) == 1) {
+    args.insert(args.end(), {"--rank-offset", "0"});
+  } else {
+    shellArgs = "--rank-offset $((POD_INDEX * " + std::to_string(k) + "))";
+  }
+  json resources = podResources(s);
+  if (s.gpusPerShard > 0) {  // every rank's GPUs, in the one container that sees them all
+    const std::string gpus = std::to_string(s.gpusPerShard * k);
+    resources["limits"]["nvidia.com/gpu"] = gpus;
+    resources["requests"]["nvidia.com/gpu"] = gpus;
+  }
+  json ports = json::array();
+  for (int64_t i = 0; i < k; ++i)
+    ports.push_back({{"name", "grpc-" + std::to_string(i)}, {"containerPort", kShardPort + i}});
+  ports.push_back({{"name", "rendezvous"}, {"containerPort", kRendezvousPort}});
+  // Probes on the pod's first rank: a container has one probe of each kind. The launcher ends the
+  // container when any rank exits, and a rank stuck in a collective ends itself (its timeout).
+  auto tcp = [](int period, int failures) {
+    return json{{"tcpSocket", {{"port", kShardPort}}},
+                {"periodSeconds", period},
+                {"failureThreshold", failures}};
   };
-  return {{"name", "shard-" + std::to_string(i)},
+  return {{"name", "shard"},
           {"image", s.image},
           {"imagePullPolicy", s.imagePullPolicy},
-          {"command", command(s, "textgen-shard", "--model-id", args, rankPrefix)},
-          {"env", rankEnv(s, r, i)},
+          {"command", command(s, "textgen-launcher", "--model-id", args, shellArgs)},
+          {"env", shardEnv(s, r)},
           {"ports", ports},
           // The gRPC port opens once the weights are loaded: up to an hour for a download.
           {"startupProbe", tcp(10, 360)},
@@ -200,14 +254,13 @@ json shardContainer(const ServiceSpec& s, int64_t r, int64_t i) {
                                         {{"name", "shm"}, {"mountPath", "/dev/shm"}}})}};
 }
 
-// Replica r: podsPerReplica pods of shardsPerPod containers. Updates are OnDelete: the reconciler
+// Replica r: podsPerReplica pods of shardsPerPod ranks each. Updates are OnDelete: the reconciler
 // recreates a replica's pods together (group_restart.h), never one rank at a time.
 json shardStatefulSet(const ServiceSpec& s, const Kinds& k, int64_t r) {
   const std::string name = shardStatefulSetName(s, r);
   json podLabels = labels(s, "shard");
   podLabels[kReplicaLabel] = std::to_string(r);
-  json containers = json::array();
-  for (int64_t i = 0; i < s.shardsPerPod; ++i) containers.push_back(shardContainer(s, r, i));
+  json containers = json::array({shardContainer(s, r)});
   // One memory-backed /dev/shm for the pod's ranks (NCCL's shared-memory transport between them).
   const json shm = {{"name", "shm"},
                     {"emptyDir",

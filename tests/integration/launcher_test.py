@@ -2,7 +2,8 @@
 """textgen-launcher end to end on port 0 with the bundled demo model: start, generate, SIGTERM ->
 clean exit with no orphan process; a crashed shard -> non-zero exit naming it; refused flags;
 --num-shard / --sharded: bad values, and the ranks' start-up, environment and failures with stand-in
-shard and router programs; --num-shard 2 against --num-shard 1 on the CPU (greedy tokens equal).
+shard and router programs; --shards-only (a Kubernetes pod's ranks): bad flags, two launchers of two
+ranks forming one group of four, a rank's death, SIGTERM, CPU ranks; --num-shard 2 against --num-shard 1 on the CPU (greedy tokens equal).
 Usage: launcher_test.py LAUNCHER"""
 import http.client
 import json
@@ -192,6 +193,170 @@ def test_bad_shard_flags():
             env=no_gpu)
 
 
+def test_bad_shards_only_flags():
+    """--shards-only and its flags, refused before any process starts."""
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+    so = ["--shards-only", "--num-shard", "2"]
+    refused(["--world-size", "2"], "--world-size needs --shards-only")
+    refused(["--num-shard", "2", "--rank-offset", "0"], "--rank-offset needs --shards-only", env=no_gpu)
+    refused(["--gpus-per-shard", "1"], "--gpus-per-shard needs --shards-only")
+    refused(["--shard-urls", "a:1"], "--shard-urls needs --shards-only")
+    refused([], "--num-shard must be a positive integer", env={"NUM_SHARD": "x", "WORLD_SIZE": "nonsense"})
+    refused(["--shards-only"], "--shards-only needs --num-shard K", env=no_gpu)
+    refused(["--shards-only", "--sharded", "true", "--num-shard", "2"], "--sharded does not go with --shards-only")
+    refused([*so, "--world-size", "0"], "--world-size must be a whole number from 1 to 64, not '0'", env=no_gpu)
+    refused([*so, "--world-size", "4x"], "--world-size must be a whole number from 1 to 64, not '4x'", env=no_gpu)
+    refused([*so, "--world-size", "65"], "--world-size must be a whole number from 1 to 64, not '65'", env=no_gpu)
+    refused([*so, "--rank-offset", "-1"], "--rank-offset must be a whole number from 0 to 63, not '-1'", env=no_gpu)
+    refused([*so, "--world-size", "3", "--rank-offset", "2"],
+            "ranks 2..3 (--rank-offset, --num-shard) are not all below --world-size 3", env=no_gpu)
+    refused([*so, "--world-size", "1"], "ranks 0..1 (--rank-offset, --num-shard) are not all below --world-size 1",
+            env=no_gpu)
+    refused([*so, "--gpus-per-shard", "2"], "--num-shard 2 with --gpus-per-shard 2 needs 4 GPUs, and 3 are visible (0,1,2)",
+            env={"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    refused([*so, "--gpus-per-shard", "1"], "needs 2 GPUs, and 0 are visible", env=no_gpu)
+    refused([*so, "--gpus-per-shard", "one"], "--gpus-per-shard must be a whole number from 0 to 64, not 'one'")
+    refused([*so, "--port", "65535"], "--port must be a port number with room for 2 ranks after it", env=no_gpu)
+    refused([*so, "--port", "0"], "--port must be a port number", env=no_gpu)
+    refused([*so, "--port", "http"], "--port must be a port number", env=no_gpu)
+    refused([*so, "--world-size", "4"], "--shard-urls is needed: ranks of this group run elsewhere too", env=no_gpu)
+    refused([*so, "--max-input-tokens", "5"], "--max-input-tokens is the router's, and --shards-only starts no router",
+            env=no_gpu)
+    refused([*so, "--shard-uds-path", "/tmp/x"], "--shard-uds-path is the router's", env=no_gpu)
+
+
+class ShardsOnly:
+    """textgen-launcher --shards-only (a pod's ranks); stdout read for its one readiness line."""
+
+    def __init__(self, launcher, name, args, env, ready_timeout=60):
+        self.err_path = os.path.join(WORK, name + ".stderr")
+        self.err_file = open(self.err_path, "w")
+        full_env = {k: v for k, v in dict(os.environ, **env).items() if v is not None}
+        self.p = subprocess.Popen([launcher, "--shards-only", "--log-level", "warn", *args], stdout=subprocess.PIPE,
+                                  stderr=self.err_file, text=True, env=full_env)
+        self.ready = None
+        self.timer = threading.Timer(ready_timeout, self.p.kill)
+        self.timer.start()
+
+    def wait_ready(self):
+        for line in self.p.stdout:
+            if line.startswith("textgen-launcher shards ready: "):
+                self.ready = line.strip()
+                break
+        self.timer.cancel()
+        return self.ready
+
+    def stderr(self):
+        with open(self.err_path) as f:
+            return f.read()
+
+    def wait(self, timeout=30):
+        self.timer.cancel()
+        code = self.p.wait(timeout=timeout)
+        self.err_file.close()
+        return code
+
+
+def test_fake_shards_only_two_pods(fake_launcher):
+    """Four ranks as two 'pods' of two: each launcher starts its ranks (RANK from --rank-offset, two
+    GPUs each out of the pod's four, ports from --port), both get ready only together (the ranks meet
+    across them), --shard-urls passes through; a rank's death ends its pod's launcher (non-zero,
+    named, its other rank stopped); SIGTERM stops the other pod's ranks and exits 0."""
+    fake_dir = os.path.join(WORK, "pods-ranks")
+    os.makedirs(fake_dir)
+    urls = "pod-0:50051,pod-0:50052,pod-1:50051,pod-1:50052"
+    master = str(free_port())
+    env = {"FAKE_DIR": fake_dir, "FAKE_MODE": "", "CUDA_VISIBLE_DEVICES": None, "NCCL_NVLS_ENABLE": None,
+           "MASTER_ADDR": "pod-0.example", "MASTER_PORT": master}
+    pods = []
+    for p in (0, 1):
+        base = free_ports(2)
+        pods.append((ShardsOnly(fake_launcher, f"pod-{p}",
+                                ["--num-shard", "2", "--world-size", "4", "--rank-offset", str(2 * p),
+                                 "--gpus-per-shard", "2", "--port", str(base), "--shard-urls", urls],
+                                dict(env, CUDA_VISIBLE_DEVICES="0,1,2,3")), base))
+    ready = [la.wait_ready() for la, _ in pods]
+    if not check(ready[0] and ready[1], f"both pods ready: {ready} {pods[0][0].stderr()[-800:]} "
+                                        f"{pods[1][0].stderr()[-800:]}"):
+        for la, _ in pods:
+            la.p.kill()
+        return
+    check(ready[1] == f"textgen-launcher shards ready: ranks 2..3 of 4: 0.0.0.0:{pods[1][1]} "
+                      f"0.0.0.0:{pods[1][1] + 1}", f"one readiness line naming the pod's ranks: {ready[1]}")
+    ranks = ranks_of(fake_dir, 4)
+    for r, info in enumerate(ranks):
+        e, argv = info["env"], info["argv"]
+        base = pods[r // 2][1]
+        check((e["RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"]) == (str(r), "4", "pod-0.example", master),
+              f"rank {r}: RANK, WORLD_SIZE, and the rendezvous from MASTER_ADDR/MASTER_PORT: {e.get('RANK')} "
+              f"{e.get('WORLD_SIZE')} {e.get('MASTER_ADDR')} {e.get('MASTER_PORT')}")
+        check(e.get("CUDA_VISIBLE_DEVICES") == ("0,1" if r % 2 == 0 else "2,3"),
+              f"rank {r}: its two GPUs of the pod's four: {e.get('CUDA_VISIBLE_DEVICES')}")
+        check(e.get("NCCL_NVLS_ENABLE") == "0", f"rank {r}: NVLink multicast off")
+        port = argv[argv.index("--port") + 1] if "--port" in argv else None
+        check(port == str(base + r % 2) and "--uds-path" not in argv, f"rank {r}: its own TCP port: {argv}")
+        shard_urls = argv[argv.index("--shard-urls") + 1] if "--shard-urls" in argv else None
+        check(shard_urls == urls, f"rank {r}: --shard-urls passed through: {shard_urls}")
+        check(argv[argv.index("--device") + 1] == "cuda" if "--device" in argv else False, f"rank {r}: --device cuda")
+    pids = [info["pid"] for info in ranks]
+    os.kill(pids[3], signal.SIGKILL)
+    la1 = pods[1][0]
+    code = la1.wait()
+    check(code == 1 and "textgen-shard rank 3 exited" in la1.stderr(),
+          f"a killed rank ends its pod's launcher, named: {code} {la1.stderr()[-500:]}")
+    check(wait_for("rank 2 to be stopped", lambda: not alive(pids[2]), 10), "the pod's other rank was stopped")
+    la0 = pods[0][0]
+    check(la0.p.poll() is None, "the other pod runs on (the operator restarts the group)")
+    la0.p.send_signal(signal.SIGTERM)
+    code = la0.wait()
+    check(code == 0, f"SIGTERM: exit 0 ({code}) {la0.stderr()[-300:]}")
+    check(wait_for("ranks 0 and 1 to exit", lambda: not alive(pids[0]) and not alive(pids[1]), 10), "no orphan rank")
+
+
+def test_fake_shards_only_cpu(fake_launcher):
+    """--gpus-per-shard 0: CPU ranks that see no GPU (CUDA_VISIBLE_DEVICES="" even where some are
+    visible), the CPUs and KV budget divided; the whole group here: --shard-urls defaults to the
+    local ports."""
+    fake_dir = os.path.join(WORK, "cpu-pod-ranks")
+    os.makedirs(fake_dir)
+    base = free_ports(2)
+    la = ShardsOnly(fake_launcher, "cpu-pod", ["--num-shard", "2", "--gpus-per-shard", "0", "--port", str(base),
+                                               "--kv-cache-memory", "64000000", "--master-port", str(free_port())],
+                    {"FAKE_DIR": fake_dir, "FAKE_MODE": "", "CUDA_VISIBLE_DEVICES": "0,1"})
+    if not check(la.wait_ready(), f"ready: {la.stderr()[-800:]}"):
+        la.p.kill()
+        return
+    cpus = len(os.sched_getaffinity(0))
+    for r, info in enumerate(ranks_of(fake_dir, 2)):
+        e, argv = info["env"], info["argv"]
+        check(e.get("RANK") == str(r) and e.get("WORLD_SIZE") == "2", f"rank {r}: RANK, WORLD_SIZE")
+        check(e.get("CUDA_VISIBLE_DEVICES") == "", f"rank {r}: no GPU: {e.get('CUDA_VISIBLE_DEVICES')!r}")
+        check("--device" not in argv, f"rank {r}: no --device: {argv}")
+        threads = argv[argv.index("--threads") + 1] if "--threads" in argv else None
+        check(threads == str(max(1, cpus // 2)), f"rank {r}: half the CPUs: {threads}")
+        kv = argv[argv.index("--kv-cache-memory") + 1] if "--kv-cache-memory" in argv else None
+        check(kv == "32000000", f"rank {r}: half the KV budget: {kv}")
+        shard_urls = argv[argv.index("--shard-urls") + 1] if "--shard-urls" in argv else None
+        check(shard_urls == f"127.0.0.1:{base},127.0.0.1:{base + 1}", f"rank {r}: local shard urls: {shard_urls}")
+    la.p.send_signal(signal.SIGTERM)
+    check(la.wait() == 0, "SIGTERM: exit 0")
+
+
+def free_ports(n):
+    """n consecutive free local ports."""
+    while True:
+        base = free_port()
+        ok = True
+        for port in range(base + 1, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+        if ok and base + n <= 65536:
+            return base
+
+
 # Stand-ins for textgen-shard and textgen-router next to a copy of the launcher (it runs the ones
 # beside its own executable). Each rank records its pid, argv and environment, then meets the
 # others the way tensor-parallel ranks do: it is ready only once every rank has started.
@@ -212,7 +377,10 @@ FAKE_SHARD = textwrap.dedent("""\
     if mode == "rank-1-fails" and rank == 1:
         sys.exit("rank 1 fails on purpose")
     if mode != "never-ready" and not (mode == "rank-1-fails" and rank != 1):
-        print("textgen-shard ready unix://" + sys.argv[sys.argv.index("--uds-path") + 1] + "-" + str(rank), flush=True)
+        if "--uds-path" in sys.argv:
+            print("textgen-shard ready unix://" + sys.argv[sys.argv.index("--uds-path") + 1] + "-" + str(rank), flush=True)
+        else:
+            print("textgen-shard ready 0.0.0.0:" + sys.argv[sys.argv.index("--port") + 1], flush=True)
     while True:
         time.sleep(1)
     """)
@@ -395,12 +563,15 @@ def main():
     test_crashed_shard()
     test_refused_flags()
     test_bad_shard_flags()
+    test_bad_shards_only_flags()
     fake_launcher = fake_install()
     test_fake_ranks_on_gpus(fake_launcher)
     test_fake_sharded_takes_every_gpu(fake_launcher)
     test_fake_ranks_on_cpu(fake_launcher)
     test_fake_rank_fails_while_starting(fake_launcher)
     test_fake_signal_while_starting(fake_launcher)
+    test_fake_shards_only_two_pods(fake_launcher)
+    test_fake_shards_only_cpu(fake_launcher)
     test_num_shard_2_matches_num_shard_1()
     for s in results["skipped"]:
         print("SKIPPED:", s)

@@ -3,15 +3,16 @@
 
 Usage: operator_test.py OPERATOR_BINARY SHARD_BINARY ROUTER_BINARY MODELS_DIR
 Covers: the CRD installs and rejects invalid specs (its CEL rules among them); a resource yields the
-expected objects with owner references, labels and env (a replica's ranks as containers of one pod,
-or spread over pods); a second pass writes nothing; status conditions follow the children's
+expected objects with owner references, labels and env (a shard pod is one container in which
+textgen-launcher --shards-only runs its ranks; a replica is one pod or several); a second pass writes nothing; status conditions follow the children's
 (simulated) readiness; the scale subresource adds and removes replicas; a spec edit rolls them; a
 rank's restart deletes every pod of its replica (and only those), and outdated replicas are replaced
 one whole replica at a time; a watch expired by an etcd compaction is recovered by a relist; with two operators only the
 Lease holder reconciles and the other takes over when it dies; deletion cleans up. Finally, without
 a kubelet: the StatefulSets and router Deployment the operator wrote are run as local processes
 (their commands and env as the pod specs say, the model volume mapped to MODELS_DIR, Service and
-pod DNS names mapped to 127.0.0.1 ports through the Services' selectors) and serve a generation.
+pod DNS names mapped to 127.0.0.1 ports through the Services' selectors; the shard pods' launcher
+is the build directory's, beside SHARD_BINARY) and serve a generation.
 Prints "N passed, M failed" and exits non-zero on any failure.
 """
 import json
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_server import REPO, KubeTestServer, free_port  # noqa: E402
 
 OPERATOR, SHARD, ROUTER, MODELS = sys.argv[1:5]
+LAUNCHER = os.path.join(os.path.dirname(SHARD), "textgen-launcher")  # built beside the shard
 NS = "default"
 TGS = f"/apis/textgen.dev/v1alpha1/namespaces/{NS}/textgenerationservices"
 STS = f"/apis/apps.textgen.test/v1/namespaces/{NS}/statefulsets"
@@ -219,23 +221,25 @@ def test_objects(server, op):
               f"shard-{r}: one pod (both ranks) behind its headless Service, replaced by the operator: {spec}")
         pod = spec.get("template", {}).get("spec", {})
         containers = pod.get("containers", [])
-        check([c.get("name") for c in containers] == ["shard-0", "shard-1"], "a container per rank")
+        check([c.get("name") for c in containers] == ["shard"], "one container runs the pod's ranks")
         host = f"llama-shard-{r}-0.llama-shard-{r}.{NS}.svc.cluster.local"
-        for i, c in enumerate(containers):
+        for c in containers:
             env = env_of(c)
-            check(env.get("RANK") == str(i) and env.get("WORLD_SIZE") == "2" and
+            check("RANK" not in env and "WORLD_SIZE" not in env and "CUDA_VISIBLE_DEVICES" not in env and
                   env.get("MASTER_ADDR") == "127.0.0.1" and env.get("MASTER_PORT") == "29500" and
-                  env.get("NCCL_NVLS_ENABLE") == "0", f"shard-{r} rank {i}: rendezvous env {env}")
+                  env.get("NCCL_NVLS_ENABLE") == "0", f"shard-{r}: rendezvous env (per-rank env is the launcher's) {env}")
             check(env.get("HF_TOKEN") == {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}} and
                   env.get("MODEL_ID") == "meta-llama/Llama-2-7b-hf", "model and token env")
             cmd = " ".join(c.get("command", []))
-            check(f"'--port' '{50051 + i}'" in cmd and f"'--shard-urls' '{host}:50051,{host}:50052'" in cmd and
-                  "'--dtype' 'bfloat16'" in cmd, f"rank {i}: its own port, every rank's address, the dtype: {cmd}")
-            check([p["containerPort"] for p in c.get("ports", [])] == ([50051 + i, 29500] if i == 0 else [50051 + i]),
-                  f"rank {i} ports: {c.get('ports')}")
-            check(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == "1", "one GPU per rank")
-            check(all(c.get(p, {}).get("tcpSocket", {}).get("port") == 50051 + i
-                      for p in ("readinessProbe", "livenessProbe", "startupProbe")), "each rank's probes on its port")
+            check("exec textgen-launcher --model-id \"$model\" '--shards-only' '--num-shard' '2' '--world-size' '2' "
+                  f"'--gpus-per-shard' '1' '--port' '50051' '--shard-urls' '{host}:50051,{host}:50052' "
+                  "'--dtype' 'bfloat16' '--rank-offset' '0'" in cmd,
+                  f"the launcher runs ranks 0 and 1 on ports 50051 and 50052, every rank's address, the dtype: {cmd}")
+            check([p["containerPort"] for p in c.get("ports", [])] == [50051, 50052, 29500], f"ports: {c.get('ports')}")
+            check(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == "2",
+                  "both ranks' GPUs in the one container")
+            check(all(c.get(p, {}).get("tcpSocket", {}).get("port") == 50051
+                      for p in ("readinessProbe", "livenessProbe", "startupProbe")), "probes on the pod's first rank")
         check(pod.get("nodeSelector") == {"gpu": "h100"} and pod.get("tolerations"), "scheduling fields")
         vols = {v["name"]: v for v in pod.get("volumes", [])}
         check(vols.get("model", {}).get("persistentVolumeClaim", {}).get("claimName") == f"llama-model-cache-{r}",
@@ -384,8 +388,10 @@ def test_group_restart(server, op):
           and env.get("NCCL_SOCKET_IFNAME") == "ib0" and env.get("NCCL_IB_HCA") == "mlx5",
           f"one container, POD_INDEX from the ordinal, pod 0 as MASTER_ADDR, NCCL env passed through: {env}")
     line = c[0]["command"][-1] if c else ""
-    check(line.startswith("export RANK=$((POD_INDEX * 1 + 0)); exec textgen-shard") and
-          f"'--shard-urls' '{host.format(0)}:50051,{host.format(1)}:50051'" in line, f"RANK computed, shard urls: {line}")
+    check(line.startswith("exec textgen-launcher --model-id '/data/llama' '--shards-only' '--num-shard' '1' "
+                          "'--world-size' '2'") and line.endswith(" --rank-offset $((POD_INDEX * 1))") and
+          f"'--shard-urls' '{host.format(0)}:50051,{host.format(1)}:50051'" in line,
+          f"the first rank computed from POD_INDEX, shard urls: {line}")
 
     for r in (0, 1):
         for p in (0, 1):
@@ -491,10 +497,29 @@ def test_delete(server):
     check(gone is not None, "deleting the resource removes every object it owned")
 
 
+def free_ports(n):
+    """n consecutive free local ports (a run of container ports, e.g. a pod's ranks' gRPC ports,
+    which the launcher numbers from its --port)."""
+    while True:
+        base = free_port()
+        if base + n <= 65536 and all(port_free(base + i) for i in range(1, n)):
+            return base
+
+
+def port_free(port):
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 class LocalCluster:
     """Pods of the operator's StatefulSets and Deployments as local processes: every container of a
     pod is a process, and the pod's ports (its containers share one network namespace) are local
-    ports."""
+    ports; consecutive container ports stay consecutive."""
 
     def __init__(self, server, volume_dirs):
         self.server, self.volumes, self.pods = server, volume_dirs, []
@@ -504,8 +529,21 @@ class LocalCluster:
     def container_ports(template):
         return [p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])]
 
+    @classmethod
+    def local_ports(cls, template):
+        ports, out = sorted(cls.container_ports(template)), {}
+        i = 0
+        while i < len(ports):
+            j = i
+            while j + 1 < len(ports) and ports[j + 1] == ports[j] + 1:
+                j += 1
+            base = free_ports(j - i + 1)
+            out.update({ports[k]: base + k - i for k in range(i, j + 1)})
+            i = j + 1
+        return out
+
     def reserve(self, name, template):
-        self.ports_of[name] = {port: free_port() for port in self.container_ports(template)}
+        self.ports_of[name] = self.local_ports(template)
 
     def resolve(self, host):
         """A Service's DNS name -> its selected pods' local addresses (one port per name)."""
@@ -515,7 +553,7 @@ class LocalCluster:
         return [p for p in self.pods if selector and all(p["labels"].get(k) == v for k, v in selector.items())]
 
     def start_pod(self, name, template, labels, binaries):
-        port_map = self.ports_of.get(name) or {port: free_port() for port in self.container_ports(template)}
+        port_map = self.ports_of.get(name) or self.local_ports(template)
         pod = {"name": name, "labels": labels, "ports": port_map, "containers": []}
         for c in template["spec"]["containers"]:
             pod["containers"].append(self.start_container(c, labels, port_map, binaries))
@@ -614,7 +652,8 @@ def end_to_end(server, name, shards, replicas, shards_per_pod=None):
                     get(server, f"{DEPLOY}/{name}-router") and f"{name}-shards" in items(server, SVC)):
         return
     cluster = LocalCluster(server, {"model": MODELS})
-    binaries = {"textgen-shard": SHARD, "textgen-router": ROUTER}
+    # The shard pods' launcher runs the textgen-shard beside it (the build directory's).
+    binaries = {"textgen-launcher": LAUNCHER, "textgen-router": ROUTER}
     try:
         shards_, pods = [], []
         for r in range(replicas):
@@ -627,8 +666,9 @@ def end_to_end(server, name, shards, replicas, shards_per_pod=None):
                 pods.append((pod, sts["spec"]["template"], labels))
         for pod, template, labels in pods:
             shards_.append(cluster.start_pod(pod, template, labels, binaries))
-        ranks = [(p, 50051 + i) for p in shards_ for i in range(len(p["containers"]))]
-        check(len(ranks) == shards * replicas, f"{name}: {shards * replicas} ranks in {len(shards_)} pods")
+        ranks = [(p, port) for p in shards_ for port in p["ports"] if port != 29500]
+        check(len(ranks) == shards * replicas and all(len(p["containers"]) == 1 for p in shards_),
+              f"{name}: {shards * replicas} ranks in {len(shards_)} pods of one container")
         up = wait_for(f"{name}'s ranks listening", lambda: all(listening(p["ports"][port]) for p, port in ranks), 90)
         check(up is not None, f"{name}: the StatefulSets' shard commands serve: " +
               "; ".join(" ".join(c["argv"]) for c in cluster.processes()))
@@ -668,9 +708,11 @@ def end_to_end(server, name, shards, replicas, shards_per_pod=None):
 
 def test_end_to_end(server):
     end_to_end(server, "demo", shards=1, replicas=2)
-    # Tensor parallelism: one pod of two containers (ranks 0 and 1 over Gloo, rendezvous on 127.0.0.1),
-    # then four ranks as two pods of two (RANK from POD_INDEX, rendezvous at pod 0).
+    # Tensor parallelism, each shard pod one container running textgen-launcher --shards-only: one pod
+    # of two ranks (over Gloo, rendezvous on 127.0.0.1), two pods of one rank and four ranks as two pods
+    # of two (the first rank from POD_INDEX, rendezvous at pod 0).
     end_to_end(server, "demo-tp", shards=2, replicas=1)
+    end_to_end(server, "demo-tp-pods", shards=2, replicas=1, shards_per_pod=1)
     end_to_end(server, "demo-tp4", shards=4, replicas=1, shards_per_pod=2)
 
 

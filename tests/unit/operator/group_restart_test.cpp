@@ -27,9 +27,7 @@ json pod(const std::string& name, const std::string& revision = "rev-1", bool re
           {"status",
            {{"phase", "Running"},
             {"conditions", {{{"type", "Ready"}, {"status", ready ? "True" : "False"}}}},
-            {"containerStatuses",
-             {{{"name", "shard-0"}, {"restartCount", 0}},
-              {{"name", "shard-1"}, {"restartCount", restarts}}}}}}};
+            {"containerStatuses", {{{"name", "shard"}, {"restartCount", restarts}}}}}}};
 }
 
 // Replica r of `s` with every pod present and ready at rev-1, its StatefulSet at `revision`.
@@ -58,7 +56,7 @@ TEST(GroupRestartTest, ARestartedRankTakesItsWholeReplicaDown) {
   EXPECT_EQ(g.replica, 0);
   EXPECT_EQ(g.cause, GroupRestart::Cause::kRankFailed);
   EXPECT_EQ(g.pods, (std::vector<std::string>{"llama-shard-0-0", "llama-shard-0-1"}));
-  EXPECT_EQ(g.reason, "container shard-1 of pod llama-shard-0-1 restarted (1x)");
+  EXPECT_EQ(g.reason, "container shard of pod llama-shard-0-1 restarted (1x)");
   EXPECT_EQ(plan.serving, (std::vector<int64_t>{1}));
 }
 

@@ -1,5 +1,6 @@
 // The operator's pure parts, without an API server: spec parsing and its errors, the desired
-// objects (names, owner references, labels, the ranks' pods, containers, ports and env, router
+// objects (names, owner references, labels, the ranks' pods, their one container's launcher
+// command, GPUs, ports and env, router
 // flags, autoscaling), the subset
 // comparison behind "a settled pass writes nothing", the work queue's semantics, and kubeconfig
 // parsing.
@@ -104,19 +105,18 @@ TEST(DesiredObjectsTest, ReplicasOfShardsWithOwnerAndRankEnv) {
     const std::string name = "llama-shard-" + std::to_string(r);
     const auto* sts = find(objs, "StatefulSet", name);
     ASSERT_NE(sts, nullptr);
-    // By default a replica is one pod: its four ranks are its four containers.
+    // By default a replica is one pod: one container runs its four ranks.
     EXPECT_EQ(sts->object["spec"]["replicas"], 1);
     EXPECT_EQ(sts->object["spec"]["serviceName"], name);
     const json& containers = sts->object["spec"]["template"]["spec"]["containers"];
-    ASSERT_EQ(containers.size(), 4u);
-    for (int i = 0; i < 4; ++i) {
-      const auto env = envOf(containers[i]);
-      EXPECT_EQ(env.at("RANK")["value"], std::to_string(i));
-      EXPECT_EQ(env.at("WORLD_SIZE")["value"], "4");
-      EXPECT_EQ(env.at("MASTER_ADDR")["value"], "127.0.0.1");
-      EXPECT_EQ(env.at("MASTER_PORT")["value"], "29500");
-      EXPECT_EQ(env.at("HF_TOKEN")["valueFrom"]["secretKeyRef"]["key"], "HF_TOKEN");
-    }
+    ASSERT_EQ(containers.size(), 1u);
+    const auto env = envOf(containers[0]);
+    EXPECT_EQ(env.count("RANK"), 0u);  // per rank: the launcher's
+    EXPECT_EQ(env.at("MASTER_ADDR")["value"], "127.0.0.1");
+    EXPECT_EQ(env.at("MASTER_PORT")["value"], "29500");
+    EXPECT_EQ(env.at("HF_TOKEN")["valueFrom"]["secretKeyRef"]["key"], "HF_TOKEN");
+    const std::string line = containers[0]["command"].back().get<std::string>();
+    EXPECT_NE(line.find("'--num-shard' '4' '--world-size' '4'"), std::string::npos) << line;
     EXPECT_NE(find(objs, "Service", name), nullptr);
     EXPECT_NE(find(objs, "PersistentVolumeClaim", "llama-model-cache-" + std::to_string(r)),
               nullptr);
@@ -146,7 +146,7 @@ TEST(DesiredObjectsTest, PvcModelsRunDirectlyAndTestGroupsMoveBuiltins) {
   ASSERT_NE(sts, nullptr);
   EXPECT_EQ(sts->object["apiVersion"], "apps.textgen.test/v1");
   const json& c = sts->object["spec"]["template"]["spec"]["containers"][0];
-  EXPECT_EQ(c["command"][0], "textgen-shard");
+  EXPECT_EQ(c["command"][0], "textgen-launcher");
   EXPECT_EQ(c["command"][2], "/data/models/llama");
   EXPECT_EQ(find(objs, "PersistentVolumeClaim", "llama-model-cache-0"), nullptr);
   EXPECT_EQ(find(objs, "HorizontalPodAutoscaler", "llama"), nullptr);  // autoscaling off
@@ -180,52 +180,73 @@ std::string command(const json& container) {
 constexpr const char* kPod0 = "llama-shard-0-0.llama-shard-0.ml.svc.cluster.local";
 constexpr const char* kPod1 = "llama-shard-0-1.llama-shard-0.ml.svc.cluster.local";
 
-// shards 2, shardsPerPod 2 (the default): one pod, a container per rank.
+// The container's command after the model directory (exec form) as one string.
+std::string execArgs(const json& container) {
+  std::string a;
+  for (size_t i = 3; i < container["command"].size(); ++i)
+    a += (a.empty() ? "" : " ") + container["command"][i].get<std::string>();
+  return a;
+}
+
+// shards 2, shardsPerPod 2 (the default): one pod, one container with both ranks' GPUs, in which
+// the launcher runs ranks 0 and 1 as processes.
 TEST(ShardPodsTest, OnePodRunsEveryRankOfAReplica) {
-  const DesiredObject sts = shardSet({{"shards", 2}, {"gpusPerShard", 2}, {"dtype", "bfloat16"}});
+  const DesiredObject sts = shardSet({{"shards", 2},
+                                      {"gpusPerShard", 2},
+                                      {"dtype", "bfloat16"},
+                                      {"resources",
+                                       {{"limits", {{"memory", "16Gi"}, {"cpu", "1.5"}}},
+                                        {"requests", {{"memory", "500Mi"}, {"cpu", 4}}}}}});
   EXPECT_EQ(sts.object["spec"]["replicas"], 1);
   EXPECT_EQ(sts.object["spec"]["updateStrategy"]["type"], "OnDelete");
   const json& pod = podSpecOf(sts);
-  ASSERT_EQ(pod["containers"].size(), 2u);
+  ASSERT_EQ(pod["containers"].size(), 1u);
+  const json& c = pod["containers"][0];
+  EXPECT_EQ(c["name"], "shard");
+  // Exec form: the first rank is a literal.
+  EXPECT_EQ(c["command"][0], "textgen-launcher");
+  EXPECT_EQ(c["command"][1], "--model-id");
+  EXPECT_EQ(c["command"][2], "/data/models/llama");
   const std::string urls = std::string(kPod0) + ":50051," + kPod0 + ":50052";
-  for (int i = 0; i < 2; ++i) {
-    const json& c = pod["containers"][i];
-    const int port = 50051 + i;
-    EXPECT_EQ(c["name"], "shard-" + std::to_string(i));
-    EXPECT_EQ(c["command"][0], "textgen-shard");  // exec form: RANK is a literal
-    const std::string args = c["command"].dump();
-    EXPECT_NE(args.find("\"--port\",\"" + std::to_string(port) + "\""), std::string::npos) << args;
-    EXPECT_NE(args.find("\"--shard-urls\",\"" + urls + "\""), std::string::npos) << args;
-    EXPECT_EQ(c["ports"][0]["containerPort"], port);
-    EXPECT_EQ(c["ports"].size(), i == 0 ? 2u : 1u);  // the rendezvous port is rank 0's
-    EXPECT_EQ(c["readinessProbe"]["tcpSocket"]["port"], port);
-    EXPECT_EQ(c["livenessProbe"]["tcpSocket"]["port"], port);
-    EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "2");  // per container: its own GPUs
-    const auto env = envOf(c);
-    EXPECT_EQ(env.at("RANK")["value"], std::to_string(i));
-    EXPECT_EQ(env.count("POD_INDEX"), 0u);
-    EXPECT_EQ(env.at("WORLD_SIZE")["value"], "2");
-    EXPECT_EQ(env.at("MASTER_ADDR")["value"], "127.0.0.1");
-    EXPECT_EQ(env.at("NCCL_NVLS_ENABLE")["value"], "0");
-    // Its GPUs are 0..g-1 in the container; it runs on device 0, on CUDA or not at all.
-    EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES")["value"], "0");
-    EXPECT_NE(args.find("\"--device\",\"cuda\""), std::string::npos) << args;
-    EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/dev/shm");
-  }
+  EXPECT_EQ(execArgs(c),
+            "--shards-only --num-shard 2 --world-size 2 --gpus-per-shard 2 --port 50051 "
+            "--shard-urls " +
+                urls + " --dtype bfloat16 --rank-offset 0");
+  ASSERT_EQ(c["ports"].size(), 3u);  // each rank's gRPC port, then the rendezvous
+  EXPECT_EQ(c["ports"][0]["containerPort"], 50051);
+  EXPECT_EQ(c["ports"][1]["containerPort"], 50052);
+  EXPECT_EQ(c["ports"][2]["containerPort"], 29500);
+  for (const char* probe : {"startupProbe", "readinessProbe", "livenessProbe"})
+    EXPECT_EQ(c[probe]["tcpSocket"]["port"], 50051) << probe;  // the pod's first rank
+  // Both ranks' GPUs in the one container (each rank sees every GPU of the pod's, narrowed to its
+  // own by the launcher's CUDA_VISIBLE_DEVICES); the other resources are per rank, times two.
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "4");
+  EXPECT_EQ(c["resources"]["requests"]["nvidia.com/gpu"], "4");
+  EXPECT_EQ(c["resources"]["limits"]["memory"], "32Gi");
+  EXPECT_EQ(c["resources"]["limits"]["cpu"], "3");
+  EXPECT_EQ(c["resources"]["requests"]["memory"], "1000Mi");
+  EXPECT_EQ(c["resources"]["requests"]["cpu"], 8);
+  const auto env = envOf(c);
+  for (const char* perRank : {"RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "POD_INDEX"})
+    EXPECT_EQ(env.count(perRank), 0u) << perRank;
+  EXPECT_EQ(env.at("MASTER_ADDR")["value"], "127.0.0.1");
+  EXPECT_EQ(env.at("MASTER_PORT")["value"], "29500");
+  EXPECT_EQ(env.at("NCCL_NVLS_ENABLE")["value"], "0");
+  EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/dev/shm");
   ASSERT_EQ(pod["volumes"].size(), 2u);  // the model and one /dev/shm for both ranks
   EXPECT_EQ(pod["volumes"][1]["emptyDir"]["medium"], "Memory");
   EXPECT_EQ(pod["volumes"][1]["emptyDir"]["sizeLimit"], "2Gi");
 }
 
-TEST(ShardPodsTest, RanksWithoutGpusNameNoDevice) {
+TEST(ShardPodsTest, RanksWithoutGpusAskForNone) {
   const DesiredObject sts = shardSet({{"shards", 2}, {"gpusPerShard", 0}});
   const json& c = podSpecOf(sts)["containers"][0];
-  EXPECT_EQ(envOf(c).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_NE(execArgs(c).find("--gpus-per-shard 0"), std::string::npos) << execArgs(c);
   EXPECT_EQ(c["command"].dump().find("--device"), std::string::npos);
   EXPECT_FALSE(c["resources"].contains("limits"));
 }
 
-// shards 2, shardsPerPod 1: two pods of one rank; RANK from the pod's ordinal.
+// shards 2, shardsPerPod 1: two pods of one rank; the first rank from the pod's ordinal.
 TEST(ShardPodsTest, OneRankPerPodTakesItsRankFromTheOrdinal) {
   const DesiredObject sts = shardSet({{"shards", 2}, {"shardsPerPod", 1}});
   EXPECT_EQ(sts.object["spec"]["replicas"], 2);
@@ -240,37 +261,38 @@ TEST(ShardPodsTest, OneRankPerPodTakesItsRankFromTheOrdinal) {
   EXPECT_EQ(env.at("NCCL_NVLS_ENABLE")["value"], "0");
   EXPECT_EQ(c["command"][0], "/bin/sh");
   EXPECT_EQ(command(c),
-            "export RANK=$((POD_INDEX * 1 + 0)); exec textgen-shard --model-id "
-            "'/data/models/llama' '--port' '50051' '--shard-urls' '" +
-                std::string(kPod0) + ":50051," + kPod1 + ":50051' '--device' 'cuda'");
+            "exec textgen-launcher --model-id '/data/models/llama' '--shards-only' '--num-shard' "
+            "'1' '--world-size' '2' '--gpus-per-shard' '1' '--port' '50051' '--shard-urls' '" +
+                std::string(kPod0) + ":50051," + kPod1 +
+                ":50051' --rank-offset $((POD_INDEX * 1))");
+  EXPECT_EQ(c["ports"].size(), 2u);
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "1");
   EXPECT_EQ(pod["volumes"][1]["emptyDir"]["sizeLimit"], "1Gi");
 }
 
-// shards 4, shardsPerPod 2: two pods of two ranks; rank = ordinal * 2 + container index.
+// shards 4, shardsPerPod 2: two pods of two ranks; rank = ordinal * 2 + the rank's index in the
+// pod (the launcher adds the index to --rank-offset).
 TEST(ShardPodsTest, TwoPodsOfTwoRanks) {
   const DesiredObject sts =
       shardSet({{"model", {{"id", "org/m"}}}, {"shards", 4}, {"shardsPerPod", 2}});
   EXPECT_EQ(sts.object["spec"]["replicas"], 2);
   const json& containers = podSpecOf(sts)["containers"];
-  ASSERT_EQ(containers.size(), 2u);
+  ASSERT_EQ(containers.size(), 1u);
   const std::string urls =
       std::string(kPod0) + ":50051," + kPod0 + ":50052," + kPod1 + ":50051," + kPod1 + ":50052";
-  for (int i = 0; i < 2; ++i) {
-    const std::string line = command(containers[i]);
-    // A hub model: resolved into the cache first, after RANK.
-    EXPECT_EQ(line.rfind("export RANK=$((POD_INDEX * 2 + " + std::to_string(i) +
-                             ")); model=$(flock /data/.download textgen-launcher",
-                         0),
-              0u)
-        << line;
-    EXPECT_NE(
-        line.find("'--port' '" + std::to_string(50051 + i) + "' '--shard-urls' '" + urls + "'"),
-        std::string::npos)
-        << line;
-    const auto env = envOf(containers[i]);
-    EXPECT_EQ(env.at("WORLD_SIZE")["value"], "4");
-    EXPECT_EQ(env.at("MASTER_ADDR")["value"], kPod0);
-  }
+  const std::string line = command(containers[0]);
+  // A hub model: resolved into the cache first, then the launcher.
+  EXPECT_EQ(line,
+            "model=$(flock /data/.download textgen-launcher download-weights \"$MODEL_ID\" "
+            "--revision \"$MODEL_REVISION\") || exit 1; exec textgen-launcher --model-id "
+            "\"$model\" '--shards-only' '--num-shard' '2' '--world-size' '4' '--gpus-per-shard' "
+            "'1' '--port' '50051' '--shard-urls' '" +
+                urls + "' --rank-offset $((POD_INDEX * 2))");
+  const auto env = envOf(containers[0]);
+  EXPECT_EQ(env.at("MASTER_ADDR")["value"], kPod0);
+  EXPECT_EQ(env.at("POD_INDEX")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.labels['apps.kubernetes.io/pod-index']");
+  EXPECT_EQ(containers[0]["resources"]["limits"]["nvidia.com/gpu"], "2");
 }
 
 // spec.shardEnv reaches every rank; it replaces the NCCL defaults it names.

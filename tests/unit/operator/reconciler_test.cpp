@@ -179,7 +179,7 @@ class ReconcilerTest : public ::testing::Test {
                 {"status",
                  {{"phase", "Running"},
                   {"conditions", {{{"type", "Ready"}, {"status", ready ? "True" : "False"}}}},
-                  {"containerStatuses", {{{"name", "shard-0"}, {"restartCount", restarts}}}}}}};
+                  {"containerStatuses", {{{"name", "shard"}, {"restartCount", restarts}}}}}}};
     kube_.emit(podUrl(name), pod);
     const std::string rv = kube_.objects[podUrl(name)]["metadata"]["resourceVersion"];
     waitUntil("the pod in the cache", [&] {
