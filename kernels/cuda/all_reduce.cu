@@ -65,9 +65,13 @@ __global__ void __launch_bounds__(kThreads) oneShotAllReduceKernel(OneShotAllRed
   for (int64_t i = first; i < units; i += stride) mine[i] = in[i];
   __syncthreads();
   if (threadIdx.x < world) {
+    char* peer = static_cast<char*>(p.peers[threadIdx.x]);
+    auto* counts =
+        reinterpret_cast<uint32_t*>(peer + AllReducePeerLayout::countsOffset(p.capacityBytes));
+    counts[b * kAllReduceMaxRanks + me] = static_cast<uint32_t>(p.count);
     __threadfence_system();
-    auto* flags = reinterpret_cast<uint32_t*>(static_cast<char*>(p.peers[threadIdx.x]) +
-                                              AllReducePeerLayout::flagsOffset(p.capacityBytes));
+    auto* flags =
+        reinterpret_cast<uint32_t*>(peer + AllReducePeerLayout::flagsOffset(p.capacityBytes));
     storeRelease(flags + b * kAllReduceMaxRanks + me, call);
   }
   // 2. Wait for every peer's block b.
@@ -77,6 +81,11 @@ __global__ void __launch_bounds__(kThreads) oneShotAllReduceKernel(OneShotAllRed
     while (static_cast<int32_t>(loadAcquire(flags + b * kAllReduceMaxRanks + threadIdx.x) - call) <
            0) {
     }
+    // Ranks out of step (one missed a call): their counts differ, most likely. Fail loudly.
+    const auto* counts = reinterpret_cast<const uint32_t*>(
+        static_cast<const char*>(p.peers[me]) + AllReducePeerLayout::countsOffset(p.capacityBytes));
+    if (__ldcg(counts + b * kAllReduceMaxRanks + threadIdx.x) != static_cast<uint32_t>(p.count))
+      __trap();
   }
   __syncthreads();
   // 3. Sum in rank order (the same order, so the same bits, on every rank).

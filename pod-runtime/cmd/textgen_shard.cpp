@@ -37,6 +37,7 @@
 #include <thread>
 
 #include "../src/service/shard_service.h"
+#include "textgen/base/file.h"
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
 #include "textgen/runtime/communicator.h"
@@ -70,6 +71,17 @@ struct Flags {
 };
 
 std::atomic<bool> gStop{false};
+
+// A tensor-parallel group that cannot go on (a peer gone, a collective failed or stuck, a step
+// failed on this rank): exit 3 at once, so that the whole group restarts. Called from any thread
+// (the rank is named: background threads' log lines carry no rank field).
+void groupFailed(int rank, const std::string& why) {
+  if (gStop) return;  // shutting down: peers leave too
+  spdlog::critical("rank {}: tensor-parallel group failed: {}; exiting so that the group restarts",
+                   rank, why);
+  spdlog::default_logger()->flush();
+  std::_Exit(3);
+}
 
 StatusOr<int64_t> parseInt(const std::string& flag, const std::string& v) {
   char* end = nullptr;
@@ -243,7 +255,33 @@ StatusOr<kernels::DType> pickDtype(const Flags& f, const runtime::ModelConfig& c
   return c.dtype == kernels::DType::kBF16 ? kernels::DType::kBF16 : kernels::DType::kF16;
 }
 
+// What must be equal on every rank of a group.
+std::string fingerprint(const Flags& f, runtime::Backend& backend, kernels::DType dtype) {
+  std::string config;
+  if (auto text = readRegularFile(f.modelId + "/config.json"); text.ok()) config = *text;
+  std::string graphs;
+  for (int64_t g : f.cudaGraphs) graphs += std::to_string(g) + ",";
+  const char* custom = std::getenv("TEXTGEN_CUSTOM_ALL_REDUCE");
+  return std::string("backend=") + backend.name() +
+         " dtype=" + std::string(kernels::dtypeName(dtype)) +
+         " block-size=" + std::to_string(f.blockSize) + " cuda-graphs=" + graphs +
+         " config.json=" + std::to_string(std::hash<std::string>{}(config)) +
+         " TEXTGEN_CUSTOM_ALL_REDUCE=" + (custom ? custom : "");
+}
+
+Status checkSameStart(runtime::Rendezvous& r, const std::string& mine) {
+  TG_RETURN_IF_ERROR(r.set("start/" + std::to_string(r.rank()), mine));
+  TG_ASSIGN_OR_RETURN(std::string zero, r.get("start/0", std::chrono::minutes(10)));
+  if (zero != mine) {
+    return failedPreconditionError("rank " + std::to_string(r.rank()) +
+                                   " was started unlike rank 0: this rank has '" + mine +
+                                   "', rank 0 '" + zero + "'");
+  }
+  return okStatus();
+}
+
 int run(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a peer gone mid-write is an error to report, not a signal
   auto flags = parseFlags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "textgen-shard: %s\n", flags.status().message().c_str());
@@ -280,12 +318,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<runtime::Rendezvous> rendezvous;
   std::unique_ptr<runtime::Communicator> comm;
   if (f.worldSize > 1) {
-    auto fatal = [](const std::string& why) {
-      if (gStop) return;  // shutting down: peers leave too
-      spdlog::critical("tensor-parallel group failed: {}; exiting so that the group restarts", why);
-      spdlog::default_logger()->flush();
-      std::_Exit(3);
-    };
+    auto fatal = [rank = f.rank](const std::string& why) { groupFailed(rank, why); };
     spdlog::info("rank {} of {}: meeting the others at {}:{}", f.rank, f.worldSize, f.masterAddr,
                  f.masterPort);
     auto r = runtime::Rendezvous::join({.masterAddr = f.masterAddr,
@@ -294,6 +327,10 @@ int run(int argc, char** argv) {
                                         .worldSize = f.worldSize});
     if (!r.ok()) return fail(r.status());
     rendezvous = std::move(*r);
+    // Every rank must have been started alike, or the collectives would not match (a rank that
+    // fell back to the CPU beside GPU ranks, another dtype, model, block size or graph sizes).
+    if (auto s = checkSameStart(*rendezvous, fingerprint(f, **backend, *dtype)); !s.ok())
+      return fail(s);
     const auto timeout = std::chrono::seconds(f.collectiveTimeoutS);
     auto c =
         runtime::makeCommunicator(**backend, *rendezvous, {.timeout = timeout, .onFatal = fatal});
@@ -329,12 +366,7 @@ int run(int argc, char** argv) {
   if (f.worldSize > 1) {
     options.stepTimeout = std::chrono::seconds(f.collectiveTimeoutS);
     options.warmupTimeout = std::chrono::seconds(std::max(f.collectiveTimeoutS, 1800));
-    options.onHang = [](const std::string& why) {
-      if (gStop) return;
-      spdlog::critical("{}; exiting so that the group restarts", why);
-      spdlog::default_logger()->flush();
-      std::_Exit(3);
-    };
+    options.onGroupFailure = [rank = f.rank](const std::string& why) { groupFailed(rank, why); };
   }
   std::string listen;
   // A TCP shard on port 0 learns its port only once listening: ServiceDiscovery reads it then.

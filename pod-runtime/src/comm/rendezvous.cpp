@@ -1,10 +1,12 @@
 // The rendezvous store: rank 0 serves a key-value map over TCP, one thread per connection; the
-// other ranks hold one connection each. Messages (little-endian):
+// other ranks hold one connection each. Messages (u32 in host order: the ranks of a group run the
+// same build):
 //   hello  'H' u32 rank u32 worldSize          -> u8 0 (accepted) | 1 (refused)
 //   set    'S' u32 keyLen key u32 valueLen value -> u8 0
 //   get    'G' u32 keyLen key u32 timeoutMs      -> u8 0 u32 valueLen value | u8 1 (timed out)
 // Anything else, or a length past the limits, closes the connection. A connection must say hello
-// first, within a few seconds; one rank connects once.
+// first, within a few seconds; one rank connects once. Connections open at once are capped, and the
+// store's bytes too (whoever reaches the port can write to it: it holds nothing secret).
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -32,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMaxKey = 1024;
 constexpr uint32_t kMaxValue = 1 << 20;
 constexpr size_t kMaxKeys = 4096;
+constexpr size_t kMaxStoreBytes = 16u << 20;
 constexpr auto kHelloTimeout = std::chrono::seconds(5);
 
 // Blocking I/O with an overall deadline (poll before each read or write).
@@ -64,7 +67,8 @@ bool writeAll(int fd, const void* buf, size_t n, Clock::time_point deadline) {
   const auto* p = static_cast<const char*>(buf);
   while (n > 0) {
     if (!waitFd(fd, POLLOUT, deadline)) return false;
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  // poll again
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return false;
     p += w;
@@ -93,6 +97,7 @@ class TcpRendezvous final : public Rendezvous {
   explicit TcpRendezvous(const Options& o) : options_(o) {}
 
   ~TcpRendezvous() override {
+    destroying_ = true;  // peers leaving from here on are not lost peers
     if (options_.rank == 0) {
       // The others may still be reading their last answers (a barrier's): let them leave first,
       // for a moment.
@@ -108,9 +113,12 @@ class TcpRendezvous final : public Rendezvous {
     if (listenFd_ >= 0) ::shutdown(listenFd_, SHUT_RDWR);
     if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // wakes the monitor's read
     if (acceptThread_.joinable()) acceptThread_.join();
-    for (std::thread& t : threads_) t.join();
+    {
+      // Connection threads are detached; each closes its descriptor and leaves.
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return connections_ == 0; });
+    }
     if (monitor_.joinable()) monitor_.join();
-    for (int fd : fds_) ::close(fd);
     if (listenFd_ >= 0) ::close(listenFd_);
     if (fd_ >= 0) ::close(fd_);
   }
@@ -145,10 +153,12 @@ class TcpRendezvous final : public Rendezvous {
     if (key.size() > kMaxKey) return invalidArgumentError("rendezvous: key too long");
     if (options_.rank == 0) {
       std::unique_lock lock(mu_);
-      if (!cv_.wait_for(lock, timeout, [&] { return closing_ || map_.contains(key); }) || closing_)
-        return deadlineExceededError("rendezvous: no value for '" + key + "' within " +
-                                     std::to_string(timeout.count()) + " ms");
-      return map_.at(key);
+      const bool ready = cv_.wait_for(
+          lock, timeout, [&] { return closing_ || !lost_.empty() || map_.contains(key); });
+      if (ready && !closing_ && map_.contains(key)) return map_.at(key);
+      if (!lost_.empty()) return unavailableError("rendezvous: " + lost_);
+      return deadlineExceededError("rendezvous: no value for '" + key + "' within " +
+                                   std::to_string(timeout.count()) + " ms");
     }
     if (watching_)
       return failedPreconditionError("rendezvous: the store is closed once peers are watched");
@@ -211,6 +221,10 @@ class TcpRendezvous final : public Rendezvous {
     std::lock_guard lock(mu_);
     if (!map_.contains(key) && map_.size() >= kMaxKeys)
       return resourceExhaustedError("rendezvous: too many keys");
+    const size_t old = map_.contains(key) ? key.size() + map_[key].size() : 0;
+    if (storeBytes_ - old + key.size() + value.size() > kMaxStoreBytes)
+      return resourceExhaustedError("rendezvous: the store is full");
+    storeBytes_ = storeBytes_ - old + key.size() + value.size();
     map_[key] = std::move(value);
     cv_.notify_all();
     return okStatus();
@@ -218,7 +232,7 @@ class TcpRendezvous final : public Rendezvous {
 
   // Under mu_.
   void fireLost(const std::string& why) {
-    if (closing_ || fired_ || !onLost_) return;
+    if (closing_ || destroying_ || fired_ || !onLost_) return;
     fired_ = true;
     std::thread([cb = onLost_, why] { cb(why); }).detach();
   }
@@ -265,14 +279,21 @@ class TcpRendezvous final : public Rendezvous {
         continue;
       }
       std::lock_guard lock(mu_);
-      if (closing_ || fds_.size() >= static_cast<size_t>(4 * options_.worldSize + 16)) {
+      // Connections open at once (a scan or a crash-looping rank must not lock the store out).
+      if (closing_ || fds_.size() >= static_cast<size_t>(2 * options_.worldSize + 16)) {
         ::close(fd);
         continue;
       }
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      fds_.push_back(fd);
-      threads_.emplace_back([this, fd] { serve(fd); });
+      try {
+        std::thread([this, fd] { serve(fd); }).detach();
+      } catch (const std::system_error&) {
+        ::close(fd);  // no thread to serve it
+        continue;
+      }
+      fds_.insert(fd);
+      ++connections_;
     }
   }
 
@@ -313,8 +334,8 @@ class TcpRendezvous final : public Rendezvous {
         {
           std::unique_lock lock(mu_);
           const bool found = cv_.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] {
-            return closing_ || map_.contains(key);
-          }) && !closing_;
+            return closing_ || !lost_.empty() || map_.contains(key);
+          }) && !closing_ && map_.contains(key);
           if (found) {
             reply.push_back(0);
             putU32(reply, static_cast<uint32_t>(map_.at(key).size()));
@@ -332,16 +353,21 @@ class TcpRendezvous final : public Rendezvous {
     std::lock_guard lock(mu_);
     if (peer >= 0) {
       --activePeers_;
-      cv_.notify_all();
+      joined_.erase(peer);  // it may connect again (a connection lost during start-up)
     }
-    if (peer >= 0 && !closing_) {
+    if (peer >= 0 && !closing_ && !destroying_) {
       const std::string why = "rank " + std::to_string(peer) + " closed its connection: it is gone";
       if (watching_) {
         fireLost(why);
       } else {
         lostBeforeWatch_ = why;
+        lost_ = why;  // wakes whoever waits in the store for it
       }
     }
+    fds_.erase(fd);
+    ::close(fd);
+    --connections_;
+    cv_.notify_all();
   }
 
   Status connect() {
@@ -374,17 +400,20 @@ class TcpRendezvous final : public Rendezvous {
         std::string hello = "H";
         putU32(hello, static_cast<uint32_t>(options_.rank));
         putU32(hello, static_cast<uint32_t>(options_.worldSize));
-        uint8_t answer = 1;
+        uint8_t answer = 2;
         const auto helloDeadline = Clock::now() + kHelloTimeout;
-        if (writeAll(fd_, hello.data(), hello.size(), helloDeadline) &&
-            readAll(fd_, &answer, 1, helloDeadline) && answer == 0)
-          return okStatus();
+        const bool answered = writeAll(fd_, hello.data(), hello.size(), helloDeadline) &&
+                              readAll(fd_, &answer, 1, helloDeadline);
+        if (answered && answer == 0) return okStatus();
         ::close(fd_);
         fd_ = -1;
-        return failedPreconditionError("rendezvous: rank 0 at " + master() + " refused rank " +
-                                       std::to_string(options_.rank) + " of " +
-                                       std::to_string(options_.worldSize) +
-                                       " (another WORLD_SIZE, or this rank joined twice)");
+        if (answered && answer == 1) {
+          return failedPreconditionError("rendezvous: rank 0 at " + master() + " refused rank " +
+                                         std::to_string(options_.rank) + " of " +
+                                         std::to_string(options_.worldSize) +
+                                         " (another WORLD_SIZE, or this rank joined twice)");
+        }
+        last = "the connection closed before rank 0 answered";  // not a refusal: try again
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
@@ -402,9 +431,12 @@ class TcpRendezvous final : public Rendezvous {
   std::set<int> joined_;
   int activePeers_ = 0;
   int listenFd_ = -1;
-  std::vector<int> fds_;
+  std::set<int> fds_;    // open connections
+  int connections_ = 0;  // their threads (detached)
+  size_t storeBytes_ = 0;
+  std::string lost_;  // a joined peer gone before watching began
+  std::atomic<bool> destroying_{false};
   std::thread acceptThread_;
-  std::vector<std::thread> threads_;
   std::function<void(const std::string&)> onLost_;
   std::atomic<bool> watching_{false};
   bool fired_ = false;

@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,11 +34,30 @@ constexpr size_t kOneShotBytes = 8u << 20;
 
 // What a rank tells its peers about its one-shot staging region.
 struct PeerRecord {
-  int32_t ok = 0;  // this rank allocated its region
-  int32_t pid = 0, device = 0;
+  int32_t ok = 0;  // this rank allocated its region (and has the one-shot path on)
+  int32_t device = 0;
+  // Which process: a random number drawn once per process (pids repeat across containers), and
+  // the boot of the machine (IPC handles mean nothing on another).
+  uint64_t process = 0;
+  char boot[40] = {};
   uint64_t pointer = 0;
   cudaIpcMemHandle_t handle{};
 };
+
+uint64_t processId() {
+  static const uint64_t id = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
+  }();
+  return id;
+}
+
+std::string bootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
 
 Status ncclStatus(ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess) return okStatus();
@@ -86,10 +107,10 @@ class NcclCommunicator final : public Communicator {
         ncclCommInitRank(&comm_, world_, id, rank_),
         "joining " + std::to_string(world_) + " ranks as rank " + std::to_string(rank_)));
     watchdog_ = std::thread([this] { watch(); });
+    // Every rank takes part in the agreement, also one with the path turned off.
     const char* custom = std::getenv("TEXTGEN_CUSTOM_ALL_REDUCE");
-    if (world_ <= kernels::kAllReduceMaxRanks && !(custom && std::string(custom) == "0")) {
-      TG_RETURN_IF_ERROR(setUpOneShot(rendezvous));
-    }
+    TG_RETURN_IF_ERROR(setUpOneShot(rendezvous, world_ <= kernels::kAllReduceMaxRanks &&
+                                                    !(custom && std::string(custom) == "0")));
     spdlog::info("rank {}: all-reduce through {}", rank_,
                  oneShot_ ? "the one-shot peer-memory kernel up to 8 MiB, NCCL above" : "NCCL");
     return okStatus();
@@ -98,12 +119,14 @@ class NcclCommunicator final : public Communicator {
   // Every rank allocates its staging region and publishes it; each maps every peer's. The one-shot
   // path is on only if every rank mapped every peer (agreed through the store: a rank on its own
   // would wait forever for peers that use NCCL).
-  Status setUpOneShot(Rendezvous& rendezvous) {
+  Status setUpOneShot(Rendezvous& rendezvous, bool wanted) {
     PeerRecord mine;
-    mine.pid = static_cast<int32_t>(::getpid());
+    mine.process = processId();
+    const std::string boot = bootId();
+    std::memcpy(mine.boot, boot.data(), std::min(boot.size(), sizeof mine.boot - 1));
     cudaGetDevice(&mine.device);
     const size_t bytes = kernels::AllReducePeerLayout::bytes(kOneShotBytes);
-    if (cudaMalloc(&region_, bytes) == cudaSuccess &&
+    if (wanted && cudaMalloc(&region_, bytes) == cudaSuccess &&
         cudaMalloc(&counters_, sizeof(uint32_t) * kernels::kAllReduceBlocks) == cudaSuccess &&
         cudaMemset(region_, 0, bytes) == cudaSuccess &&
         cudaMemset(counters_, 0, sizeof(uint32_t) * kernels::kAllReduceBlocks) == cudaSuccess &&
@@ -117,7 +140,7 @@ class NcclCommunicator final : public Communicator {
         rendezvous.set("oneshot/" + std::to_string(rank_),
                        std::string_view(reinterpret_cast<const char*>(&mine), sizeof mine)));
     bool mapped = mine.ok != 0;
-    std::string why = mapped ? "" : "no staging memory";
+    std::string why = !wanted ? "off on this rank" : mapped ? "" : "no staging memory";
     for (int r = 0; r < world_; ++r) {
       TG_ASSIGN_OR_RETURN(std::string v,
                           rendezvous.get("oneshot/" + std::to_string(r), std::chrono::minutes(10)));
@@ -132,7 +155,12 @@ class NcclCommunicator final : public Communicator {
         mapped = false;
         continue;
       }
-      if (peer.pid == mine.pid) {  // ranks as threads of one process: peer access
+      if (std::memcmp(peer.boot, mine.boot, sizeof mine.boot) != 0) {
+        mapped = false;
+        why = "rank " + std::to_string(r) + " is on another machine";
+        continue;
+      }
+      if (peer.process == mine.process) {  // ranks as threads of one process: peer access
         int can = 0;
         cudaDeviceCanAccessPeer(&can, mine.device, peer.device);
         const cudaError_t e =
@@ -163,7 +191,7 @@ class NcclCommunicator final : public Communicator {
                                                         std::chrono::minutes(10)));
       all &= v == "1";
     }
-    if (!mapped) spdlog::warn("rank {}: one-shot all-reduce unavailable: {}", rank_, why);
+    if (!mapped && wanted) spdlog::warn("rank {}: one-shot all-reduce unavailable: {}", rank_, why);
     oneShot_ = all;
     return okStatus();
   }
@@ -185,8 +213,10 @@ class NcclCommunicator final : public Communicator {
       for (int r = 0; r < world_; ++r) p.peers[r] = peers_[r];
       p.capacityBytes = kOneShotBytes;
       p.counters = counters_;
-      // A message it cannot take (too large, unaligned) goes to NCCL: the same on every rank.
-      if (kernels::validateOneShotAllReduce(p).ok())
+      // The path depends on the size alone, the same on every rank; an unaligned buffer there is
+      // an error (routing it to NCCL on one rank only would leave the others waiting).
+      const size_t bytes = static_cast<size_t>(count) * kernels::dtypeSize(dtype);
+      if (bytes <= kOneShotBytes && bytes % 16 == 0)
         return kernels::invokeOneShotAllReduce(p, stream_);
     }
     return ncclStatus(

@@ -193,7 +193,7 @@ class ShardService final : public pb::ShardService::Service {
         in->max_prefill_tokens(),
         in->has_max_total_tokens() ? std::optional<uint32_t>(in->max_total_tokens())
                                    : std::nullopt);
-    if (!w.ok()) return toGrpc(w.status());
+    if (!w.ok()) return failed("Warmup", w.status());
     out->set_max_supported_total_tokens(w->maxSupportedTotalTokens);
     out->set_max_input_tokens(w->maxInputTokens);
     out->set_max_total_tokens(w->maxTotalTokens);
@@ -212,7 +212,7 @@ class ShardService final : public pb::ShardService::Service {
     StepResult result;
     if (!requests->empty() || cached || refused.empty()) {
       auto s = engine_.prefill(in->batch().id(), std::move(*requests), cached);
-      if (!s.ok()) return toGrpc(s.status());
+      if (!s.ok()) return failed("Prefill", s.status());
       result = std::move(*s);
     }
     for (GenerationResult& g : refused) result.generations.push_back(std::move(g));
@@ -227,7 +227,7 @@ class ShardService final : public pb::ShardService::Service {
     std::vector<uint64_t> ids;
     for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
     auto s = engine_.decode(ids);
-    if (!s.ok()) return toGrpc(s.status());
+    if (!s.ok()) return failed("Decode", s.status());
     toProto(*s, out);
     return grpc::Status::OK;
   }
@@ -235,11 +235,19 @@ class ShardService final : public pb::ShardService::Service {
  private:
   using Clock = std::chrono::steady_clock;
 
+  // A step that failed as a whole (not a request refused alone): with peers, the group is out of
+  // step from here on.
+  grpc::Status failed(const char* what, const Status& s) {
+    if (options_.worldSize > 1 && options_.onGroupFailure)
+      options_.onGroupFailure(std::string(what) + " failed on this rank: " + s.toString());
+    return toGrpc(s);
+  }
+
   // Arms the watchdog for one engine call (calls are serialised by mutex_).
   class Watch {
    public:
     Watch(ShardService& s, const char* what, std::chrono::milliseconds timeout) : s_(s) {
-      if (timeout.count() <= 0 || !s.options_.onHang) return;
+      if (timeout.count() <= 0 || !s.options_.onGroupFailure) return;
       std::lock_guard lock(s.watchMu_);
       s.watchWhat_ = what;
       s.watchTimeout_ = timeout;
@@ -271,7 +279,7 @@ class ShardService final : public pb::ShardService::Service {
                                   " ms: a tensor-parallel peer is gone or stuck";
           watchArmed_ = false;
           lock.unlock();
-          options_.onHang(why);
+          options_.onGroupFailure(why);
           lock.lock();
         }
       }

@@ -22,11 +22,13 @@ struct ShardServiceOptions {
   std::string dtype = "float32";
   std::string deviceType = "cpu";
   int worldSize = 1;
-  // A Warmup, Prefill or Decode still running after this long calls onHang (tensor parallelism:
-  // a peer that stopped inside a collective stops this rank too). Zero: no watchdog.
+  // Tensor parallelism: a Warmup, Prefill or Decode still running after this long, or one that
+  // fails, calls onGroupFailure — the ranks must make the same collective calls in the same order,
+  // so a rank that failed a step (or a peer stuck inside one) leaves the group unusable and it
+  // restarts whole. Zero timeouts: no watchdog.
   std::chrono::milliseconds stepTimeout{0};
   std::chrono::milliseconds warmupTimeout{0};
-  std::function<void(const std::string&)> onHang;
+  std::function<void(const std::string&)> onGroupFailure;
 };
 
 // The returned service calls into `engine` under a mutex (one RPC at a time, as a shard must).

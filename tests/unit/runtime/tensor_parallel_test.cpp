@@ -193,6 +193,50 @@ TEST(Rendezvous, ALostPeerIsReportedOnBothSides) {
   EXPECT_NE(f2.get().find("rank 0"), std::string::npos);
 }
 
+// Before peers are watched, a rank that leaves fails rank 0's waits at once, naming it (rank 0
+// would otherwise wait the whole timeout for keys it will never get).
+TEST(Rendezvous, ARankLostBeforeWatchingFailsTheWaitsAtOnce) {
+  const int port = freePort();
+  auto zeroF = std::async(std::launch::async, [&] { return Rendezvous::join(rdv(port, 0, 3)); });
+  auto one = Rendezvous::join(rdv(port, 1, 3));
+  auto two = Rendezvous::join(rdv(port, 2, 3));
+  auto zero = zeroF.get();
+  ASSERT_TRUE(zero.ok() && one.ok() && two.ok());
+  auto waiting = std::async(std::launch::async, [&] { return (*zero)->get("never", 20s); });
+  std::this_thread::sleep_for(100ms);
+  const auto start = std::chrono::steady_clock::now();
+  two->reset();
+  auto got = waiting.get();
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(got.status().message().find("rank 2"), std::string::npos) << got.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// Connections that come and go (a port scan, a crash-looping rank) never lock the store out, and
+// the store's bytes are bounded.
+TEST(Rendezvous, ConnectionsComeAndGoAndTheStoreIsBounded) {
+  const int port = freePort();
+  auto zero = Rendezvous::join(rdv(port, 0, 2));
+  ASSERT_TRUE(zero.ok());
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::send(fd, "X", 1, MSG_NOSIGNAL);  // not a hello: dropped
+    ::close(fd);
+  }
+  auto one = Rendezvous::join(rdv(port, 1, 2));
+  ASSERT_TRUE(one.ok()) << one.status();
+  const std::string mib(1 << 20, 'x');
+  Status last;
+  for (int i = 0; i < 20 && last.ok(); ++i) last = (*one)->set("big/" + std::to_string(i), mib);
+  EXPECT_FALSE(last.ok()) << "20 MiB fit in a store bounded at 16 MiB";
+  EXPECT_EQ((*zero)->set("more", mib).code(), StatusCode::kResourceExhausted);
+}
+
 // A watching rank other than 0 leaves at once on its own (its monitor's read is woken), and the
 // store is closed to it once it watches.
 TEST(Rendezvous, AWatchingRankLeavesAlone) {

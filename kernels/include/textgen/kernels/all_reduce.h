@@ -4,7 +4,10 @@
 // signals, then reads all staging buffers and sums them in rank order, so every rank gets the same
 // bits. Staging is double-buffered by call parity and each block keeps its own call counter in
 // device memory, so the kernel replays correctly inside CUDA graphs. Every rank must make the same
-// sequence of calls.
+// sequence of calls: each signal carries the call's element count, and a peer whose count differs
+// (ranks out of step) traps the kernel, so the rank fails instead of summing unrelated data.
+// Every kernel on the stream must wait for its predecessor before it ends (waitForPrimary): the
+// staging reuse argument in all_reduce.cu relies on a call finishing only after the one before.
 #pragma once
 
 #include <cstddef>
@@ -19,11 +22,16 @@ namespace textgen::kernels {
 inline constexpr int kAllReduceMaxRanks = 8;
 inline constexpr int kAllReduceBlocks = 32;
 
-// The device memory each rank contributes: staging for two calls, then the flags its peers write.
+// The device memory each rank contributes: staging for two calls, then the flags its peers write
+// (each peer's call number), then the element count each peer's call carries.
 struct AllReducePeerLayout {
+  static constexpr size_t kSlots = kAllReduceBlocks * kAllReduceMaxRanks;
   static constexpr size_t flagsOffset(size_t capacityBytes) { return 2 * capacityBytes; }
+  static constexpr size_t countsOffset(size_t capacityBytes) {
+    return 2 * capacityBytes + sizeof(uint32_t) * kSlots;
+  }
   static constexpr size_t bytes(size_t capacityBytes) {
-    return 2 * capacityBytes + sizeof(uint32_t) * kAllReduceBlocks * kAllReduceMaxRanks;
+    return 2 * capacityBytes + 2 * sizeof(uint32_t) * kSlots;
   }
 };
 
