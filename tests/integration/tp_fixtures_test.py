@@ -21,6 +21,7 @@ import threading
 
 LAUNCHER, MODELS = sys.argv[1:3]
 CUDA = len(sys.argv) > 3 and sys.argv[3] == "cuda"
+NCCL_LOGS = tempfile.mkdtemp(prefix="tgnccl-")  # NCCL_DEBUG_FILE: its stdout is buffered
 WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
             "llama-rope-llama3", "llama-rope-yarn"]
@@ -46,7 +47,8 @@ def serve(model, world):
            "--shard-uds-path", tempfile.mktemp(prefix="tgfx-"), "--kv-cache-memory", str(256 << 20)]
     if CUDA:
         cmd += ["--dtype", "float32"]
-        env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_NVLS_ENABLE="0")
+        env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_NVLS_ENABLE="0",
+                   NCCL_DEBUG_FILE=os.path.join(NCCL_LOGS, "nccl.%p.log"))
     else:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1")  # CPU ranks, even on a GPU machine
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -107,9 +109,6 @@ def main():
                     check("one-shot peer-memory kernel" in log or "all-reduce through" in log,
                           f"{what}: " + next((l.strip() for l in lines if "all-reduce through" in l),
                                              "no all-reduce line"))
-                    for via in sorted({l.split("NCCL INFO", 1)[1].strip() for l in lines
-                                       if "NCCL INFO" in l and " via " in l})[:4]:
-                        print(f"      NCCL: {via}")
                 for prompt in ref["prompts"]:
                     status, body = generate(url, prompt["text"])
                     got = [t["id"] for t in body.get("details", {}).get("tokens", [])]
@@ -125,6 +124,13 @@ def main():
                     except subprocess.TimeoutExpired:
                         p.kill()
                         p.wait()
+    if CUDA:  # the transport NCCL chose between the ranks (P2P over NVLink expected)
+        vias = set()
+        for f in os.listdir(NCCL_LOGS):
+            for line in open(os.path.join(NCCL_LOGS, f), errors="replace"):
+                if " via " in line:
+                    vias.add(line.split(" via ", 1)[1].strip())
+        check(bool(vias), "NCCL's log names the transport between the ranks: " + ", ".join(sorted(vias)))
     print(f"{results['passed']} passed, {results['failed']} failed")
     sys.exit(1 if results["failed"] else 0)
 
