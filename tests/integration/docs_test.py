@@ -508,8 +508,8 @@ COMMANDS = {
     ("README.md", "textgen-operator render FILE"): run_operator_render,
     # docs/gpu.md
     ("gpu.md", "make gpu-pack"): skip("packs the GPU build for the GPU machine, where its output runs (docs/gpu.md)"),
-    ("gpu.md", "tar xzf .gpu.tgz && bash .gpu/gpu-run.sh"): GPU,
-    ("gpu.md", "tar xzf .gpu.tgz && bash .gpu/gpu-run.sh --tests"): GPU,
+    ("gpu.md", "tar xJf .gpu.txz && bash .gpu/gpu-run.sh"): GPU,
+    ("gpu.md", "tar xJf .gpu.txz && bash .gpu/gpu-run.sh --tests"): GPU,
     ("gpu.md", "bash .gpu/gpu-run.sh --record"): GPU,
     # docs/launcher.md
     ("launcher.md", "build/textgen-launcher"): run_launcher,
