@@ -47,8 +47,13 @@ StatusOr<std::unique_ptr<Model>> loadModel(const std::string& modelDir, Backend&
                                            const ModelOptions& options) {
   TG_ASSIGN_OR_RETURN(ModelConfig config, loadModelConfig(modelDir));
   const Architecture* architecture = findArchitecture(config.architecture);
-  if (architecture == nullptr)
-    return unimplementedError("architecture '" + config.architecture + "' is not supported");
+  if (architecture == nullptr) {
+    std::string supported;
+    for (const Architecture& a : kArchitectures)
+      supported += (supported.empty() ? "" : ", ") + std::string(a.spec.name);
+    return unimplementedError("config.json: architecture '" + config.architecture +
+                              "' is not supported (supported: " + supported + ")");
+  }
   TG_ASSIGN_OR_RETURN(auto weights, WeightStore::open(modelDir));
   return loadArchitecture(*architecture, config, *weights, backend, options);
 }

@@ -3,7 +3,10 @@
 // value (UNIMPLEMENTED), before any weight is read.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include "models/registry.h"
@@ -88,6 +91,35 @@ TEST(ArchitectureSpec, TensorNamesComeFromTheSpec) {
   const Status st = loadWith([](ArchitectureSpec& s) { s.tensors.up = "model.layers.{}.mlp.w3"; });
   EXPECT_EQ(st.code(), StatusCode::kNotFound) << st;
   EXPECT_NE(st.message().find("model.layers.0.mlp.w3"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace textgen::runtime
+
+namespace textgen::runtime {
+namespace {
+
+// The registry is the list of architectures: a config.json naming another class parses, and
+// loading it is refused naming the class and what the registry serves.
+TEST(ArchitectureRegistry, RefusesAClassItDoesNotListNamingWhatItServes) {
+  const std::string dir = ::testing::TempDir() + "/gpt2-config";
+  std::filesystem::create_directories(dir);
+  std::ifstream in(kFixture + "/config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("LlamaForCausalLM");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 16, "GPT2LMHeadModel");
+  std::ofstream(dir + "/config.json") << text;
+  ASSERT_TRUE(loadModelConfig(dir).ok()) << loadModelConfig(dir).status();
+  auto backend = makeCpuBackend(1);
+  auto model = loadModel(dir, *backend);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find(
+                "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
+                "MistralForCausalLM)"),
+            std::string::npos)
+      << model.status();
 }
 
 }  // namespace

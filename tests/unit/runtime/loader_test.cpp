@@ -211,8 +211,6 @@ TEST(ModelConfigTest, ErrorsNameTheField) {
     json value;
     const char* expect;
   } cases[] = {
-      {"architectures", json::array({"GPT2LMHeadModel"}),
-       "architecture 'GPT2LMHeadModel' is not supported"},
       {"hidden_size", -4, "'hidden_size' must be a positive integer"},
       {"num_key_value_heads", 3, "'num_key_value_heads' must divide num_attention_heads"},
       {"vocab_size", nullptr, "'vocab_size' is missing"},
