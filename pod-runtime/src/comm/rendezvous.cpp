@@ -8,6 +8,7 @@
 // first, within a few seconds; one rank connects once. Connections open at once are capped, and the
 // store's bytes too (whoever reaches the port can write to it: it holds nothing secret).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -370,6 +371,25 @@ class TcpRendezvous final : public Rendezvous {
     cv_.notify_all();
   }
 
+  // connect() bounded in time (a blocking one waits minutes when SYNs are dropped); the socket is
+  // blocking again afterwards (reads and writes poll with their own deadlines).
+  static bool connectWithin(int fd, const addrinfo* a, Clock::time_point deadline,
+                            std::string& last) {
+    const int flags = ::fcntl(fd, F_GETFL, 0);
+    ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!ok && errno == EINPROGRESS && waitFd(fd, POLLOUT, deadline)) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      ok = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+      if (!ok) last = strerror(err);
+    } else if (!ok) {
+      last = errno == EINPROGRESS ? "connect timed out" : strerror(errno);
+    }
+    ::fcntl(fd, F_SETFL, flags);
+    return ok;
+  }
+
   Status connect() {
     const auto deadline = Clock::now() + options_.timeout;
     std::string last = "not tried";
@@ -385,11 +405,11 @@ class TcpRendezvous final : public Rendezvous {
         for (addrinfo* a = res; a; a = a->ai_next) {
           const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
           if (fd < 0) continue;
-          if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          if (connectWithin(fd, a, std::min(deadline, Clock::now() + std::chrono::seconds(5)),
+                            last)) {
             fd_ = fd;
             break;
           }
-          last = strerror(errno);
           ::close(fd);
         }
         ::freeaddrinfo(res);
