@@ -78,6 +78,15 @@ bool writeAll(int fd, const void* buf, size_t n, Clock::time_point deadline) {
   return true;
 }
 
+// The other end closed (or reset) the connection: nothing more will be read from it.
+bool peerClosed(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  char byte;
+  const ssize_t r = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 void putU32(std::string& out, uint32_t v) {
   out.append(reinterpret_cast<const char*>(&v), 4);
 }
@@ -333,10 +342,18 @@ class TcpRendezvous final : public Rendezvous {
         if (!readU32(fd, timeoutMs, deadline)) break;
         std::string reply;
         {
+          // Waits in slices, so that a client that asked for a long wait and left frees its
+          // connection (and its place under the cap) at once.
+          const auto until = Clock::now() + std::chrono::milliseconds(timeoutMs);
           std::unique_lock lock(mu_);
-          const bool found = cv_.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] {
-            return closing_ || !lost_.empty() || map_.contains(key);
-          }) && !closing_ && map_.contains(key);
+          bool found = false;
+          for (;;) {
+            const auto slice = std::min(until, Clock::now() + std::chrono::milliseconds(200));
+            found = cv_.wait_until(
+                lock, slice, [&] { return closing_ || !lost_.empty() || map_.contains(key); });
+            if (found || Clock::now() >= until || peerClosed(fd)) break;
+          }
+          found = found && !closing_ && map_.contains(key);
           if (found) {
             reply.push_back(0);
             putU32(reply, static_cast<uint32_t>(map_.at(key).size()));
