@@ -41,7 +41,18 @@ def free_port():
 
 
 def serve(model, world):
-    """Starts the launcher; returns (process, url or None, output lines)."""
+    """Starts the launcher; returns (process, url or None, output lines). A master port taken by
+    another socket between free_port() and rank 0's listen (NCCL's own, on the GPU machine) is
+    replaced."""
+    for _ in range(4):
+        p, url, lines = serve_once(model, world)
+        if url or "cannot listen on port" not in "".join(lines):
+            return p, url, lines
+        p.wait()
+    return p, url, lines
+
+
+def serve_once(model, world):
     cmd = [LAUNCHER, "--model-id", model, "--num-shard", str(world), "--port", str(free_port()),
            "--hostname", "127.0.0.1", "--master-port", str(free_port()),
            "--shard-uds-path", tempfile.mktemp(prefix="tgfx-"), "--kv-cache-memory", str(256 << 20)]

@@ -16,6 +16,7 @@
 #include "kernels/device_buffer.h"
 #include "support/tolerance.h"
 #include "textgen/kernels/argmax.h"
+#include "textgen/kernels/bias_add.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm_runner.h"
 #include "textgen/kernels/kv_write.h"
@@ -428,6 +429,23 @@ TEST_F(OpsCudaTest, SiluMulMatchesReference) {
       ASSERT_TRUE(invokeSiluMul({dIn->get(), dOut.get(), rows, n, dt}, nullptr).ok());
       EXPECT_TRUE(testing::allClose(decode(fromDevice(dOut, want.size()), dt), decode(want, dt),
                                     toleranceFor(dt), n));
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, BiasAddMatchesReference) {
+  for (DType dt : kDtypes) {
+    for (int64_t out : {1, 13, 4096}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " out " + std::to_string(out));
+      const int64_t rows = 5;
+      auto want = encode(randomValues(rows * out, rng_, 2.0f), dt);
+      const auto bias = encode(randomValues(out, rng_, 1.0f), dt);
+      auto dy = toDevice(want);
+      auto db = toDevice(bias);
+      ASSERT_TRUE(biasAddReference({want.data(), bias.data(), rows, out, dt}).ok());
+      ASSERT_TRUE(invokeBiasAdd({dy->get(), db->get(), rows, out, dt}, nullptr).ok());
+      EXPECT_TRUE(testing::allClose(decode(fromDevice(*dy, want.size()), dt), decode(want, dt),
+                                    toleranceFor(dt), out));
     }
   }
 }

@@ -76,13 +76,21 @@ bool haveRanks(int) {
 // communicator.
 void onRanks(int world, const std::function<void(int rank, Backend&, Communicator&)>& fn,
              std::chrono::milliseconds collectiveTimeout = 60s) {
-  const int port = freePort();
+  // Rank 0 listens first, on a port found free; another socket may take it in between (NCCL's
+  // own sockets, on the GPU machine), so a port it cannot listen on is replaced.
+  int port = 0;
+  StatusOr<std::unique_ptr<Rendezvous>> zero = unavailableError("not tried");
+  for (int attempt = 0; attempt < 5 && !zero.ok(); ++attempt) {
+    port = freePort();
+    zero = Rendezvous::join(rdv(port, 0, world));
+  }
+  ASSERT_TRUE(zero.ok()) << zero.status();
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       auto backend = rankBackend(r);
       ASSERT_NE(backend, nullptr);
-      auto rendezvous = Rendezvous::join(rdv(port, r, world));
+      auto rendezvous = r == 0 ? std::move(zero) : Rendezvous::join(rdv(port, r, world));
       ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
       auto comm =
           makeCommunicator(*backend, **rendezvous, {.timeout = collectiveTimeout, .onFatal = {}});
