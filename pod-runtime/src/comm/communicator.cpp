@@ -16,6 +16,12 @@ StatusOr<std::unique_ptr<Communicator>> makeNcclCommunicator(Backend& backend,
                                                              const CommunicatorOptions& options);
 #endif
 
+Status Communicator::allReduceRmsNorm(Backend& backend, const kernels::RmsNormParams& p) {
+  TG_RETURN_IF_ERROR(kernels::validateRmsNorm(p));
+  TG_RETURN_IF_ERROR(allReduceSum(const_cast<void*>(p.input), p.numTokens * p.hiddenSize, p.dtype));
+  return backend.rmsNorm(p);
+}
+
 StatusOr<std::unique_ptr<Communicator>> makeCommunicator(Backend& backend, Rendezvous& rendezvous,
                                                          const CommunicatorOptions& options) {
   const std::string name = backend.name();

@@ -204,15 +204,7 @@ class NcclCommunicator final : public Communicator {
     TG_ASSIGN_OR_RETURN(ncclDataType_t t, ncclType(dtype));
     if (count == 0) return okStatus();
     if (oneShot_) {
-      kernels::OneShotAllReduceParams p;
-      p.data = data;
-      p.count = count;
-      p.dtype = dtype;
-      p.rank = rank_;
-      p.worldSize = world_;
-      for (int r = 0; r < world_; ++r) p.peers[r] = peers_[r];
-      p.capacityBytes = kOneShotBytes;
-      p.counters = counters_;
+      const kernels::OneShotAllReduceParams p = oneShotParams(data, count, dtype);
       // The path depends on the size alone, the same on every rank; an unaligned buffer there is
       // an error (routing it to NCCL on one rank only would leave the others waiting).
       const size_t bytes = static_cast<size_t>(count) * kernels::dtypeSize(dtype);
@@ -222,6 +214,23 @@ class NcclCommunicator final : public Communicator {
     return ncclStatus(
         ncclAllReduce(data, data, static_cast<size_t>(count), t, ncclSum, comm_, stream_),
         "all-reduce");
+  }
+
+  Status allReduceRmsNorm(Backend& backend, const kernels::RmsNormParams& n) override {
+    TG_RETURN_IF_ERROR(kernels::validateRmsNorm(n));
+    if (!oneShot_ || n.numTokens == 0 ||
+        !kernels::oneShotAllReduceRmsNormFits(n.numTokens, n.hiddenSize, n.dtype, kOneShotBytes))
+      return Communicator::allReduceRmsNorm(backend, n);
+    kernels::OneShotAllReduceRmsNormParams q;
+    q.allReduce = oneShotParams(const_cast<void*>(n.input), n.numTokens * n.hiddenSize, n.dtype);
+    q.residual = n.residual;
+    q.residualOut = n.residualOut;
+    q.output = n.output;
+    q.weight = n.weight;
+    q.rows = n.numTokens;
+    q.hidden = n.hiddenSize;
+    q.eps = n.eps;
+    return kernels::invokeOneShotAllReduceRmsNorm(q, stream_);
   }
 
   Status allGather(const void* in, void* out, int64_t count, kernels::DType dtype) override {
@@ -241,6 +250,20 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  kernels::OneShotAllReduceParams oneShotParams(void* data, int64_t count,
+                                                kernels::DType dtype) const {
+    kernels::OneShotAllReduceParams p;
+    p.data = data;
+    p.count = count;
+    p.dtype = dtype;
+    p.rank = rank_;
+    p.worldSize = world_;
+    for (int r = 0; r < world_; ++r) p.peers[r] = peers_[r];
+    p.capacityBytes = kOneShotBytes;
+    p.counters = counters_;
+    return p;
+  }
+
   // NCCL reports a failed peer or transport asynchronously; the stream would otherwise wait.
   void watch() {
     while (!stop_) {

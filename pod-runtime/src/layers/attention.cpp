@@ -26,7 +26,7 @@ StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
 Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) const {
   const ModelConfig& c = ctx.config;
   const BatchMetadata& meta = ctx.meta;
-  const int64_t rows = ctx.rows(), h = c.hiddenSize, hd = c.headDim, nh = ctx.partition.heads,
+  const int64_t rows = ctx.rows(), hd = c.headDim, nh = ctx.partition.heads,
                 nkv = ctx.partition.kvHeads, qkvOut = (nh + 2 * nkv) * hd;
   const DType dt = ctx.dtype;
   void* qkv = ctx.ws.qkv->data();
@@ -79,8 +79,7 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
                                             .maxNewRows = meta.layout.maxNewRows,
                                             .maxContext = meta.layout.maxContext,
                                             .dtype = dt}));
-  TG_RETURN_IF_ERROR(ctx.backend.linear(o_, attn, hs, rows));
-  return ctx.allReduceSum(hs, rows * h);
+  return ctx.backend.linear(o_, attn, hs, rows);
 }
 
 }  // namespace textgen::runtime

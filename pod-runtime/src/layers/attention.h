@@ -1,6 +1,8 @@
 // Self-attention over the paged KV cache, tensor-parallel as Megatron splits it: q/k/v
 // column-parallel in one GEMM, RoPE and the KV write in one pass, paged attention (grouped-query,
-// optional sliding window), o row-parallel followed by one all-reduce.
+// optional sliding window), o row-parallel: each rank's output is its partial sum, reduced over
+// the ranks by the norm that follows (Norm::forwardReduced, fused with it where the communicator
+// can).
 #pragma once
 
 #include <memory>
@@ -37,8 +39,9 @@ class Attention {
   static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,
                                   const Options& options);
 
-  // `hs` [rows, hidden], normalised, in; the attention output projected and summed over ranks
-  // out. Writes this layer's keys and values for the batch's slots into the cache.
+  // `hs` [rows, hidden], normalised, in; the attention output projected out (this rank's
+  // partial sum on several ranks). Writes this layer's keys and values for the batch's slots into
+  // the cache.
   Status forward(const ForwardContext& ctx, int64_t layer, void* hs) const;
 
  private:

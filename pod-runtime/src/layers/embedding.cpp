@@ -13,16 +13,15 @@ StatusOr<Embedding> Embedding::load(const WeightLoader& w, const std::string& na
 Status Embedding::forward(const ForwardContext& ctx, void* out) const {
   const Partition& part = ctx.partition;
   const int64_t rows = ctx.rows(), h = ctx.config.hiddenSize;
-  TG_RETURN_IF_ERROR(ctx.backend.gatherRows({.table = table_->data(),
-                                             .ids = ctx.meta.ids,
-                                             .out = out,
-                                             .rows = rows,
-                                             .width = h,
-                                             .tableRows = part.vocabPart,
-                                             .dtype = ctx.dtype,
-                                             .idOffset = part.rank * part.vocabPart,
-                                             .zeroOutside = part.world > 1}));
-  return ctx.allReduceSum(out, rows * h);
+  return ctx.backend.gatherRows({.table = table_->data(),
+                                 .ids = ctx.meta.ids,
+                                 .out = out,
+                                 .rows = rows,
+                                 .width = h,
+                                 .tableRows = part.vocabPart,
+                                 .dtype = ctx.dtype,
+                                 .idOffset = part.rank * part.vocabPart,
+                                 .zeroOutside = part.world > 1});
 }
 
 }  // namespace textgen::runtime

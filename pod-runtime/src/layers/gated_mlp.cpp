@@ -21,13 +21,12 @@ StatusOr<GatedMlp> GatedMlp::load(const WeightLoader& w, const Weights& names,
 }
 
 Status GatedMlp::forward(const ForwardContext& ctx, void* hs) const {
-  const int64_t rows = ctx.rows(), h = ctx.config.hiddenSize, inter = ctx.partition.intermediate;
+  const int64_t rows = ctx.rows(), inter = ctx.partition.intermediate;
   void* gateUp = ctx.ws.gateUp->data();
   void* act = ctx.ws.act->data();
   TG_RETURN_IF_ERROR(ctx.backend.linear(gateUp_, hs, gateUp, rows));
   TG_RETURN_IF_ERROR(ctx.backend.siluMul({gateUp, act, rows, inter, ctx.dtype}));
-  TG_RETURN_IF_ERROR(ctx.backend.linear(down_, act, hs, rows));
-  return ctx.allReduceSum(hs, rows * h);
+  return ctx.backend.linear(down_, act, hs, rows);
 }
 
 }  // namespace textgen::runtime

@@ -1,5 +1,5 @@
 // The gated MLP (Llama's SwiGLU): gate and up column-parallel in one GEMM, act(gate) * up, down
-// row-parallel followed by one all-reduce.
+// row-parallel: each rank's output is its partial sum, reduced by the norm that follows.
 #pragma once
 
 #include <memory>
@@ -21,7 +21,8 @@ class GatedMlp {
   static StatusOr<GatedMlp> load(const WeightLoader& w, const Weights& names,
                                  Activation activation);
 
-  // `hs` [rows, hidden], normalised, in; the MLP's output summed over ranks out.
+  // `hs` [rows, hidden], normalised, in; the MLP's output out (this rank's partial sum on several
+  // ranks).
   Status forward(const ForwardContext& ctx, void* hs) const;
 
  private:

@@ -32,7 +32,7 @@ Status LogitsHead::forward(const ForwardContext& ctx, const void* hs, const void
   TG_RETURN_IF_ERROR(ctx.backend.gatherRows({hs, ctx.meta.logitRows, pickedHs, n, h, rows, dt}));
   TG_RETURN_IF_ERROR(
       ctx.backend.gatherRows({residual, ctx.meta.logitRows, pickedX, n, h, rows, dt}));
-  TG_RETURN_IF_ERROR(finalNorm_.forward(ctx, pickedHs, pickedX, pickedHs, n));
+  TG_RETURN_IF_ERROR(finalNorm_.forwardReduced(ctx, pickedHs, pickedX, pickedHs, n));
   if (head_.out != width) return internalError("the head's width is not the partition's");
   return ctx.backend.linear(head_, pickedHs, ctx.headOut(), n);
 }

@@ -20,8 +20,9 @@ class LogitsHead {
   static StatusOr<LogitsHead> load(const WeightLoader& w, Norm finalNorm, const std::string& head,
                                    bool tied, const Embedding& embedding);
 
-  // `hs` (the last layer's output) and `residual` [rows, hidden]: the logit rows picked, normalised
-  // with their residual added, and projected.
+  // `hs` (the last layer's output, this rank's partial sum on several ranks) and `residual`
+  // [rows, hidden]: the logit rows picked, summed over ranks, normalised with their residual
+  // added, and projected.
   Status forward(const ForwardContext& ctx, const void* hs, const void* residual) const;
 
  private:

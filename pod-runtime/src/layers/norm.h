@@ -31,8 +31,17 @@ class Norm {
   // (the first layer) output = norm(input).
   Status forward(const ForwardContext& ctx, const void* input, void* residual, void* output,
                  int64_t rows) const;
+  // The same where `input` is this rank's partial sum (a row-parallel layer's or the vocabulary-
+  // parallel embedding's output): summed over the ranks first, in the norm's kernel where the
+  // communicator fuses them. Without a residual `input` holds the sum afterwards; with one, its
+  // contents are unspecified.
+  Status forwardReduced(const ForwardContext& ctx, void* input, void* residual, void* output,
+                        int64_t rows) const;
 
  private:
+  kernels::RmsNormParams params(const ForwardContext& ctx, const void* input, void* residual,
+                                void* output, int64_t rows) const;
+
   float eps_ = 1e-6f;
   std::unique_ptr<Buffer> weight_;  // [hidden]
 };

@@ -69,11 +69,13 @@ class LlamaGraph final : public ArchitectureGraph {
     TG_RETURN_IF_ERROR(embedding_.forward(ctx, x));
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
-      // Layer 0 normalises the embedding; later layers first add the previous MLP output.
+      // Layer 0 normalises the embedding; later layers first add the previous MLP output. Each
+      // norm first sums its input over the ranks (the embedding's, attention's and MLP's outputs
+      // are per-rank partial sums), fused where the communicator can.
       TG_RETURN_IF_ERROR(
-          l.inputNorm.forward(ctx, i == 0 ? x : hs, i == 0 ? nullptr : x, hs, ctx.rows()));
+          l.inputNorm.forwardReduced(ctx, i == 0 ? x : hs, i == 0 ? nullptr : x, hs, ctx.rows()));
       TG_RETURN_IF_ERROR(l.attention.forward(ctx, static_cast<int64_t>(i), hs));
-      TG_RETURN_IF_ERROR(l.postNorm.forward(ctx, hs, x, hs, ctx.rows()));
+      TG_RETURN_IF_ERROR(l.postNorm.forwardReduced(ctx, hs, x, hs, ctx.rows()));
       TG_RETURN_IF_ERROR(l.mlp.forward(ctx, hs));
     }
     return head_.forward(ctx, hs, x);

@@ -389,6 +389,130 @@ TEST(Nccl, AllReduceEagerAndInGraphsGivesTheSumOnEveryRank) {
     }
   });
 }
+
+// The all-reduce fused with the residual add and RMSNorm (the one-shot kernel's variant, up to 32
+// rows; 300 rows take the unfused pair) against the unfused pair on the same data: the same bits
+// where the row is at most 512 16-byte units (the fused kernel then sums squares in rms_norm.cu's
+// order), within one unit in the last place of the dtype otherwise; eagerly and replayed in a graph
+// between plain all-reduces (the kernels share staging and call counters).
+TEST(Nccl, AllReduceRmsNormEqualsTheAllReduceThenTheNorm) {
+  if (!haveRanks(2)) GTEST_SKIP() << "needs 2 GPUs";
+  const int world = 2;
+  onRanks(world, [&](int rank, Backend& backend, Communicator& comm) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const int64_t es = static_cast<int64_t>(kernels::dtypeSize(dt));
+      for (auto [rows, hidden] : {std::pair<int64_t, int64_t>{1, 4096},
+                                  {3, 64},
+                                  {32, 4096},
+                                  {1, 5120},
+                                  {17, 5120},
+                                  {2, 2048},
+                                  {300, 512}}) {
+        for (bool withResidual : {true, false}) {
+          SCOPED_TRACE(std::string(kernels::dtypeName(dt)) + " rows " + std::to_string(rows) +
+                       " hidden " + std::to_string(hidden) +
+                       (withResidual ? " residual" : " no residual"));
+          const int64_t n = rows * hidden;
+          const bool exact = hidden * es / 16 <= 512;
+          auto upload = [&](Buffer& b, int64_t count, const std::function<float(int64_t)>& f) {
+            std::vector<unsigned char> host(count * es);
+            for (int64_t i = 0; i < count; ++i) {
+              const float v = f(i);
+              if (dt == DType::kF32) {
+                std::memcpy(host.data() + i * 4, &v, 4);
+              } else {
+                const uint16_t h = toHalf(v, dt);
+                std::memcpy(host.data() + i * 2, &h, 2);
+              }
+            }
+            ASSERT_TRUE(backend.upload(b, host.data(), host.size()).ok());
+          };
+          auto download = [&](Buffer& b, int64_t count) {
+            std::vector<unsigned char> host(count * es);
+            EXPECT_TRUE(backend.download(host.data(), b, host.size()).ok());
+            std::vector<float> out(count);
+            for (int64_t i = 0; i < count; ++i) {
+              if (dt == DType::kF32) {
+                std::memcpy(&out[i], host.data() + i * 4, 4);
+              } else {
+                uint16_t h;
+                std::memcpy(&h, host.data() + i * 2, 2);
+                out[i] = fromHalf(h, dt);
+              }
+            }
+            return out;
+          };
+          auto partial = [&](int call) {
+            return [=](int64_t i) {
+              return static_cast<float>((i * 13 + rank * 5 + call * 3) % 97) * 0.03125f - 1.5f;
+            };
+          };
+          auto res = [&](int call) {
+            return [=](int64_t i) { return static_cast<float>((i * 7 + call) % 31) * 0.0625f; };
+          };
+          auto data = *backend.allocate(n * es), refData = *backend.allocate(n * es);
+          auto residual = *backend.allocate(n * es), refResidual = *backend.allocate(n * es);
+          auto out = *backend.allocate(n * es), refOut = *backend.allocate(n * es);
+          auto weight = *backend.allocate(hidden * es), other = *backend.allocate(64 * es);
+          upload(*weight, hidden,
+                 [](int64_t i) { return 0.5f + static_cast<float>(i % 5) * 0.25f; });
+          kernels::RmsNormParams fused{.input = data->data(),
+                                       .residual = withResidual ? residual->data() : nullptr,
+                                       .residualOut = withResidual ? residual->data() : nullptr,
+                                       .output = out->data(),
+                                       .weight = weight->data(),
+                                       .numTokens = rows,
+                                       .hiddenSize = hidden,
+                                       .eps = 1e-5f,
+                                       .dtype = dt};
+          kernels::RmsNormParams ref = fused;
+          ref.input = refData->data();
+          ref.residual = ref.residualOut = withResidual ? refResidual->data() : nullptr;
+          ref.output = refOut->data();
+          auto fill = [&](int call) {
+            upload(*data, n, partial(call));
+            upload(*refData, n, partial(call));
+            upload(*residual, n, res(call));
+            upload(*refResidual, n, res(call));
+          };
+          auto compare = [&](int call) {
+            ASSERT_TRUE(comm.allReduceSum(refData->data(), n, dt).ok());
+            ASSERT_TRUE(backend.rmsNorm(ref).ok());
+            std::vector<std::pair<std::vector<float>, std::vector<float>>> pairs = {
+                {download(*out, n), download(*refOut, n)}};
+            pairs.push_back(withResidual
+                                ? std::pair{download(*residual, n), download(*refResidual, n)}
+                                : std::pair{download(*data, n), download(*refData, n)});
+            const float ulp = dt == DType::kF32 ? 1.2e-7f : dt == DType::kBF16 ? 7.9e-3f : 9.8e-4f;
+            for (const auto& [got, want] : pairs) {
+              for (int64_t i = 0; i < n; ++i) {
+                if (exact) {
+                  ASSERT_EQ(got[i], want[i]) << "element " << i << " call " << call;
+                } else {
+                  ASSERT_LE(std::abs(got[i] - want[i]), ulp * std::abs(want[i]) + 1e-6f)
+                      << "element " << i << " call " << call;
+                }
+              }
+            }
+          };
+          fill(0);
+          ASSERT_TRUE(comm.allReduceRmsNorm(backend, fused).ok());
+          compare(0);
+          ASSERT_TRUE(backend.beginCapture().ok());
+          ASSERT_TRUE(comm.allReduceSum(other->data(), 64, dt).ok());
+          ASSERT_TRUE(comm.allReduceRmsNorm(backend, fused).ok());
+          auto graph = backend.endCapture();
+          ASSERT_TRUE(graph.ok()) << graph.status();
+          for (int call = 1; call <= 3; ++call) {
+            fill(call);
+            ASSERT_TRUE(backend.launch(**graph).ok());
+            compare(call);
+          }
+        }
+      }
+    }
+  });
+}
 #endif
 
 // ---------------------------------------------------------------------------------------------

@@ -51,4 +51,36 @@ struct OneShotAllReduceParams {
 Status validateOneShotAllReduce(const OneShotAllReduceParams& p);
 Status invokeOneShotAllReduce(const OneShotAllReduceParams& p, Stream stream);
 
+// The one-shot all-reduce fused with the residual add and RMSNorm that follow a row-parallel
+// layer (TensorRT-LLM's fused all-reduce): rms_norm.h's contract applied to the reduced sum,
+//   s           = sum over ranks of data      (rounded to dtype, the all-reduce's result)
+//   sum         = s + residual                (rounded; residualOut = sum)
+//   output      = weight * round(sum * rsqrt(mean(sum^2) + eps))
+// the rounding steps of invokeOneShotAllReduce followed by invokeRmsNorm, and their bits for rows
+// of up to 512 16-byte units (hidden 4096 in 16-bit types); past that the mean of squares is
+// summed in another order (the last bit of the scale may differ). Without a
+// residual, sum = s is also written back to data (the plain all-reduce's in-place result). With
+// one, data's contents afterwards are unspecified. Block b handles rows b, b + kAllReduceBlocks,
+// ... and keeps a row in registers, so a row may hold at most kAllReduceRmsNormMaxUnits 16-byte
+// units; it takes at most kAllReduceBlocks rows (decode-sized batches: one row per block; larger
+// ones normalise faster with the plain pair). Both kernels let the next kernel launch at once
+// (programmatic dependent launch), so a GEMV's weight reads overlap the reduction.
+inline constexpr int64_t kAllReduceRmsNormMaxUnits = 2048;
+
+struct OneShotAllReduceRmsNormParams {
+  OneShotAllReduceParams allReduce;  // data, count = rows * hidden: this rank's partial sums
+  const void* residual = nullptr;    // [rows, hidden] or null
+  void* residualOut = nullptr;       // [rows, hidden]; required exactly when residual is set
+  void* output = nullptr;            // [rows, hidden]; may alias data when there is a residual
+  const void* weight = nullptr;      // [hidden]
+  int64_t rows = 0, hidden = 0;
+  float eps = 1e-6f;
+};
+
+// Whether the fused kernel takes this shape (size, row width), from values every rank shares, so
+// every rank takes the same path; callers use the plain all-reduce and RMSNorm otherwise.
+bool oneShotAllReduceRmsNormFits(int64_t rows, int64_t hidden, DType dtype, size_t capacityBytes);
+Status validateOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& p);
+Status invokeOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& p, Stream stream);
+
 }  // namespace textgen::kernels

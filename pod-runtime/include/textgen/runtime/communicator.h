@@ -14,6 +14,7 @@
 
 #include "textgen/base/status_or.h"
 #include "textgen/kernels/dtype.h"
+#include "textgen/kernels/rms_norm.h"
 
 namespace textgen::runtime {
 
@@ -32,6 +33,12 @@ class Communicator {
   virtual Status allGather(const void* in, void* out, int64_t count, kernels::DType dtype) = 0;
   // In place: every rank gets root's data.
   virtual Status broadcast(void* data, int64_t count, kernels::DType dtype, int root) = 0;
+  // The all-reduce after a row-parallel layer fused with the residual add and RMSNorm after it:
+  // p.input holds this rank's partial sums [numTokens, hiddenSize]; they are summed over ranks,
+  // then backend.rmsNorm(p) runs on the sum, as one kernel where the communicator has one. Without
+  // a residual p.input holds the sum afterwards (as allReduceSum leaves it); with one, its
+  // contents are unspecified. The default is allReduceSum then rmsNorm.
+  virtual Status allReduceRmsNorm(Backend& backend, const kernels::RmsNormParams& p);
 };
 
 // A small key-value store served by rank 0 over TCP for the start-up handshake (NCCL's unique id,
