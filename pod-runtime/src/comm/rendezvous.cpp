@@ -2,7 +2,7 @@
 // other ranks hold one connection each. Messages (u32 in host order: the ranks of a group run the
 // same build):
 //   hello  'H' u32 rank u32 worldSize          -> u8 0 (accepted) | 1 (refused)
-//   set    'S' u32 keyLen key u32 valueLen value -> u8 0
+//   set    'S' u32 keyLen key u32 valueLen value -> u8 0 (stored) | 1 (refused: see store())
 //   get    'G' u32 keyLen key u32 timeoutMs      -> u8 0 u32 valueLen value | u8 1 (timed out)
 // Anything else, or a length past the limits, closes the connection. A connection must say hello
 // first, within a few seconds; one rank connects once. Connections open at once are capped, and the
@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -142,7 +143,7 @@ class TcpRendezvous final : public Rendezvous {
   Status set(const std::string& key, std::string_view value) override {
     if (key.size() > kMaxKey || value.size() > kMaxValue)
       return invalidArgumentError("rendezvous: key or value too long");
-    if (options_.rank == 0) return store(key, std::string(value));
+    if (options_.rank == 0) return store(key, std::string(value), 0);
     if (watching_)
       return failedPreconditionError("rendezvous: the store is closed once peers are watched");
     std::string msg = "S";
@@ -152,10 +153,14 @@ class TcpRendezvous final : public Rendezvous {
     msg += value;
     std::lock_guard lock(clientMu_);
     const auto deadline = Clock::now() + options_.timeout;
-    uint8_t ack = 1;
+    uint8_t ack = 2;
     if (!writeAll(fd_, msg.data(), msg.size(), deadline) || !readAll(fd_, &ack, 1, deadline) ||
-        ack != 0)
+        ack > 1)
       return unavailableError("rendezvous: lost the connection to rank 0 at " + master());
+    if (ack == 1)
+      return failedPreconditionError("rendezvous: rank 0's store refused key '" + key +
+                                     "' (a key is written once, a rank's key by that rank only, "
+                                     "within the store's limits)");
     return okStatus();
   }
 
@@ -227,14 +232,30 @@ class TcpRendezvous final : public Rendezvous {
     return options_.masterAddr + ":" + std::to_string(options_.masterPort);
   }
 
-  Status store(const std::string& key, std::string value) {
+  // Keys are written once: the same value again is accepted, another refused, so nothing that
+  // reaches the port can replace what a rank published (NCCL's id, an IPC handle). A key ending in
+  // a rank number ("start/1", Gloo's "1") belongs to that rank: only its connection sets it.
+  Status store(const std::string& key, std::string value, int setter) {
+    const size_t slash = key.rfind('/');
+    const std::string_view last =
+        std::string_view(key).substr(slash == std::string::npos ? 0 : slash + 1);
+    int owner = -1;
+    if (!last.empty() && last.size() <= 4 &&
+        std::all_of(last.begin(), last.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      owner = std::stoi(std::string(last));
+    if (owner >= 0 && owner < options_.worldSize && owner != setter)
+      return permissionDeniedError("rendezvous: key '" + key + "' belongs to rank " +
+                                   std::to_string(owner) + ", not rank " + std::to_string(setter));
     std::lock_guard lock(mu_);
+    if (const auto it = map_.find(key); it != map_.end()) {
+      if (it->second == value) return okStatus();
+      return alreadyExistsError("rendezvous: key '" + key + "' is already set (written once)");
+    }
     if (!map_.contains(key) && map_.size() >= kMaxKeys)
       return resourceExhaustedError("rendezvous: too many keys");
-    const size_t old = map_.contains(key) ? key.size() + map_[key].size() : 0;
-    if (storeBytes_ - old + key.size() + value.size() > kMaxStoreBytes)
+    if (storeBytes_ + key.size() + value.size() > kMaxStoreBytes)
       return resourceExhaustedError("rendezvous: the store is full");
-    storeBytes_ = storeBytes_ - old + key.size() + value.size();
+    storeBytes_ += key.size() + value.size();
     map_[key] = std::move(value);
     cv_.notify_all();
     return okStatus();
@@ -335,7 +356,7 @@ class TcpRendezvous final : public Rendezvous {
       if (!readString(fd, key, kMaxKey, deadline)) break;
       if (op == 'S') {
         if (!readString(fd, value, kMaxValue, deadline)) break;
-        const uint8_t ack = store(key, std::move(value)).ok() ? 0 : 1;
+        const uint8_t ack = store(key, std::move(value), peer).ok() ? 0 : 1;
         if (!writeAll(fd, &ack, 1, deadline)) break;
       } else if (op == 'G') {
         uint32_t timeoutMs = 0;

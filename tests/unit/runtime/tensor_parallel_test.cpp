@@ -240,9 +240,35 @@ TEST(Rendezvous, ConnectionsComeAndGoAndTheStoreIsBounded) {
   ASSERT_TRUE(one.ok()) << one.status();
   const std::string mib(1 << 20, 'x');
   Status last;
-  for (int i = 0; i < 20 && last.ok(); ++i) last = (*one)->set("big/" + std::to_string(i), mib);
+  for (int i = 0; i < 20 && last.ok(); ++i) last = (*one)->set("big/k" + std::to_string(i), mib);
   EXPECT_FALSE(last.ok()) << "20 MiB fit in a store bounded at 16 MiB";
   EXPECT_EQ((*zero)->set("more", mib).code(), StatusCode::kResourceExhausted);
+}
+
+// A key is written once (the same value again is accepted), and a key ending in a rank number is
+// that rank's: nothing that reaches the port replaces what a rank published.
+TEST(Rendezvous, KeysAreWrittenOnceByTheirOwner) {
+  const int port = freePort();
+  auto zero = Rendezvous::join(rdv(port, 0, 2));
+  ASSERT_TRUE(zero.ok());
+  auto one = Rendezvous::join(rdv(port, 1, 2));
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE((*zero)->set("nccl/id", "abc").ok());
+  EXPECT_TRUE((*zero)->set("nccl/id", "abc").ok());
+  EXPECT_EQ((*zero)->set("nccl/id", "abd").code(), StatusCode::kAlreadyExists);
+  const Status replaced = (*one)->set("nccl/id", "evil");
+  EXPECT_EQ(replaced.code(), StatusCode::kFailedPrecondition) << replaced;
+  EXPECT_NE(replaced.message().find("nccl/id"), std::string::npos) << replaced;
+  EXPECT_EQ(*(*one)->get("nccl/id", 1s), "abc");
+  // Rank-numbered keys: only their rank sets them, rank 0 included.
+  EXPECT_EQ((*one)->set("start/0", "x").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*zero)->set("start/1", "x").code(), StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*one)->set("start/1", "mine").ok());
+  EXPECT_TRUE((*zero)->set("start/0", "mine too").ok());
+  EXPECT_EQ(*(*zero)->get("start/1", 1s), "mine");
+  EXPECT_EQ(*(*one)->get("start/0", 1s), "mine too");
+  // A number past the group is no rank's.
+  EXPECT_TRUE((*one)->set("other/7", "v").ok());
 }
 
 // A watching rank other than 0 leaves at once on its own (its monitor's read is woken), and the
