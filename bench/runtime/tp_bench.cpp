@@ -722,7 +722,7 @@ int main(int argc, char** argv) {
   }
   if (o.modelDir.empty()) return usage();
   // No CUDA call in this process: the ranks are forked from it.
-  auto config = loadModelConfig(o.modelDir);
+  auto config = loadArchitectureConfig(o.modelDir);
   if (!config.ok()) {
     std::fprintf(stderr, "bench_tp: %s\n", config.status().toString().c_str());
     return 1;

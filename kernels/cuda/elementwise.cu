@@ -1,14 +1,15 @@
 // The small memory-bound kernels of a decoder layer: row gather (embedding), RoPE, paged KV write
-// and the SiLU gate. Each reads and writes its rows once; 16-byte vectors where alignment allows.
+// and the MLP's gated activation. Each reads and writes its rows once; 16-byte vectors where
+// alignment allows.
 #include <algorithm>
 
 #include "common.cuh"
 #include "textgen/kernels/bias_add.h"
+#include "textgen/kernels/gated_activation.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/kv_write.h"
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
-#include "textgen/kernels/silu_mul.h"
 
 namespace textgen::kernels {
 namespace {
@@ -128,8 +129,22 @@ __global__ void kvWriteKernel(const U* k, const U* v, int64_t rowStride, U* kCac
   }
 }
 
-template <typename T, int kVec>
-__global__ void siluMulKernel(const T* gateUp, T* out, int64_t rows, int64_t n) {
+// act(x) in float; the CPU reference (kernels/cpu/gated_activation.cpp) has the same formulas.
+template <Activation A>
+__device__ __forceinline__ float activate(float x) {
+  if constexpr (A == Activation::kSilu) {
+    return x / (1.0f + expf(-x));
+  } else if constexpr (A == Activation::kGelu) {
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  } else if constexpr (A == Activation::kGeluTanh) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  } else {
+    return x < 0.0f ? 0.0f : x;  // NaN passes through, as torch.relu
+  }
+}
+
+template <typename T, int kVec, Activation A>
+__global__ void gatedActivationKernel(const T* gateUp, T* out, int64_t rows, int64_t n) {
   using C = Convert<T>;
   using V = cuda::Vec<T, kVec>;
   cuda::waitForPrimary();
@@ -145,7 +160,7 @@ __global__ void siluMulKernel(const T* gateUp, T* out, int64_t rows, int64_t n) 
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       const float x = C::toFloat(g.v[e]);
-      o.v[e] = C::fromFloat(roundTo<T>(x / (1.0f + expf(-x))) * C::toFloat(u.v[e]));
+      o.v[e] = C::fromFloat(roundTo<T>(activate<A>(x)) * C::toFloat(u.v[e]));
     }
     reinterpret_cast<V*>(out + r * n)[c] = o;
   }
@@ -170,16 +185,28 @@ Status launchBiasAdd(const BiasAddParams& p, cudaStream_t stream) {
                       static_cast<const T*>(p.bias), p.rows, p.out);
 }
 
-template <typename T>
-Status launchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
+template <typename T, Activation A>
+Status launchGatedActivationAs(const GatedActivationParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const auto* g = static_cast<const T*>(p.gateUp);
   auto* o = static_cast<T*>(p.out);
   const bool vec = p.n % kVec == 0 && cuda::aligned16(g) && cuda::aligned16(o);
   const int64_t units = p.rows * (vec ? p.n / kVec : p.n);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65536));
-  return cuda::launch("silu_mul", vec ? siluMulKernel<T, kVec> : siluMulKernel<T, 1>, blocks, 256,
-                      0, stream, g, o, p.rows, p.n);
+  return cuda::launch("gated_activation",
+                      vec ? gatedActivationKernel<T, kVec, A> : gatedActivationKernel<T, 1, A>,
+                      blocks, 256, 0, stream, g, o, p.rows, p.n);
+}
+
+template <typename T>
+Status launchGatedActivation(const GatedActivationParams& p, cudaStream_t stream) {
+  switch (p.activation) {
+    case Activation::kSilu: return launchGatedActivationAs<T, Activation::kSilu>(p, stream);
+    case Activation::kGelu: return launchGatedActivationAs<T, Activation::kGelu>(p, stream);
+    case Activation::kGeluTanh: return launchGatedActivationAs<T, Activation::kGeluTanh>(p, stream);
+    case Activation::kRelu: return launchGatedActivationAs<T, Activation::kRelu>(p, stream);
+  }
+  return invalidArgumentError("gated_activation: unknown activation");
 }
 
 template <typename T>
@@ -258,10 +285,10 @@ Status invokeKvWrite(const KvWriteParams& p, Stream stream) {
                       static_cast<uint16_t*>(p.vCache), p.slots, units, p.numSlots);
 }
 
-Status invokeSiluMul(const SiluMulParams& p, Stream stream) {
-  TG_RETURN_IF_ERROR(validateSiluMul(p));
+Status invokeGatedActivation(const GatedActivationParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validateGatedActivation(p));
   if (p.rows == 0) return okStatus();
-  TG_DISPATCH_DTYPE(p.dtype, launchSiluMul, p, stream);
+  TG_DISPATCH_DTYPE(p.dtype, launchGatedActivation, p, stream);
 }
 
 }  // namespace textgen::kernels

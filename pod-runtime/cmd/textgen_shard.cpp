@@ -305,7 +305,7 @@ int run(int argc, char** argv) {
   auto backend = pickBackend(f);
   if (!backend.ok()) return fail(backend.status());
   const bool cuda = std::string((*backend)->name()) == "cuda";
-  auto config = runtime::loadModelConfig(f.modelId);
+  auto config = runtime::loadArchitectureConfig(f.modelId);
   if (!config.ok()) return fail(config.status().withContext("loading " + f.modelId));
   auto dtype = pickDtype(f, *config, cuda);
   if (!dtype.ok()) return fail(dtype.status());

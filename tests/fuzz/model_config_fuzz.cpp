@@ -14,6 +14,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view config = in.substr(0, nul);
   const std::string_view generation =
       nul == std::string_view::npos ? std::string_view() : in.substr(nul + 1);
+  // Also as a class with GPT-2's spellings: an accepted config obeys the same invariants.
+  static constexpr ConfigKeyAlias kAliases[] = {{"n_embd", "hidden_size"},
+                                                {"n_head", "num_attention_heads"},
+                                                {"n_layer", "num_hidden_layers"},
+                                                {"n_positions", "max_position_embeddings"},
+                                                {"d_model", "hidden_size"}};
+  auto aliased = parseModelConfig(config, generation, [](std::string_view) {
+    return textgen::StatusOr<ConfigDialect>(ConfigDialect{.aliases = kAliases});
+  });
+  FUZZ_CHECK(aliased.ok() || !aliased.status().message().empty(), "an error without a message");
   auto c = parseModelConfig(config, generation);
   if (!c.ok()) {
     FUZZ_CHECK(!c.status().message().empty(), "an error without a message");

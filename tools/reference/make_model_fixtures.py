@@ -15,6 +15,9 @@ Fixtures:
   mistral-sharded    MistralForCausalLM, sliding window 24 (exceeded), saved in several safetensors shards
   llama-rope-llama3  Llama 3.1 RoPE scaling: high, medium (smoothed) and low frequencies all present
   llama-rope-yarn    YaRN RoPE scaling: blended frequencies and the attention factor on cos/sin
+  llama-bias-gelu    attention_bias and mlp_bias (q/k/v/o and gate/up/down biases), hidden_act
+                     gelu_pytorch_tanh (not generated yet: tests/unit/runtime/bias_test.cpp and
+                     tensor_parallel_test.cpp cover biases with a model the test writes meanwhile)
 
 reference.json also holds the model's RoPE inverse frequencies and attention scaling as transformers
 computes them ("rope"), to compare textgen's with before any logits.
@@ -46,7 +49,9 @@ def scale_weights(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:  # norm weights
+            if name.endswith(".bias"):  # attention_bias / mlp_bias
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:  # norm weights
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
@@ -159,6 +164,10 @@ def main():
          lambda: rope(LlamaConfig, 10000.0, {"rope_type": "yarn", "factor": 4.0,
                                             "original_max_position_embeddings": 32},
                       max_position_embeddings=128, tie_word_embeddings=False), 7, None),
+        # Biases on every projection (o and down: added once under tensor parallelism) and GELU tanh.
+        ("llama-bias-gelu", LlamaForCausalLM,
+         lambda: rope(LlamaConfig, 10000.0, None, max_position_embeddings=256, tie_word_embeddings=False,
+                      attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh"), 8, None),
     ]
     if only is not None:
         jobs = [j for j in jobs if j[0] in only]

@@ -106,9 +106,9 @@ class CpuBackend final : public Backend {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));
     return kernels::pagedAttentionReference(p);
   }
-  Status siluMul(const kernels::SiluMulParams& p) override {
+  Status gatedActivation(const kernels::GatedActivationParams& p) override {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));
-    return kernels::siluMulReference(p);
+    return kernels::gatedActivationReference(p);
   }
   Status argmax(const kernels::ArgmaxParams& p) override { return kernels::argmaxReference(p); }
   Status sample(const kernels::SampleParams& p) override { return kernels::sampleReference(p); }

@@ -164,8 +164,8 @@ class CudaBackend final : public Backend {
     p.workspaceBytes = attentionWorkspace_->bytes();
     return kernels::invokePagedAttention(p, stream_);
   }
-  Status siluMul(const kernels::SiluMulParams& p) override {
-    return kernels::invokeSiluMul(p, stream_);
+  Status gatedActivation(const kernels::GatedActivationParams& p) override {
+    return kernels::invokeGatedActivation(p, stream_);
   }
   Status argmax(const kernels::ArgmaxParams& p) override {
     return kernels::invokeArgmax(p, stream_);

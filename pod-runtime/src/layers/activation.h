@@ -1,20 +1,12 @@
-// The MLP's activation, as config.json's hidden_act names them (gelu_tanh: "gelu_pytorch_tanh").
+// The MLP's activation: the kernels' enum (textgen/kernels/activation.h), which config.json's
+// hidden_act is parsed into (ModelConfig::hiddenAct).
 #pragma once
 
-#include <string_view>
+#include "textgen/kernels/activation.h"
 
 namespace textgen::runtime {
 
-enum class Activation { kSilu, kGelu, kGeluTanh, kRelu };
-
-constexpr std::string_view toString(Activation a) {
-  switch (a) {
-    case Activation::kSilu: return "silu";
-    case Activation::kGelu: return "gelu";
-    case Activation::kGeluTanh: return "gelu_tanh";
-    case Activation::kRelu: return "relu";
-  }
-  return "?";
-}
+using kernels::Activation;
+using kernels::toString;
 
 }  // namespace textgen::runtime

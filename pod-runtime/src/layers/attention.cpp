@@ -18,8 +18,9 @@ StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
   TG_ASSIGN_OR_RETURN(a.qkv_, w.linear({{names.q, {qOut, h}, part.column()},
                                         {names.k, {kvOut, h}, part.kvShard},
                                         {names.v, {kvOut, h}, part.kvShard}},
-                                       SplitKind::kColumn));
-  TG_ASSIGN_OR_RETURN(a.o_, w.linear({{names.o, {h, qOut}, part.row()}}, SplitKind::kRow));
+                                       SplitKind::kColumn, names.bias));
+  TG_ASSIGN_OR_RETURN(a.o_,
+                      w.linear({{names.o, {h, qOut}, part.row()}}, SplitKind::kRow, names.bias));
   return a;
 }
 

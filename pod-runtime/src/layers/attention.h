@@ -31,6 +31,7 @@ class Attention {
  public:
   struct Weights {  // one layer's tensor names (QkvLayout::kSeparate)
     std::string q, k, v, o;
+    bool bias = false;  // q, k, v and o each with a bias (biasName), Llama's attention_bias
   };
   struct Options {
     int64_t slidingWindow = 0;  // attend to this many most recent positions; 0: all

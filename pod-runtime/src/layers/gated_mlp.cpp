@@ -4,19 +4,17 @@ namespace textgen::runtime {
 
 StatusOr<GatedMlp> GatedMlp::load(const WeightLoader& w, const Weights& names,
                                   Activation activation) {
-  if (activation != Activation::kSilu) {
-    return unimplementedError("gated MLP activation '" + std::string(toString(activation)) +
-                              "' is not implemented");
-  }
   const ModelConfig& c = w.config();
   const Partition& part = w.partition();
   const int64_t h = c.hiddenSize, inter = c.intermediateSize;
   GatedMlp m;
+  m.activation_ = activation;
   // Gate and up stacked: one GEMM yields [rows, 2 * intermediate] (this rank's columns).
   TG_ASSIGN_OR_RETURN(m.gateUp_, w.linear({{names.gate, {inter, h}, part.column()},
                                            {names.up, {inter, h}, part.column()}},
-                                          SplitKind::kColumn));
-  TG_ASSIGN_OR_RETURN(m.down_, w.linear({{names.down, {h, inter}, part.row()}}, SplitKind::kRow));
+                                          SplitKind::kColumn, names.bias));
+  TG_ASSIGN_OR_RETURN(
+      m.down_, w.linear({{names.down, {h, inter}, part.row()}}, SplitKind::kRow, names.bias));
   return m;
 }
 
@@ -25,7 +23,12 @@ Status GatedMlp::forward(const ForwardContext& ctx, void* hs) const {
   void* gateUp = ctx.ws.gateUp->data();
   void* act = ctx.ws.act->data();
   TG_RETURN_IF_ERROR(ctx.backend.linear(gateUp_, hs, gateUp, rows));
-  TG_RETURN_IF_ERROR(ctx.backend.siluMul({gateUp, act, rows, inter, ctx.dtype}));
+  TG_RETURN_IF_ERROR(ctx.backend.gatedActivation({.gateUp = gateUp,
+                                                  .out = act,
+                                                  .rows = rows,
+                                                  .n = inter,
+                                                  .dtype = ctx.dtype,
+                                                  .activation = activation_}));
   return ctx.backend.linear(down_, act, hs, rows);
 }
 

@@ -1,5 +1,6 @@
-// The gated MLP (Llama's SwiGLU): gate and up column-parallel in one GEMM, act(gate) * up, down
-// row-parallel: each rank's output is its partial sum, reduced by the norm that follows.
+// The gated MLP (Llama's SwiGLU, GeGLU, ReGLU): gate and up column-parallel in one GEMM,
+// act(gate) * up, down row-parallel: each rank's output is its partial sum, reduced by the norm
+// that follows; optional biases (Llama's mlp_bias; down's is added by rank 0 only).
 #pragma once
 
 #include <memory>
@@ -15,9 +16,9 @@ class GatedMlp {
  public:
   struct Weights {  // one layer's tensor names
     std::string gate, up, down;
+    bool bias = false;  // gate, up and down each with a bias (biasName)
   };
 
-  // UNIMPLEMENTED for an activation without a fused kernel (only SiLU has one).
   static StatusOr<GatedMlp> load(const WeightLoader& w, const Weights& names,
                                  Activation activation);
 
@@ -28,6 +29,7 @@ class GatedMlp {
  private:
   Linear gateUp_;  // [2 * intermediate, hidden]: this rank's rows of each (column-parallel)
   Linear down_;    // [hidden, intermediate]: this rank's columns (row-parallel)
+  Activation activation_ = Activation::kSilu;
 };
 
 }  // namespace textgen::runtime

@@ -2,6 +2,13 @@
 
 namespace textgen::runtime {
 
+std::string biasName(const std::string& weight) {
+  constexpr std::string_view kWeight = ".weight";
+  if (weight.size() >= kWeight.size() && weight.ends_with(kWeight))
+    return weight.substr(0, weight.size() - kWeight.size()) + ".bias";
+  return weight + ".bias";
+}
+
 StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& parts) const {
   std::vector<Tensor> tensors;
   size_t total = 0;
@@ -21,7 +28,7 @@ StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& 
 }
 
 StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind split,
-                                      const std::vector<Part>& bias) const {
+                                      bool withBias) const {
   if (parts.empty()) return invalidArgumentError("a linear layer needs a weight");
   Linear l;
   l.format = WeightFormat::kDense;
@@ -48,13 +55,17 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
   if (l.owned->bytes() != static_cast<size_t>(l.in * l.out) * kernels::dtypeSize(dtype_))
     return internalError("'" + parts[0].name +
                          "': the loaded slices do not match the layer's shape");
-  if (!bias.empty()) {
-    if (bias.size() != parts.size())
-      return invalidArgumentError("'" + parts[0].name + "': one bias per stacked weight");
-    TG_ASSIGN_OR_RETURN(l.bias, upload(bias));
-    if (l.bias->bytes() != static_cast<size_t>(l.out) * kernels::dtypeSize(dtype_))
-      return invalidArgumentError("'" + bias[0].name + "': the bias does not match the outputs");
+  if (!withBias) return l;
+  std::vector<Part> bias;
+  for (const Part& p : parts) {
+    // [out_i]: a column-parallel part's slice of its rows (its shard on dimension 0), else whole.
+    const Shard shard = p.shard.dim == 0 ? p.shard : Shard{};
+    bias.push_back({biasName(p.name), {p.shape[0]}, shard});
   }
+  TG_ASSIGN_OR_RETURN(auto b, upload(bias));
+  if (b->bytes() != static_cast<size_t>(l.out) * kernels::dtypeSize(dtype_))
+    return internalError("'" + bias[0].name + "': the loaded slices do not match the outputs");
+  if (split != SplitKind::kRow || partition_.rank == 0) l.bias = std::move(b);
   return l;
 }
 

@@ -14,6 +14,9 @@
 
 namespace textgen::runtime {
 
+// A weight's bias tensor: "x.weight" -> "x.bias" (Hugging Face's nn.Linear names).
+std::string biasName(const std::string& weight);
+
 class WeightLoader {
  public:
   struct Part {
@@ -30,9 +33,12 @@ class WeightLoader {
   // misshapen tensor.
   StatusOr<std::unique_ptr<Buffer>> upload(const std::vector<Part>& parts) const;
   // A dense linear layer from `parts` stacked along the outputs (each part's slice [out_i, in]),
-  // split as `split`, with the bias tensors' slices stacked the same way when given (one per part).
+  // split as `split`. With `withBias`, each part's bias (biasName: [out_i]) is stacked the same
+  // way: a column-parallel layer's sliced like its rows; a row-parallel layer's outputs are summed
+  // over ranks, so its whole bias is held by rank 0 alone (added once, before the all-reduce).
+  // Every rank checks the bias tensors: a missing or misshapen one is an error naming it.
   StatusOr<Linear> linear(const std::vector<Part>& parts, SplitKind split,
-                          const std::vector<Part>& bias = {}) const;
+                          bool withBias = false) const;
   bool contains(const std::string& name) const { return store_.contains(name); }
 
   const ModelConfig& config() const { return config_; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "textgen/base/file.h"
@@ -222,6 +223,84 @@ Status parseSizes(const json& j, ModelConfig& c) {
   return okStatus();
 }
 
+// `s` cut to at most `max` bytes (and "..."), never inside a UTF-8 sequence: for error messages.
+std::string cutShort(std::string s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + "...";
+}
+
+// hidden_act as transformers' ACT2FN reads it, limited to the activations the MLP kernels compute.
+// gelu_new and gelu_fast are the tanh approximation written out (gelu_fast factors it as
+// x * c * (1 + 0.044715 x^2)): the same function, computed here in float and rounded once.
+StatusOr<kernels::Activation> parseActivation(const json& j, kernels::Activation fallback) {
+  using kernels::Activation;
+  auto it = j.find("hidden_act");
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_string()) return fieldError("hidden_act", "must be a string");
+  const std::string act = it->get<std::string>();
+  if (act == "silu" || act == "swish") return Activation::kSilu;
+  if (act == "gelu") return Activation::kGelu;
+  if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast")
+    return Activation::kGeluTanh;
+  if (act == "relu") return Activation::kRelu;
+  return fieldError("hidden_act", "'" + cutShort(act, 64) +
+                                      "' is not supported (silu, swish, gelu, gelu_pytorch_tanh, "
+                                      "gelu_new, gelu_fast, relu)");
+}
+
+// The top-level keys parseModelConfig reads: a dialect's alias must name one of them.
+constexpr std::string_view kCanonicalKeys[] = {
+    "model_type",          "vocab_size",         "hidden_size",
+    "intermediate_size",   "num_hidden_layers",  "num_attention_heads",
+    "num_key_value_heads", "head_dim",           "max_position_embeddings",
+    "rms_norm_eps",        "rope_theta",         "partial_rotary_factor",
+    "rope_scaling",        "rope_parameters",    "tie_word_embeddings",
+    "attention_bias",      "mlp_bias",           "hidden_act",
+    "sliding_window",      "use_sliding_window", "dtype",
+    "torch_dtype",         "bos_token_id",       "eos_token_id"};
+
+bool isCanonicalKey(std::string_view key) {
+  return std::find(std::begin(kCanonicalKeys), std::end(kCanonicalKeys), key) !=
+         std::end(kCanonicalKeys);
+}
+
+// A value for an error message, cut short.
+std::string shortDump(const json& v) {
+  return cutShort(v.dump(), 48);
+}
+
+// Copies each alias's value to its canonical key where config.json has none; returns which key
+// each copied canonical key was read under. Both present and different: INVALID_ARGUMENT naming
+// both. A dialect whose alias names no key the parser reads is INTERNAL (the registry's error).
+StatusOr<std::map<std::string, std::string>> applyAliases(json& j, std::string_view architecture,
+                                                          const ConfigDialect& dialect) {
+  std::map<std::string, std::string> readUnder;  // canonical key -> the alias it came from
+  for (const ConfigKeyAlias& a : dialect.aliases) {
+    if (a.key.empty() || isCanonicalKey(a.key) || !isCanonicalKey(a.canonical)) {
+      return internalError(std::string(architecture) + ": config-key alias '" + std::string(a.key) +
+                           "' -> '" + std::string(a.canonical) +
+                           "' must map a key the parser does not read to one it reads");
+    }
+    const std::string key(a.key), canonical(a.canonical);
+    auto alias = j.find(key);
+    if (alias == j.end() || alias->is_null()) continue;
+    auto present = j.find(canonical);
+    if (present != j.end() && !present->is_null()) {
+      if (*present == *alias) continue;
+      auto from = readUnder.find(canonical);
+      const std::string other = from == readUnder.end() ? canonical : from->second;
+      return invalidArgumentError("config.json: '" + key + "' (" + shortDump(*alias) + ") and '" +
+                                  other + "' (" + shortDump(*present) +
+                                  ") disagree (the same field, spelled two ways)");
+    }
+    j[canonical] = *alias;
+    readUnder[canonical] = key;
+  }
+  return readUnder;
+}
+
 // "dtype" (transformers 5) or "torch_dtype".
 StatusOr<kernels::DType> parseDtype(const json& j) {
   const char* key = j.contains("dtype") ? "dtype" : "torch_dtype";
@@ -232,19 +311,8 @@ StatusOr<kernels::DType> parseDtype(const json& j) {
   return fieldError("dtype", "'" + dtype + "' is not supported (float32, float16, bfloat16)");
 }
 
-}  // namespace
-
-StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
-                                       std::string_view generationConfigJson) {
-  TG_ASSIGN_OR_RETURN(json j, parseJson(configJson, "config.json"));
-  if (!j.is_object()) return invalidArgumentError("config.json: not a JSON object");
-  ModelConfig c;
-  auto arch = j.find("architectures");
-  if (arch == j.end() || !arch->is_array() || arch->empty() || !arch->front().is_string()) {
-    return fieldError("architectures", "must list the model class (e.g. [\"LlamaForCausalLM\"])");
-  }
-  // Which classes are served is the registry's to say (models/registry.cpp), not the parser's.
-  c.architecture = arch->front().get<std::string>();
+// The fields of config.json once its keys are canonical.
+Status parseFields(const json& j, const ConfigDialect& dialect, ModelConfig& c) {
   TG_ASSIGN_OR_RETURN(c.modelType, string(j, "model_type", ""));
   TG_RETURN_IF_ERROR(parseSizes(j, c));
   TG_ASSIGN_OR_RETURN(c.rmsNormEps, positiveNumber(j, "rms_norm_eps", 1e-6));
@@ -258,10 +326,7 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
   TG_ASSIGN_OR_RETURN(c.tieWordEmbeddings, boolean(j, "tie_word_embeddings", false));
   TG_ASSIGN_OR_RETURN(c.attentionBias, boolean(j, "attention_bias", false));
   TG_ASSIGN_OR_RETURN(c.mlpBias, boolean(j, "mlp_bias", false));
-  if (c.attentionBias || c.mlpBias)
-    return unimplementedError("config.json: attention_bias/mlp_bias are not supported yet");
-  TG_ASSIGN_OR_RETURN(const std::string act, string(j, "hidden_act", "silu"));
-  if (act != "silu") return fieldError("hidden_act", "'" + act + "' is not supported (silu)");
+  TG_ASSIGN_OR_RETURN(c.hiddenAct, parseActivation(j, dialect.defaultActivation));
   if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
     TG_ASSIGN_OR_RETURN(const int64_t window, boundedInt(j, "sliding_window", kMaxPositions));
     TG_ASSIGN_OR_RETURN(const bool use, boolean(j, "use_sliding_window", true));
@@ -273,7 +338,38 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
       return fieldError("bos_token_id", "must be a token id");
     c.bosTokenId = it->get<uint32_t>();
   }
-  TG_RETURN_IF_ERROR(addTokenIds(j, "eos_token_id", c.eosTokenIds, "config.json"));
+  return addTokenIds(j, "eos_token_id", c.eosTokenIds, "config.json");
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
+                                       std::string_view generationConfigJson,
+                                       const ConfigDialectLookup& dialectOf) {
+  TG_ASSIGN_OR_RETURN(json j, parseJson(configJson, "config.json"));
+  if (!j.is_object()) return invalidArgumentError("config.json: not a JSON object");
+  ModelConfig c;
+  auto arch = j.find("architectures");
+  if (arch == j.end() || !arch->is_array() || arch->empty() || !arch->front().is_string()) {
+    return fieldError("architectures", "must list the model class (e.g. [\"LlamaForCausalLM\"])");
+  }
+  // Which classes are served, and how each spells its config, is the registry's to say
+  // (models/registry.cpp), not the parser's.
+  c.architecture = arch->front().get<std::string>();
+  ConfigDialect dialect;
+  if (dialectOf) {
+    TG_ASSIGN_OR_RETURN(dialect, dialectOf(c.architecture));
+  }
+  TG_ASSIGN_OR_RETURN(const auto readUnder, applyAliases(j, c.architecture, dialect));
+  if (Status s = parseFields(j, dialect, c); !s.ok()) {
+    // A field read under an alias is named as config.json spells it, too.
+    std::string message = s.message();
+    for (const auto& [canonical, key] : readUnder) {
+      if (message.find("'" + canonical + "'") != std::string::npos)
+        message += " (config.json spells it '" + key + "')";
+    }
+    return Status(s.code(), std::move(message));
+  }
   if (!generationConfigJson.empty()) {
     TG_ASSIGN_OR_RETURN(json g, parseJson(generationConfigJson, "generation_config.json"));
     if (!g.is_object()) return invalidArgumentError("generation_config.json: not a JSON object");
@@ -282,13 +378,14 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
   return c;
 }
 
-StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir) {
+StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir,
+                                      const ConfigDialectLookup& dialectOf) {
   const std::string dir = modelDir.empty() || modelDir.back() == '/' ? modelDir : modelDir + "/";
   TG_ASSIGN_OR_RETURN(std::string config, readRegularFile(dir + "config.json"));
   // generation_config.json is optional: absent is fine, anything else that fails is an error.
   auto gen = readRegularFile(dir + "generation_config.json");
   if (!gen.ok() && gen.status().code() != StatusCode::kNotFound) return gen.status();
-  return parseModelConfig(config, gen.ok() ? *gen : std::string());
+  return parseModelConfig(config, gen.ok() ? *gen : std::string(), dialectOf);
 }
 
 }  // namespace textgen::runtime

@@ -14,6 +14,7 @@
 #include "layers/norm.h"
 #include "layers/positions.h"
 #include "textgen/base/status.h"
+#include "textgen/runtime/model_config.h"
 
 namespace textgen::runtime {
 
@@ -37,28 +38,34 @@ struct ArchitectureSpec {
     std::string_view down = "model.layers.{}.mlp.down_proj.weight";
   };
   // A config.json key this class spells differently (GPT-2's n_head for num_attention_heads).
-  struct ConfigKeyAlias {
-    std::string_view key, canonical;
-  };
+  using ConfigKeyAlias = runtime::ConfigKeyAlias;
 
   std::string_view name = "";  // config.json "architectures"[0]
   Tensors tensors = {};
   NormKind norm = NormKind::kRms;
+  // The MLP's activation when config.json has no hidden_act (the class's default); the graph
+  // builds config.json's hidden_act (ModelConfig::hiddenAct).
   Activation activation = Activation::kSilu;
   bool gatedMlp = true;           // act(gate) * up, else act(up)
   bool parallelResidual = false;  // x + attn(norm(x)) + mlp(norm(x)) (GPT-J, NeoX, Falcon)
   PositionKind position = PositionKind::kRope;
   QkvLayout qkvLayout = QkvLayout::kSeparate;
-  bool attentionBias = false;  // q/k/v and o carry biases whatever config.json says (Qwen2)
-  bool mlpBias = false;
+  // q/k/v and o carry biases whatever config.json says; false: as config.json's attention_bias
+  // says (Llama). (Qwen2's o_proj has none: it will need a q/k/v-only flag.)
+  bool attentionBias = false;
+  bool mlpBias = false;  // gate/up/down carry biases; false: as config.json's mlp_bias says
   // The head is always the embedding (no lm_head tensor); false: lm_head, or the embedding when
   // config.json's tie_word_embeddings says so.
   bool tiedEmbeddings = false;
   bool slidingWindow = false;  // honour config.json's sliding_window (Mistral)
-  // Data only for now: config.json is parsed with the canonical keys, and the loader refuses a
-  // spec that has aliases until the parser applies them.
+  // Applied by the config parser (configDialect below): the canonical key is read under the alias.
   std::span<const ConfigKeyAlias> configKeyAliases = {};
 };
+
+// How the spec's class spells config.json, for parseModelConfig.
+inline ConfigDialect configDialect(const ArchitectureSpec& spec) {
+  return {.aliases = spec.configKeyAliases, .defaultActivation = spec.activation};
+}
 
 // A tensor name for one layer.
 inline std::string layerName(std::string_view pattern, int64_t layer) {

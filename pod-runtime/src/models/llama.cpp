@@ -1,6 +1,7 @@
 // The Llama graph (Llama, Llama 2 and 3, Code Llama, Mistral): RMSNorm, RoPE (every scaling
 // variant, partial rotary), grouped-query attention over the paged cache with an optional sliding
-// window, SiLU-gated MLP, sequential residual.
+// window, a gated MLP with config.json's hidden_act (SiLU, GELU, GELU tanh, ReLU), optional biases
+// on the attention and MLP projections (attention_bias, mlp_bias), sequential residual.
 #include <vector>
 
 #include "layers/attention.h"
@@ -17,13 +18,13 @@ namespace {
 Status checkSpec(const ArchitectureSpec& s) {
   constexpr std::string_view g = "llama";
   TG_RETURN_IF_ERROR(requireValue(s, g, "norm", s.norm, {NormKind::kRms}));
-  TG_RETURN_IF_ERROR(requireValue(s, g, "activation", s.activation, {Activation::kSilu}));
+  TG_RETURN_IF_ERROR(requireValue(
+      s, g, "activation", s.activation,
+      {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh, Activation::kRelu}));
   TG_RETURN_IF_ERROR(requireValue(s, g, "gatedMlp", s.gatedMlp, {true}));
   TG_RETURN_IF_ERROR(requireValue(s, g, "parallelResidual", s.parallelResidual, {false}));
   TG_RETURN_IF_ERROR(requireValue(s, g, "position", s.position, {PositionKind::kRope}));
-  TG_RETURN_IF_ERROR(requireValue(s, g, "qkvLayout", s.qkvLayout, {QkvLayout::kSeparate}));
-  TG_RETURN_IF_ERROR(requireValue(s, g, "attentionBias", s.attentionBias, {false}));
-  return requireValue(s, g, "mlpBias", s.mlpBias, {false});
+  return requireValue(s, g, "qkvLayout", s.qkvLayout, {QkvLayout::kSeparate});
 }
 
 class LlamaGraph final : public ArchitectureGraph {
@@ -36,6 +37,9 @@ class LlamaGraph final : public ArchitectureGraph {
     TG_ASSIGN_OR_RETURN(embedding_, Embedding::load(w, std::string(t.embed)));
     const Attention::Options attention{.slidingWindow =
                                            spec_.slidingWindow ? c.slidingWindow.value_or(0) : 0};
+    // The spec's flags: the class always has them; else config.json switches them on.
+    const bool attentionBias = spec_.attentionBias || c.attentionBias;
+    const bool mlpBias = spec_.mlpBias || c.mlpBias;
     layers_.resize(c.numLayers);
     for (int64_t i = 0; i < c.numLayers; ++i) {
       Layer& l = layers_[i];
@@ -45,15 +49,17 @@ class LlamaGraph final : public ArchitectureGraph {
                                                        {.q = layerName(t.q, i),
                                                         .k = layerName(t.k, i),
                                                         .v = layerName(t.v, i),
-                                                        .o = layerName(t.o, i)},
+                                                        .o = layerName(t.o, i),
+                                                        .bias = attentionBias},
                                                        attention));
       TG_ASSIGN_OR_RETURN(l.postNorm,
                           Norm::load(w, spec_.norm, layerName(t.postNorm, i), c.rmsNormEps));
       TG_ASSIGN_OR_RETURN(l.mlp, GatedMlp::load(w,
                                                 {.gate = layerName(t.gate, i),
                                                  .up = layerName(t.up, i),
-                                                 .down = layerName(t.down, i)},
-                                                spec_.activation));
+                                                 .down = layerName(t.down, i),
+                                                 .bias = mlpBias},
+                                                c.hiddenAct));
     }
     TG_ASSIGN_OR_RETURN(Norm finalNorm,
                         Norm::load(w, spec_.norm, std::string(t.finalNorm), c.rmsNormEps));

@@ -28,32 +28,34 @@ const Architecture* findArchitecture(std::string_view name) {
   return nullptr;
 }
 
+StatusOr<ConfigDialect> registeredDialect(std::string_view name) {
+  const Architecture* architecture = findArchitecture(name);
+  if (architecture != nullptr) return configDialect(architecture->spec);
+  std::string supported;
+  for (const Architecture& a : kArchitectures)
+    supported += (supported.empty() ? "" : ", ") + std::string(a.spec.name);
+  return unimplementedError("config.json: architecture '" + std::string(name) +
+                            "' is not supported (supported: " + supported + ")");
+}
+
 StatusOr<std::unique_ptr<Model>> loadArchitecture(const Architecture& architecture,
                                                   const ModelConfig& config,
                                                   const WeightStore& weights, Backend& backend,
                                                   const ModelOptions& options) {
-  const ArchitectureSpec& spec = architecture.spec;
-  if (!spec.configKeyAliases.empty()) {
-    const ArchitectureSpec::ConfigKeyAlias& a = spec.configKeyAliases.front();
-    return unimplementedError(std::string(spec.name) + ": config-key alias '" + std::string(a.key) +
-                              "' -> '" + std::string(a.canonical) +
-                              "' is not applied by the config parser yet");
-  }
-  TG_ASSIGN_OR_RETURN(auto graph, architecture.makeGraph(spec));
+  TG_ASSIGN_OR_RETURN(auto graph, architecture.makeGraph(architecture.spec));
   return ModelRunner::load(config, std::move(graph), weights, backend, options);
+}
+
+StatusOr<ModelConfig> loadArchitectureConfig(const std::string& modelDir) {
+  return loadModelConfig(modelDir, registeredDialect);
 }
 
 StatusOr<std::unique_ptr<Model>> loadModel(const std::string& modelDir, Backend& backend,
                                            const ModelOptions& options) {
-  TG_ASSIGN_OR_RETURN(ModelConfig config, loadModelConfig(modelDir));
+  // The class is resolved first: config.json is parsed as that class spells it.
+  TG_ASSIGN_OR_RETURN(ModelConfig config, loadArchitectureConfig(modelDir));
   const Architecture* architecture = findArchitecture(config.architecture);
-  if (architecture == nullptr) {
-    std::string supported;
-    for (const Architecture& a : kArchitectures)
-      supported += (supported.empty() ? "" : ", ") + std::string(a.spec.name);
-    return unimplementedError("config.json: architecture '" + config.architecture +
-                              "' is not supported (supported: " + supported + ")");
-  }
+  if (architecture == nullptr) return internalError("registered class not found");
   TG_ASSIGN_OR_RETURN(auto weights, WeightStore::open(modelDir));
   return loadArchitecture(*architecture, config, *weights, backend, options);
 }

@@ -21,9 +21,11 @@ struct Architecture {
 std::span<const Architecture> architectures();
 // Null when `name` (config.json "architectures"[0]) is not registered.
 const Architecture* findArchitecture(std::string_view name);
+// The registered class's config dialect; UNIMPLEMENTED naming `name` and the registered classes.
+StatusOr<ConfigDialect> registeredDialect(std::string_view name);
 
-// Loads `architecture`'s graph over the model runner. UNIMPLEMENTED naming a spec value the graph
-// does not build, or config-key aliases (not applied by the config parser yet).
+// Loads `architecture`'s graph over the model runner (`config` parsed with its dialect).
+// UNIMPLEMENTED naming a spec value the graph does not build.
 StatusOr<std::unique_ptr<Model>> loadArchitecture(const Architecture& architecture,
                                                   const ModelConfig& config,
                                                   const WeightStore& weights, Backend& backend,

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "models/registry.h"
@@ -56,9 +57,7 @@ TEST(ArchitectureSpec, ValuesTheGraphDoesNotBuildAreRefusedByName) {
   };
   const Case cases[] = {
       {[](ArchitectureSpec& s) { s.norm = NormKind::kLayer; }, "norm 'layer'"},
-      {[](ArchitectureSpec& s) { s.activation = Activation::kGelu; }, "activation 'gelu'"},
-      {[](ArchitectureSpec& s) { s.activation = Activation::kGeluTanh; }, "activation 'gelu_tanh'"},
-      {[](ArchitectureSpec& s) { s.activation = Activation::kRelu; }, "activation 'relu'"},
+      {[](ArchitectureSpec& s) { s.activation = static_cast<Activation>(9); }, "activation '?'"},
       {[](ArchitectureSpec& s) { s.gatedMlp = false; }, "gatedMlp 'false'"},
       {[](ArchitectureSpec& s) { s.parallelResidual = true; }, "parallelResidual 'true'"},
       {[](ArchitectureSpec& s) { s.position = PositionKind::kAlibi; }, "position 'alibi'"},
@@ -66,8 +65,6 @@ TEST(ArchitectureSpec, ValuesTheGraphDoesNotBuildAreRefusedByName) {
       {[](ArchitectureSpec& s) { s.qkvLayout = QkvLayout::kFused; }, "qkvLayout 'fused'"},
       {[](ArchitectureSpec& s) { s.qkvLayout = QkvLayout::kFusedInterleavedPerHead; },
        "qkvLayout 'fused_interleaved_per_head'"},
-      {[](ArchitectureSpec& s) { s.attentionBias = true; }, "attentionBias 'true'"},
-      {[](ArchitectureSpec& s) { s.mlpBias = true; }, "mlpBias 'true'"},
   };
   for (const Case& c : cases) {
     const Status st = loadWith(c.edit);
@@ -79,12 +76,61 @@ TEST(ArchitectureSpec, ValuesTheGraphDoesNotBuildAreRefusedByName) {
   }
 }
 
-TEST(ArchitectureSpec, ConfigKeyAliasesAreRefusedUntilTheParserAppliesThem) {
-  static constexpr ArchitectureSpec::ConfigKeyAlias kAliases[] = {
-      {"n_head", "num_attention_heads"}};
-  const Status st = loadWith([](ArchitectureSpec& s) { s.configKeyAliases = kAliases; });
-  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st;
-  EXPECT_NE(st.message().find("'n_head' -> 'num_attention_heads'"), std::string::npos) << st;
+// The gated MLP computes every activation the config parser accepts.
+TEST(ArchitectureSpec, TheLlamaGraphBuildsEveryActivation) {
+  for (Activation a :
+       {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh, Activation::kRelu}) {
+    EXPECT_TRUE(loadWith([a](ArchitectureSpec& s) { s.activation = a; }).ok()) << toString(a);
+  }
+}
+
+// A spec that always has biases needs the bias tensors, whatever config.json says.
+TEST(ArchitectureSpec, BiasFlagsLoadTheBiasTensors) {
+  Status st = loadWith([](ArchitectureSpec& s) { s.attentionBias = true; });
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("'model.layers.0.self_attn.q_proj.bias' not found"),
+            std::string::npos)
+      << st;
+  st = loadWith([](ArchitectureSpec& s) { s.mlpBias = true; });
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("'model.layers.0.mlp.gate_proj.bias' not found"), std::string::npos)
+      << st;
+}
+
+// A spec's config-key aliases are applied by the parser: the fixture's config.json with GPT-2's
+// spellings, parsed with the spec's dialect, gives the same model as the original.
+TEST(ArchitectureSpec, ConfigKeyAliasesAreApplied) {
+  static constexpr ArchitectureSpec::ConfigKeyAlias kAliases[] = {{"n_head", "num_attention_heads"},
+                                                                  {"n_embd", "hidden_size"},
+                                                                  {"n_layer", "num_hidden_layers"}};
+  Architecture a = *findArchitecture("LlamaForCausalLM");
+  a.spec.configKeyAliases = kAliases;
+  std::ifstream in(kFixture + "/config.json");
+  auto j = nlohmann::json::parse(in);
+  auto want = parseModelConfig(j.dump());
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (const auto& alias : kAliases) {
+    j[std::string(alias.key)] = j[std::string(alias.canonical)];
+    j.erase(std::string(alias.canonical));
+  }
+  auto dialect = [&](std::string_view) -> StatusOr<ConfigDialect> { return configDialect(a.spec); };
+  auto config = parseModelConfig(j.dump(), {}, dialect);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->numHeads, want->numHeads);
+  EXPECT_EQ(config->hiddenSize, want->hiddenSize);
+  EXPECT_EQ(config->numLayers, want->numLayers);
+  auto weights = WeightStore::open(kFixture);
+  ASSERT_TRUE(weights.ok());
+  auto backend = makeCpuBackend(1);
+  auto model = loadArchitecture(a, *config, **weights, *backend, {});
+  EXPECT_TRUE(model.ok()) << model.status();
+  // Both spellings, disagreeing: refused naming both.
+  j["num_attention_heads"] = want->numHeads * 2;
+  auto both = parseModelConfig(j.dump(), {}, dialect);
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("'n_head'"), std::string::npos) << both.status();
+  EXPECT_NE(both.status().message().find("'num_attention_heads'"), std::string::npos)
+      << both.status();
 }
 
 TEST(ArchitectureSpec, TensorNamesComeFromTheSpec) {
@@ -111,15 +157,18 @@ TEST(ArchitectureRegistry, RefusesAClassItDoesNotListNamingWhatItServes) {
   text.replace(at, 16, "GPT2LMHeadModel");
   std::ofstream(dir + "/config.json") << text;
   ASSERT_TRUE(loadModelConfig(dir).ok()) << loadModelConfig(dir).status();
+  const std::string want =
+      "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, MistralForCausalLM)";
+  // The class is resolved before the rest of config.json is read (as that class spells it).
+  auto config = loadArchitectureConfig(dir);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(config.status().message().find(want), std::string::npos) << config.status();
   auto backend = makeCpuBackend(1);
   auto model = loadModel(dir, *backend);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(model.status().message().find(
-                "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
-                "MistralForCausalLM)"),
-            std::string::npos)
-      << model.status();
+  EXPECT_NE(model.status().message().find(want), std::string::npos) << model.status();
 }
 
 }  // namespace

@@ -228,7 +228,7 @@ TEST(ModelConfigTest, ErrorsNameTheField) {
       {"rope_scaling",
        {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", -1}},
        "'rope_scaling.mscale' must be a non-negative number"},
-      {"hidden_act", "gelu", "'hidden_act' 'gelu' is not supported"},
+      {"hidden_act", "quick_gelu", "'hidden_act' 'quick_gelu' is not supported"},
       {"torch_dtype", "float8", "'dtype' 'float8' is not supported"},
   };
   for (const Case& c : cases) {

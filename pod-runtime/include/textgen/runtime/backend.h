@@ -16,6 +16,7 @@
 #include "textgen/base/status_or.h"
 #include "textgen/kernels/argmax.h"
 #include "textgen/kernels/bias_add.h"
+#include "textgen/kernels/gated_activation.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm.h"
 #include "textgen/kernels/kv_write.h"
@@ -24,7 +25,6 @@
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
 #include "textgen/kernels/sample.h"
-#include "textgen/kernels/silu_mul.h"
 #include "textgen/runtime/linear.h"
 
 namespace textgen::runtime {
@@ -106,7 +106,8 @@ class Backend {
   }
   // The backend supplies the split-K workspace.
   virtual Status attention(kernels::PagedAttentionParams p) = 0;
-  virtual Status siluMul(const kernels::SiluMulParams& p) = 0;
+  // act(gate) * up of the gated MLP.
+  virtual Status gatedActivation(const kernels::GatedActivationParams& p) = 0;
   virtual Status argmax(const kernels::ArgmaxParams& p) = 0;
   virtual Status sample(const kernels::SampleParams& p) = 0;
 };

@@ -105,4 +105,9 @@ class Model {
 StatusOr<std::unique_ptr<Model>> loadModel(const std::string& modelDir, Backend& backend,
                                            const ModelOptions& options = {});
 
+// A model directory's config.json as loadModel reads it: its class ("architectures"[0]) looked up
+// in the architecture registry, its keys as that class spells them. UNIMPLEMENTED naming an
+// unregistered class and the registered ones.
+StatusOr<ModelConfig> loadArchitectureConfig(const std::string& modelDir);
+
 }  // namespace textgen::runtime

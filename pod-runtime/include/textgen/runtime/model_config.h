@@ -1,14 +1,18 @@
-// config.json (and generation_config.json) as typed hyper-parameters. Parsed once at start-up; a
-// missing or invalid field, or an unsupported architecture, is an error that names it.
+// config.json (and generation_config.json) as typed hyper-parameters. Parsed once at start-up, as
+// the checkpoint's class spells it (its ConfigDialect, from the architecture registry); a missing
+// or invalid field, or an unsupported architecture, is an error that names it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "textgen/base/status_or.h"
+#include "textgen/kernels/activation.h"
 #include "textgen/kernels/dtype.h"
 
 namespace textgen::runtime {
@@ -28,6 +32,23 @@ struct RopeConfig {
   double attentionFactor = 1.0;  // multiplies cos and sin (yarn's, resolved when parsed)
 };
 
+// A config.json key a class spells differently (GPT-2's "n_head" for "num_attention_heads"): the
+// canonical key is read under `key` when config.json has no canonical one; both present and
+// different is an error naming both.
+struct ConfigKeyAlias {
+  std::string_view key, canonical;
+};
+
+// What a Hugging Face config class changes in config.json (its ArchitectureSpec's, models/).
+struct ConfigDialect {
+  std::span<const ConfigKeyAlias> aliases = {};
+  kernels::Activation defaultActivation = kernels::Activation::kSilu;  // hidden_act when absent
+};
+
+// The dialect of config.json's class, given its name ("architectures"[0]); an error refuses the
+// class.
+using ConfigDialectLookup = std::function<StatusOr<ConfigDialect>(std::string_view architecture)>;
+
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string modelType;     // e.g. "llama"
@@ -42,8 +63,11 @@ struct ModelConfig {
   double rmsNormEps = 1e-6;
   RopeConfig rope;
   bool tieWordEmbeddings = false;
-  bool attentionBias = false;
-  bool mlpBias = false;
+  bool attentionBias = false;  // q, k, v and o have biases (Llama's attention_bias)
+  bool mlpBias = false;        // gate, up and down have biases (Llama's mlp_bias)
+  // The MLP's activation: hidden_act ("silu"/"swish", "gelu", "gelu_pytorch_tanh"/"gelu_new"/
+  // "gelu_fast", "relu"), the dialect's default when absent.
+  kernels::Activation hiddenAct = kernels::Activation::kSilu;
   std::optional<int64_t> slidingWindow;  // attend to this many most recent positions (Mistral)
   kernels::DType dtype = kernels::DType::kF32;  // the checkpoint's torch dtype
   std::optional<uint32_t> bosTokenId;
@@ -60,11 +84,15 @@ struct ModelConfig {
   }
 };
 
-// `generationConfigJson` may be empty.
+// `generationConfigJson` may be empty. Without `dialectOf`, every class is read with the canonical
+// keys (Hugging Face's LlamaConfig names) and SiLU as the default activation.
 StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
-                                       std::string_view generationConfigJson = {});
+                                       std::string_view generationConfigJson = {},
+                                       const ConfigDialectLookup& dialectOf = {});
 
-// Reads DIR/config.json and DIR/generation_config.json (optional).
-StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir);
+// Reads DIR/config.json and DIR/generation_config.json (optional). The architecture registry's
+// loadArchitectureConfig (textgen/runtime/model.h) passes its dialects.
+StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir,
+                                      const ConfigDialectLookup& dialectOf = {});
 
 }  // namespace textgen::runtime

@@ -1,0 +1,146 @@
+// A tiny random Llama written by the test itself (config.json and a float32 model.safetensors) for
+// variants no reference fixture covers yet: attention and MLP biases, other activations. The
+// weights depend only on the seed, the biases on the seed and their scale, so models that differ
+// in biases alone share every other tensor bit for bit.
+#pragma once
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "textgen/runtime/model.h"
+
+namespace textgen::runtime::testing {
+
+struct TinyLlama {
+  bool attentionBias = false, mlpBias = false;  // config.json's flags
+  // Bias tensors written for the layers the flags name (set writeBiases for a spec that always
+  // has them); scale 0 writes zeros.
+  bool writeBiases = true;
+  float biasScale = 0.5f;
+  std::string hiddenAct = "gelu_pytorch_tanh";
+  uint32_t seed = 1;
+  std::map<std::string, std::vector<int64_t>> shapes = {};  // a tensor's shape replaced (bad input)
+
+  static constexpr int64_t kVocab = 64, kHidden = 32, kInter = 64, kLayers = 2, kHeads = 4,
+                           kKvHeads = 2, kHeadDim = kHidden / kHeads;
+
+  // Writes DIR/config.json and DIR/model.safetensors.
+  void write(const std::string& dir) const {
+    std::filesystem::create_directories(dir);
+    nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                             {"model_type", "llama"},
+                             {"vocab_size", kVocab},
+                             {"hidden_size", kHidden},
+                             {"intermediate_size", kInter},
+                             {"num_hidden_layers", kLayers},
+                             {"num_attention_heads", kHeads},
+                             {"num_key_value_heads", kKvHeads},
+                             {"max_position_embeddings", 128},
+                             {"rms_norm_eps", 1e-5},
+                             {"hidden_act", hiddenAct},
+                             {"attention_bias", attentionBias},
+                             {"mlp_bias", mlpBias},
+                             {"tie_word_embeddings", false},
+                             {"torch_dtype", "float32"},
+                             {"eos_token_id", 2}};
+    std::ofstream(dir + "/config.json") << config.dump(2);
+
+    std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
+        {"model.embed_tokens.weight", {kVocab, kHidden}},
+        {"model.norm.weight", {kHidden}},
+        {"lm_head.weight", {kVocab, kHidden}}};
+    std::vector<std::pair<std::string, std::vector<int64_t>>> biases;
+    const int64_t qOut = kHeads * kHeadDim, kvOut = kKvHeads * kHeadDim;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const std::pair<std::string, std::vector<int64_t>> attn[] = {
+          {p + "self_attn.q_proj", {qOut, kHidden}},
+          {p + "self_attn.k_proj", {kvOut, kHidden}},
+          {p + "self_attn.v_proj", {kvOut, kHidden}},
+          {p + "self_attn.o_proj", {kHidden, qOut}}};
+      const std::pair<std::string, std::vector<int64_t>> mlp[] = {
+          {p + "mlp.gate_proj", {kInter, kHidden}},
+          {p + "mlp.up_proj", {kInter, kHidden}},
+          {p + "mlp.down_proj", {kHidden, kInter}}};
+      tensors.push_back({p + "input_layernorm.weight", {kHidden}});
+      tensors.push_back({p + "post_attention_layernorm.weight", {kHidden}});
+      for (const auto& [name, shape] : attn) {
+        tensors.push_back({name + ".weight", shape});
+        if (attentionBias && writeBiases) biases.push_back({name + ".bias", {shape[0]}});
+      }
+      for (const auto& [name, shape] : mlp) {
+        tensors.push_back({name + ".weight", shape});
+        if (mlpBias && writeBiases) biases.push_back({name + ".bias", {shape[0]}});
+      }
+    }
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, std::mt19937& rng,
+                   float scale, float offset) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      std::vector<float> v(n);
+      for (float& x : v) x = offset + scale * dist(rng);
+      if (auto it = shapes.find(name); it != shapes.end()) {
+        shape = it->second;
+        n = 1;
+        for (int64_t d : shape) n *= d;
+        v.resize(n, 0.0f);
+      }
+      const size_t begin = data.size();
+      data.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+      header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+    };
+    std::mt19937 weights(seed), biasRng(seed + 7919);
+    for (const auto& [name, shape] : tensors) {
+      const bool norm = name.find("norm") != std::string::npos;
+      add(name, shape, weights, norm ? 0.1f : 0.2f, norm ? 1.0f : 0.0f);
+    }
+    for (const auto& [name, shape] : biases) add(name, shape, biasRng, biasScale, 0.0f);
+    const std::string h = header.dump();
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+    std::ofstream(dir + "/model.safetensors", std::ios::binary) << file << h << data;
+  }
+};
+
+// The last row's logits of each prompt, prefilled together in one batch.
+inline StatusOr<std::vector<float>> prefillLogits(Model& model, Backend& backend,
+                                                  const std::vector<std::vector<uint32_t>>& ps) {
+  constexpr int64_t kBlockSize = 4;
+  TG_ASSIGN_OR_RETURN(auto cache,
+                      KvCache::create(backend, model.kvShape(), 64, kBlockSize, model.dtype()));
+  ForwardBatch b;
+  uint32_t nextBlock = 0;
+  std::vector<std::vector<uint32_t>> tables(ps.size());  // the batch's spans point here
+  for (size_t s = 0; s < ps.size(); ++s) {
+    const std::vector<uint32_t>& p = ps[s];
+    std::vector<uint32_t>& blocks = tables[s];
+    for (size_t i = 0; i < p.size(); i += kBlockSize) blocks.push_back(nextBlock++);
+    b.sequences.push_back({.firstRow = static_cast<int64_t>(b.tokenIds.size()),
+                           .numRows = static_cast<int64_t>(p.size()),
+                           .startPos = 0,
+                           .blocks = blocks});
+    for (size_t i = 0; i < p.size(); ++i) {
+      b.tokenIds.push_back(p[i]);
+      b.slots.push_back(blocks[i / kBlockSize] * kBlockSize + i % kBlockSize);
+    }
+    b.logitRows.push_back(static_cast<int64_t>(b.tokenIds.size()) - 1);
+  }
+  return model.forward(b, *cache);
+}
+
+inline const std::vector<std::vector<uint32_t>>& tinyPrompts() {
+  static const std::vector<std::vector<uint32_t>> ps = {
+      {1, 5, 9, 13, 17, 21, 3}, {1, 40, 2}, {1, 63, 62, 61, 60, 59, 58, 57, 56, 55}};
+  return ps;
+}
+
+}  // namespace textgen::runtime::testing
