@@ -16,8 +16,7 @@ Fixtures:
   llama-rope-llama3  Llama 3.1 RoPE scaling: high, medium (smoothed) and low frequencies all present
   llama-rope-yarn    YaRN RoPE scaling: blended frequencies and the attention factor on cos/sin
   llama-bias-gelu    attention_bias and mlp_bias (q/k/v/o and gate/up/down biases), hidden_act
-                     gelu_pytorch_tanh (not generated yet: tests/unit/runtime/bias_test.cpp and
-                     tensor_parallel_test.cpp cover biases with a model the test writes meanwhile)
+                     gelu_pytorch_tanh
 
 reference.json also holds the model's RoPE inverse frequencies and attention scaling as transformers
 computes them ("rope"), to compare textgen's with before any logits.

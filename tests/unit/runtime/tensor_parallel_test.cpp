@@ -793,7 +793,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixture,
                          ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear",
                                                               "llama-dynamic", "mistral-sharded",
                                                               "llama-hd128", "llama-rope-llama3",
-                                                              "llama-rope-yarn"),
+                                                              "llama-rope-yarn", "llama-bias-gelu"),
                                             ::testing::ValuesIn(kWorlds),
                                             ::testing::ValuesIn(kDtypes)),
                          [](const auto& param) {
