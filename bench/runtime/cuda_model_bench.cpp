@@ -3,10 +3,10 @@
 // (ms/token and the fraction of the weight-streaming roofline), prefill of 512 and 2048 tokens
 // (tokens/s and the fraction of the GEMM peak), and a TGI-benchmark-style table over batch sizes
 // (prefill latency, decode step latency, decode tokens/s). Each forward includes the host work of a
-// step: building and uploading the batch metadata, and the greedy choice (arg-max on the device and
-// the chosen ids downloaded, the engine's path for greedy requests; --host-logits downloads every
-// logit row instead, the path of requests that sample on the host).
-// Prints a table and one JSON line. Usage:
+// step: building and uploading the batch metadata, and the greedy choice (the model's logits left
+// on the device, then the Sampler's arg-max and the chosen ids downloaded, the engine's path for
+// greedy requests; --host-logits downloads every logit row instead, the path of requests that
+// sample on the host). Prints a table and one JSON line. Usage:
 //   bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt 128] [--steps 32]
 //   bench_cuda_model --model DIR --profile B   (the kernels of one decode step of B sequences)
 #include <cuda_runtime.h>
@@ -23,6 +23,7 @@
 #include "textgen/kernels/gemm_runner.h"
 #include "textgen/kernels/launch.h"
 #include "textgen/runtime/model.h"
+#include "textgen/runtime/sampler.h"
 
 namespace {
 
@@ -130,8 +131,12 @@ void gemvTable(const ModelConfig& c, kernels::DType dtype, double copyGBs) {
 // Sequences over a shared KV cache; each forward appends `rows` tokens to every listed sequence.
 class Driver {
  public:
-  Driver(Model& model, KvCache& cache, bool hostLogits)
-      : model_(model), cache_(cache), hostLogits_(hostLogits) {}
+  Driver(Model& model, KvCache& cache, Backend& backend, bool hostLogits)
+      : model_(model),
+        cache_(cache),
+        backend_(backend),
+        sampler_(backend),
+        hostLogits_(hostLogits) {}
 
   // A new sequence with room for `capacity` tokens; returns its index.
   int64_t add(int64_t capacity) {
@@ -166,8 +171,7 @@ class Driver {
       fb.logitRows.push_back(static_cast<int64_t>(fb.tokenIds.size()) - 1);
     }
     const double t0 = now();
-    const Status st = hostLogits_ ? model_.forward(fb, cache_).status()
-                                  : model_.forwardGreedy(fb, cache_).status();
+    const Status st = choose(fb);
     const double t = now() - t0;
     if (!st.ok()) {
       std::fprintf(stderr, "forward failed: %s\n", st.toString().c_str());
@@ -182,8 +186,18 @@ class Driver {
     std::vector<uint32_t> blocks;
     int64_t len = 0;
   };
+  // The forward, then the engine's greedy choice (or every logit row to the host).
+  Status choose(const ForwardBatch& fb) {
+    auto logits = model_.forwardLogits(fb, cache_);
+    if (!logits.ok()) return logits.status();
+    return hostLogits_ ? downloadLogits(backend_, *logits).status()
+                       : sampler_.greedy(*logits).status();
+  }
+
   Model& model_;
   KvCache& cache_;
+  Backend& backend_;
+  Sampler sampler_;
   bool hostLogits_;
   std::vector<Seq> seqs_;
   uint32_t nextBlock_ = 0;
@@ -288,7 +302,7 @@ int main(int argc, char** argv) {
   }
   std::printf("KV pool: %ld blocks of %ld tokens (%.1f GB)\n", static_cast<long>(numBlocks),
               static_cast<long>(bs), static_cast<double>(numBlocks * perBlock) / 1e9);
-  Driver d(**model, **cache, hostLogits);
+  Driver d(**model, **cache, **backend, hostLogits);
   if (profileBatch > 0) {
     // A short prefill, warm decode steps, then one traced decode step: the kernel table, and the
     // step's wall time against its span on the device (the rest is host work).

@@ -3,8 +3,8 @@
 // roofline), decode steps over 64 and 256 sequences (tokens/s), and one decode step of 1 and of 64
 // sequences traced with CUPTI on every rank: the all-reduce kernels' time per step and per layer,
 // and their share of the step. Every forward is the shard's greedy step, as in bench_cuda_model:
-// metadata built and uploaded, decode through the captured CUDA graphs, the arg-max on the device
-// and the chosen ids downloaded.
+// metadata built and uploaded, decode through the captured CUDA graphs, the Sampler's arg-max on
+// the device right after and the chosen ids downloaded.
 //
 // Each rank is a process, as the launcher runs shards: forked before any CUDA call, device = rank,
 // so the communicator takes its production path (the one-shot all-reduce maps its peers through
@@ -40,6 +40,7 @@
 #include "textgen/kernels/launch.h"
 #include "textgen/runtime/communicator.h"
 #include "textgen/runtime/model.h"
+#include "textgen/runtime/sampler.h"
 
 namespace {
 
@@ -152,7 +153,8 @@ double streamedBytes(const ModelConfig& c, int world) {
 // (bench_cuda_model's driver, greedy only). Every rank builds the same batches.
 class Driver {
  public:
-  Driver(Model& model, KvCache& cache) : model_(model), cache_(cache) {}
+  Driver(Model& model, KvCache& cache, Backend& backend)
+      : model_(model), cache_(cache), sampler_(backend) {}
 
   // A new sequence with room for `capacity` tokens; returns its index.
   int64_t add(int64_t capacity) {
@@ -183,7 +185,8 @@ class Driver {
       fb.logitRows.push_back(static_cast<int64_t>(fb.tokenIds.size()) - 1);
     }
     const double t0 = now();
-    const Status st = model_.forwardGreedy(fb, cache_).status();
+    auto logits = model_.forwardLogits(fb, cache_);
+    const Status st = logits.ok() ? sampler_.greedy(*logits).status() : logits.status();
     const double t = now() - t0;
     if (!st.ok()) die("forward failed: " + st.toString());
     for (int64_t i = first; i < first + count; ++i) seqs_[i].len += rows;
@@ -197,6 +200,7 @@ class Driver {
   };
   Model& model_;
   KvCache& cache_;
+  Sampler sampler_;
   std::vector<Seq> seqs_;
   uint32_t nextBlock_ = 0;
 };
@@ -400,7 +404,7 @@ Loaded load(const Options& o, int rank, int world, int port, json& r) {
                 r["kv_GB"].get<double>());
     std::fflush(stdout);
   }
-  Driver d(*l.model, *l.cache);
+  Driver d(*l.model, *l.cache, *l.backend);
   Sync sync(l.rendezvous.get());
   sync();
   // Progress on the way (the table comes at the end, after every degree).

@@ -39,7 +39,7 @@ struct Engine::Request {
   std::vector<uint32_t> tokens;  // prompt then generated
   TokenCounts history;           // of `tokens`, for the penalties (updated per token)
   int64_t computed = 0;          // positions whose KV is in the cache
-  Sampler sampler;
+  RequestSampler sampler;
   StoppingCriteria stopping;
   tokenizer::IncrementalDecoder detok;
   std::vector<uint32_t> generated;
@@ -114,7 +114,11 @@ struct Engine::StepOutputs {
 
 Engine::Engine(Model& model, const tokenizer::Tokenizer& tokenizer, Backend& backend,
                EngineOptions options)
-    : model_(model), tokenizer_(tokenizer), backend_(backend), options_(options) {}
+    : model_(model),
+      tokenizer_(tokenizer),
+      backend_(backend),
+      options_(options),
+      sampler_(backend) {}
 
 Engine::~Engine() = default;
 
@@ -217,7 +221,7 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
       Request& r = *owner;
       kernels::SampleRow row;  // a prompt chunk with more to come: chooses nothing, draws nothing
       if (r.choosesNow()) {
-        Sampler::SampleInputs in = r.sampler.sampleInputs(r.history, vocab);
+        RequestSampler::SampleInputs in = r.sampler.sampleInputs(r.history, vocab);
         row = r.sampler.sampleRow(in);
         row.historyBegin = static_cast<int32_t>(sb.historyTokens.size());
         row.historyEnd += row.historyBegin;
@@ -237,20 +241,23 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
   return plan;
 }
 
-// Execute: the forward, with the choice made where the plan says.
+// Execute: the forward, then the choice where the plan says. The sampler's kernel follows the
+// forward (or its graph) on the same stream; only its choices come back, unless the plan wants the
+// logits on the host.
 StatusOr<Engine::StepOutputs> Engine::execute(const StepPlan& plan) {
+  TG_ASSIGN_OR_RETURN(const LogitsView logits, model_.forwardLogits(plan.forward, *cache_));
   StepOutputs out;
   switch (plan.mode) {
     case ChoiceMode::kGreedy: {
-      TG_ASSIGN_OR_RETURN(out.picks, model_.forwardGreedy(plan.forward, *cache_));
+      TG_ASSIGN_OR_RETURN(out.picks, sampler_.greedy(logits));
       break;
     }
     case ChoiceMode::kSample: {
-      TG_ASSIGN_OR_RETURN(out.sampled, model_.forwardSample(plan.forward, *cache_, plan.sampling));
+      TG_ASSIGN_OR_RETURN(out.sampled, sampler_.sample(logits, plan.sampling));
       break;
     }
     case ChoiceMode::kHostLogits: {
-      TG_ASSIGN_OR_RETURN(out.logits, model_.forward(plan.forward, *cache_));
+      TG_ASSIGN_OR_RETURN(out.logits, downloadLogits(backend_, logits));
       break;
     }
   }

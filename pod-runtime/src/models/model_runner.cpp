@@ -1,7 +1,6 @@
 #include "models/model_runner.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "layers/forward_context.h"
 #include "layers/weight_loader.h"
@@ -32,101 +31,33 @@ StatusOr<std::unique_ptr<Model>> ModelRunner::load(const ModelConfig& config,
   return std::unique_ptr<Model>(std::move(r));
 }
 
-StatusOr<std::vector<float>> ModelRunner::forward(const ForwardBatch& b, KvCache& cache) {
+StatusOr<LogitsView> ModelRunner::forwardLogits(const ForwardBatch& b, KvCache& cache) {
   TG_RETURN_IF_ERROR(run(b, cache));
-  return downloadLogits(static_cast<int64_t>(b.logitRows.size()) * config_.vocabSize);
+  return LogitsView{.buffer = ws_.logits.get(),
+                    .rows = static_cast<int64_t>(b.logitRows.size()),
+                    .vocab = config_.vocabSize,
+                    .dtype = dtype_};
 }
 
-StatusOr<std::vector<GreedyToken>> ModelRunner::forwardGreedy(const ForwardBatch& b,
-                                                              KvCache& cache) {
-  TG_RETURN_IF_ERROR(run(b, cache));
-  const auto n = static_cast<int64_t>(b.logitRows.size());
-  // [ids (int32) | logprobs (float)] in one buffer: one download.
-  TG_RETURN_IF_ERROR(ensureBuffer(backend_, greedy_, static_cast<size_t>(2 * n) * 4));
-  auto* ids = greedy_->as<int32_t>();
-  TG_RETURN_IF_ERROR(backend_.argmax({.logits = ws_.logits->data(),
-                                      .ids = ids,
-                                      .logprobs = reinterpret_cast<float*>(ids + n),
-                                      .rows = n,
-                                      .vocab = config_.vocabSize,
-                                      .dtype = dtype_}));
-  std::vector<int32_t> raw(2 * n);
-  TG_RETURN_IF_ERROR(backend_.download(raw.data(), *greedy_, raw.size() * 4));
-  std::vector<GreedyToken> out(n);
-  for (int64_t i = 0; i < n; ++i) {
-    out[i].id = static_cast<uint32_t>(raw[i]);
-    std::memcpy(&out[i].logprob, &raw[n + i], 4);
+StatusOr<std::vector<float>> ModelRunner::forward(const ForwardBatch& b, KvCache& cache) {
+  TG_ASSIGN_OR_RETURN(const LogitsView logits, forwardLogits(b, cache));
+  return downloadLogits(backend_, logits);
+}
+
+StatusOr<std::vector<float>> downloadLogits(Backend& backend, const LogitsView& logits) {
+  const int64_t count = logits.rows * logits.vocab;
+  std::vector<float> out(count);
+  if (logits.dtype == DType::kF32) {
+    TG_RETURN_IF_ERROR(backend.download(out.data(), *logits.buffer, count * sizeof(float)));
+    return out;
+  }
+  std::vector<uint16_t> raw(count);
+  TG_RETURN_IF_ERROR(backend.download(raw.data(), *logits.buffer, count * sizeof(uint16_t)));
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] =
+        logits.dtype == DType::kF16 ? kernels::f16ToFloat(raw[i]) : kernels::bf16ToFloat(raw[i]);
   }
   return out;
-}
-
-StatusOr<std::vector<SampledToken>> ModelRunner::forwardSample(const ForwardBatch& b,
-                                                               KvCache& cache,
-                                                               const SampleBatch& sb) {
-  const auto n = static_cast<int64_t>(b.logitRows.size());
-  if (static_cast<int64_t>(sb.rows.size()) != n)
-    return invalidArgumentError("one sampling row per logit row is required");
-  TG_RETURN_IF_ERROR(run(b, cache));
-  const int64_t vocab = config_.vocabSize, topN = sb.maxTopN;
-  // Inputs in one upload: [rows | history tokens | counts | bias tokens | bias values].
-  auto bytesOf = [](const auto& v) { return v.size() * sizeof(v[0]); };
-  const size_t oRows = 0, oHist = oRows + bytesOf(sb.rows),
-               oCounts = oHist + bytesOf(sb.historyTokens),
-               oBiasTok = oCounts + bytesOf(sb.historyCounts),
-               oBiasVal = oBiasTok + bytesOf(sb.biasTokens),
-               total = oBiasVal + bytesOf(sb.biasValues);
-  std::vector<unsigned char> host(std::max<size_t>(total, 16));
-  auto put = [&](size_t at, const auto& v) {
-    if (!v.empty()) std::memcpy(host.data() + at, v.data(), bytesOf(v));
-  };
-  put(oRows, sb.rows);
-  put(oHist, sb.historyTokens);
-  put(oCounts, sb.historyCounts);
-  put(oBiasTok, sb.biasTokens);
-  put(oBiasVal, sb.biasValues);
-  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleIn_, host.size()));
-  TG_RETURN_IF_ERROR(backend_.upload(*sampleIn_, host.data(), host.size()));
-  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleWork_, static_cast<size_t>(n * vocab) * 4));
-  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleProbs_, static_cast<size_t>(n * vocab) * 8));
-  // Outputs in one download: [ids | logprobs | top ids | top logprobs].
-  const size_t outWords = static_cast<size_t>(2 * n + 2 * n * topN);
-  TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleOut_, std::max<size_t>(outWords, 1) * 4));
-  auto* base = static_cast<unsigned char*>(sampleIn_->data());
-  auto* out = sampleOut_->as<int32_t>();
-  TG_RETURN_IF_ERROR(
-      backend_.sample({.logits = ws_.logits->data(),
-                       .rowParams = reinterpret_cast<const kernels::SampleRow*>(base + oRows),
-                       .historyTokens = reinterpret_cast<const int32_t*>(base + oHist),
-                       .historyCounts = reinterpret_cast<const int32_t*>(base + oCounts),
-                       .biasTokens = reinterpret_cast<const int32_t*>(base + oBiasTok),
-                       .biasValues = reinterpret_cast<const float*>(base + oBiasVal),
-                       .work = sampleWork_->as<float>(),
-                       .probs = sampleProbs_->as<double>(),
-                       .ids = out,
-                       .logprobs = reinterpret_cast<float*>(out + n),
-                       .topIds = out + 2 * n,
-                       .topLogprobs = reinterpret_cast<float*>(out + 2 * n + n * topN),
-                       .rows = n,
-                       .vocab = vocab,
-                       .maxTopN = topN,
-                       .dtype = dtype_}));
-  std::vector<int32_t> raw(outWords);
-  TG_RETURN_IF_ERROR(backend_.download(raw.data(), *sampleOut_, outWords * 4));
-  std::vector<SampledToken> result(n);
-  auto asFloat = [](int32_t bits) {
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    result[i].id = static_cast<uint32_t>(raw[i]);
-    result[i].logprob = asFloat(raw[n + i]);
-    for (int32_t j = 0; j < sb.rows[i].topN; ++j) {
-      result[i].top.emplace_back(static_cast<uint32_t>(raw[2 * n + i * topN + j]),
-                                 asFloat(raw[2 * n + n * topN + i * topN + j]));
-    }
-  }
-  return result;
 }
 
 // Validates the batch and enqueues its forward, through a decode graph where one applies; the
@@ -321,20 +252,6 @@ Status ModelRunner::reserve(int64_t rows, int64_t logitRows) {
   const Status st = ws_.reserve(backend_, config_, part_, dtype_, rows, logitRows, moved);
   if (moved) graphs_.clear();  // their pointers move (even when an allocation failed)
   return st;
-}
-
-StatusOr<std::vector<float>> ModelRunner::downloadLogits(int64_t count) {
-  std::vector<float> logits(count);
-  if (dtype_ == DType::kF32) {
-    TG_RETURN_IF_ERROR(backend_.download(logits.data(), *ws_.logits, count * sizeof(float)));
-    return logits;
-  }
-  std::vector<uint16_t> raw(count);
-  TG_RETURN_IF_ERROR(backend_.download(raw.data(), *ws_.logits, count * sizeof(uint16_t)));
-  for (int64_t i = 0; i < count; ++i) {
-    logits[i] = dtype_ == DType::kF16 ? kernels::f16ToFloat(raw[i]) : kernels::bf16ToFloat(raw[i]);
-  }
-  return logits;
 }
 
 Status ModelRunner::validate(const ForwardBatch& b, const KvCache& cache) const {

@@ -1,8 +1,8 @@
 // The model runner (vLLM's model runner, llama.cpp's context): everything about a forward that
 // belongs to no architecture. It validates the batch, lays out and uploads its metadata, keeps the
 // shared activation buffers, captures and replays decode graphs, runs the architecture's graph,
-// all-gathers the vocabulary parts of tensor-parallel logits, and hands the logits to the host or
-// to token choice (argmax, kernels::sample) where they are.
+// all-gathers the vocabulary parts of tensor-parallel logits into whole rows, and leaves the logits
+// where they are for token choice (sampler.h) or a download.
 #pragma once
 
 #include <map>
@@ -34,10 +34,8 @@ class ModelRunner final : public Model {
   const ModelConfig& config() const override { return config_; }
   DType dtype() const override { return dtype_; }
   KvShape kvShape() const override { return {config_.numLayers, part_.kvHeads, config_.headDim}; }
+  StatusOr<LogitsView> forwardLogits(const ForwardBatch& b, KvCache& cache) override;
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override;
-  StatusOr<std::vector<GreedyToken>> forwardGreedy(const ForwardBatch& b, KvCache& cache) override;
-  StatusOr<std::vector<SampledToken>> forwardSample(const ForwardBatch& b, KvCache& cache,
-                                                    const SampleBatch& sb) override;
 
  private:
   using Layout = BatchMetadata::Layout;
@@ -56,7 +54,6 @@ class ModelRunner final : public Model {
                                          std::unique_ptr<Buffer>& freqBuf,
                                          std::pair<size_t, size_t> minBytes = {0, 0});
   Status reserve(int64_t rows, int64_t logitRows);
-  StatusOr<std::vector<float>> downloadLogits(int64_t count);
 
   ModelConfig config_;
   std::unique_ptr<ArchitectureGraph> graph_;
@@ -65,10 +62,7 @@ class ModelRunner final : public Model {
   Partition part_;                // this rank's share (everything, on one rank)
   DType dtype_ = DType::kF32;
   Workspace ws_;
-  // Eager metadata, token choice's buffers: greedy ids and log-probs; kernels::sample's inputs,
-  // float32/float64 scratch and outputs.
-  std::unique_ptr<Buffer> meta_, invFreq_, greedy_, sampleIn_, sampleWork_, sampleProbs_,
-      sampleOut_;
+  std::unique_ptr<Buffer> meta_, invFreq_;  // eager metadata
   // Decode graphs by batch size, bound to one KV cache and to the workspace's buffers.
   std::vector<int64_t> graphSizes_;  // ascending
   int64_t graphContext_ = 0;         // longest context a graph serves

@@ -29,7 +29,8 @@ Status validateSamplingParams(const SamplingParams& p) {
   return okStatus();
 }
 
-Sampler::Sampler(SamplingParams params) : params_(std::move(params)), rng_(params_.seed) {}
+RequestSampler::RequestSampler(SamplingParams params)
+    : params_(std::move(params)), rng_(params_.seed) {}
 
 void logSoftmax(std::span<const float> logits, std::span<float> out) {
   const float m = *std::max_element(logits.begin(), logits.end());
@@ -39,7 +40,7 @@ void logSoftmax(std::span<const float> logits, std::span<float> out) {
   for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - lse;
 }
 
-TokenChoice Sampler::choose(std::span<float> logits, std::span<const uint32_t> history) {
+TokenChoice RequestSampler::choose(std::span<float> logits, std::span<const uint32_t> history) {
   const SamplingParams& p = params_;
   const auto vocab = static_cast<uint32_t>(logits.size());
   SampleInputs in = sampleInputs(TokenCounts(history), vocab);
@@ -74,7 +75,8 @@ TokenChoice Sampler::choose(std::span<float> logits, std::span<const uint32_t> h
   return c;
 }
 
-Sampler::SampleInputs Sampler::sampleInputs(const TokenCounts& history, uint32_t vocab) {
+RequestSampler::SampleInputs RequestSampler::sampleInputs(const TokenCounts& history,
+                                                          uint32_t vocab) {
   SampleInputs in;
   for (size_t i = 0; i < history.tokens().size(); ++i) {
     if (static_cast<uint32_t>(history.tokens()[i]) >= vocab) continue;
@@ -90,7 +92,7 @@ Sampler::SampleInputs Sampler::sampleInputs(const TokenCounts& history, uint32_t
   return in;
 }
 
-kernels::SampleRow Sampler::sampleRow(const SampleInputs& in) const {
+kernels::SampleRow RequestSampler::sampleRow(const SampleInputs& in) const {
   const SamplingParams& p = params_;
   kernels::SampleRow row;
   row.temperature = p.temperature;

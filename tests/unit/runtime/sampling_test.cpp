@@ -17,7 +17,7 @@ std::vector<float> logits() {
 }
 
 TEST(SamplingTest, GreedyTakesArgmaxWithProcessedLogprob) {
-  Sampler s({});
+  RequestSampler s({});
   auto l = logits();
   TokenChoice c = s.choose(l, {});
   EXPECT_EQ(c.id, 1u);
@@ -29,17 +29,17 @@ TEST(SamplingTest, GreedyTakesArgmaxWithProcessedLogprob) {
 TEST(SamplingTest, RepetitionAndFrequencyPenaltiesAndBias) {
   SamplingParams p;
   p.repetitionPenalty = 2.0f;  // token 1 (3.0 -> 1.5) loses to token 2
-  Sampler s(p);
+  RequestSampler s(p);
   auto l = logits();
   EXPECT_EQ(s.choose(l, std::vector<uint32_t>{1}).id, 2u);
   p = {};
   p.frequencyPenalty = 0.6f;  // token 1 seen twice: 3.0 - 1.2 = 1.8 < 2.0
-  Sampler f(p);
+  RequestSampler f(p);
   l = logits();
   EXPECT_EQ(f.choose(l, std::vector<uint32_t>{1, 1}).id, 2u);
   p = {};
   p.logitBias[4] = 10.0f;
-  Sampler b(p);
+  RequestSampler b(p);
   l = logits();
   EXPECT_EQ(b.choose(l, {}).id, 4u);
 }
@@ -50,13 +50,13 @@ TEST(SamplingTest, TopKTopPTypicalRestrictTheSupport) {
     p.doSample = true;
     p.seed = trial;
     p.topK = 2;
-    Sampler k(p);
+    RequestSampler k(p);
     auto l = logits();
     const uint32_t id = k.choose(l, {}).id;
     EXPECT_TRUE(id == 1 || id == 2) << id;
     p.topK = 0;
     p.topP = 0.5f;  // the best token alone has more than half the mass
-    Sampler tp(p);
+    RequestSampler tp(p);
     l = logits();
     EXPECT_EQ(tp.choose(l, {}).id, 1u);
   }
@@ -64,7 +64,7 @@ TEST(SamplingTest, TopKTopPTypicalRestrictTheSupport) {
   p.doSample = true;
   p.typicalP = 0.2f;
   p.seed = 1;
-  Sampler t(p);
+  RequestSampler t(p);
   auto l = logits();
   const TokenChoice c = t.choose(l, {});
   EXPECT_FALSE(std::isinf(c.logprob));
@@ -76,7 +76,7 @@ TEST(SamplingTest, SeededDrawsAreReproducibleAndTopNIsSorted) {
   p.seed = 42;
   p.temperature = 1.5f;
   p.topNTokens = 3;
-  Sampler a(p), b(p);
+  RequestSampler a(p), b(p);
   std::map<uint32_t, int> seen;
   for (int i = 0; i < 300; ++i) {
     auto la = logits(), lb = logits();

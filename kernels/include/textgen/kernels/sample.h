@@ -2,7 +2,7 @@
 // top-k, top-p, typical-p), for a batch of rows each with its own parameters. The random draw is an
 // input (`uniform`, from each request's own seeded generator on the host), so the device and the
 // host choose the same token from the same draw. The CPU reference is the host sampler itself
-// (runtime::Sampler calls it); the CUDA kernel is tested against it.
+// (runtime::RequestSampler calls it); the CUDA kernel is tested against it.
 //
 // Per row: repetition penalty once per distinct earlier token (divide positive logits, multiply
 // negative ones), frequency penalty times its count, logit bias; if sampling, divide by the

@@ -13,6 +13,7 @@
 
 #include "textgen/base/status_or.h"
 #include "textgen/runtime/model.h"
+#include "textgen/runtime/sampler.h"
 #include "textgen/runtime/sampling.h"
 #include "textgen/runtime/stopping.h"
 #include "textgen/tokenizer/tokenizer.h"
@@ -120,8 +121,9 @@ class Engine {
   struct StepPlan;
   struct StepOutputs;
   Status validate(const RequestSpec& r) const;
-  // One step: schedule (the forward's rows and how tokens are chosen) -> execute (the forward) ->
-  // update (tokens, text, stopping; finished requests leave the batch).
+  // One step: schedule (the forward's rows and how tokens are chosen) -> execute (the model's
+  // forward, then the sampler's choice) -> update (tokens, text, stopping; finished requests leave
+  // the batch).
   StatusOr<StepResult> step(std::unique_ptr<Batch> batch);
   StepPlan schedule(Batch& batch);
   StatusOr<StepOutputs> execute(const StepPlan& plan);
@@ -132,6 +134,7 @@ class Engine {
   const tokenizer::Tokenizer& tokenizer_;
   Backend& backend_;
   EngineOptions options_;
+  Sampler sampler_;  // token choice over the model's logits, where they are
   std::unique_ptr<KvCache> cache_;
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;
 };

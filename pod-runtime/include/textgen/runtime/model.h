@@ -1,5 +1,6 @@
 // A loaded model: one forward over a flattened batch of new tokens of several sequences, writing
-// their keys and values into the paged KV cache and returning logits for the requested rows.
+// their keys and values into the paged KV cache and leaving the logits of the requested rows where
+// they are computed. Choosing tokens from them is the next stage's (sampler.h).
 #pragma once
 
 #include <cstdint>
@@ -51,26 +52,18 @@ struct ForwardBatch {
   std::vector<int64_t> logitRows;       // rows whose logits are wanted
 };
 
-// A greedy choice made where the logits are: the arg-max and its log-probability.
-struct GreedyToken {
-  uint32_t id = 0;
-  float logprob = 0.0f;
+// A step's logits where the model computed them: [rows, vocab] in `dtype` at the start of
+// `buffer`, backend memory (device memory on CUDA, host memory on the CPU backend). Valid until the
+// model's next forward; on a tensor-parallel rank, every vocabulary column (whole rows).
+struct LogitsView {
+  Buffer* buffer = nullptr;
+  int64_t rows = 0, vocab = 0;
+  kernels::DType dtype = kernels::DType::kF32;
+  const void* data() const { return buffer->data(); }
 };
 
-// Per logit row, what kernels::sample needs (row ranges index the shared arrays).
-struct SampleBatch {
-  std::vector<kernels::SampleRow> rows;
-  std::vector<int32_t> historyTokens, historyCounts, biasTokens;
-  std::vector<float> biasValues;
-  int64_t maxTopN = 0;
-};
-
-// A token chosen where the logits are, with its top-n alternatives (best first).
-struct SampledToken {
-  uint32_t id = 0;
-  float logprob = 0.0f;
-  std::vector<std::pair<uint32_t, float>> top;
-};
+// The view's rows on the host as float32 (a blocking download, widened from float16/bfloat16).
+StatusOr<std::vector<float>> downloadLogits(Backend& backend, const LogitsView& logits);
 
 struct ModelOptions {
   // Tensor parallelism: this process's rank of the group (Megatron splits; every rank returns
@@ -89,16 +82,13 @@ class Model {
   virtual kernels::DType dtype() const = 0;
   // This rank's share of the KV cache.
   virtual KvShape kvShape() const = 0;
-  // Logits [logitRows.size(), vocab] on the host. INVALID_ARGUMENT for an inconsistent batch
-  // (a slot or token id out of range, rows not covered by the sequences).
+  // Enqueues the forward on the backend's stream and returns the logits of batch.logitRows, in
+  // that order, where they are computed (no stream synchronisation; nothing crosses to the host):
+  // token choice is the Sampler's (sampler.h). INVALID_ARGUMENT for an inconsistent batch (a slot
+  // or token id out of range, rows not covered by the sequences).
+  virtual StatusOr<LogitsView> forwardLogits(const ForwardBatch& batch, KvCache& cache) = 0;
+  // forwardLogits, then downloadLogits: [logitRows.size(), vocab] on the host (tests, benches).
   virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;
-  // The same forward, returning only each logit row's greedy token (no logits cross to the host).
-  virtual StatusOr<std::vector<GreedyToken>> forwardGreedy(const ForwardBatch& batch,
-                                                           KvCache& cache) = 0;
-  // The same forward, then each logit row's token chosen by kernels::sample where the logits are.
-  virtual StatusOr<std::vector<SampledToken>> forwardSample(const ForwardBatch& batch,
-                                                            KvCache& cache,
-                                                            const SampleBatch& sampling) = 0;
 };
 
 // Loads a Hugging Face model directory (config.json, generation_config.json, safetensors).

@@ -65,9 +65,12 @@ class TokenCounts {
   std::vector<int32_t> tokens_, counts_;
 };
 
-class Sampler {
+// One request's side of token choice: its parameters and seeded generator. It builds the request's
+// row of a step's kernels::sample inputs (Sampler, sampler.h, runs the step's rows where the logits
+// are), and chooses on the host from downloaded logits (steps with prompt log-probabilities).
+class RequestSampler {
  public:
-  explicit Sampler(SamplingParams params);
+  explicit RequestSampler(SamplingParams params);
   // `logits` is modified in place. `history`: every token so far (prompt and generated), for the
   // penalties.
   TokenChoice choose(std::span<float> logits, std::span<const uint32_t> history);
