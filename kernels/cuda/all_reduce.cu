@@ -1,5 +1,5 @@
-// One-shot all-reduce over NVLink peer memory (see all_reduce.h). A fixed grid of
-// kAllReduceBlocks blocks; block b of every rank handles the same slice of the message, so block b
+// One-shot all-reduce over NVLink peer memory (see all_reduce.h). A fixed grid of p.blocks
+// blocks; block b of every rank handles the same slice of the message, so block b
 // only waits for block b of each peer:
 //   1. copy my slice into my staging half (call parity), fence, store my flag into every peer's
 //      flag slot [b][me] with release semantics at system scope;
@@ -238,12 +238,15 @@ Status validateOneShotAllReduce(const OneShotAllReduceParams& p) {
       return invalidArgumentError("one-shot all-reduce: missing peer buffer");
   }
   if (!p.counters) return invalidArgumentError("one-shot all-reduce: counters required");
+  if (p.blocks < 1 || p.blocks > kAllReduceMaxBlocks)
+    return invalidArgumentError("one-shot all-reduce: 1 to 128 blocks");
   return okStatus();
 }
 
-bool oneShotAllReduceRmsNormFits(int64_t rows, int64_t hidden, DType dtype, size_t capacityBytes) {
+bool oneShotAllReduceRmsNormFits(int64_t rows, int64_t hidden, DType dtype, size_t capacityBytes,
+                                 int blocks) {
   const int64_t size = static_cast<int64_t>(dtypeSize(dtype));
-  return rows > 0 && rows <= kAllReduceBlocks && hidden > 0 && hidden * size % 16 == 0 &&
+  return rows > 0 && rows <= blocks && hidden > 0 && hidden * size % 16 == 0 &&
          hidden * size / 16 <= kAllReduceRmsNormMaxUnits &&
          rows <= static_cast<int64_t>(capacityBytes) / (hidden * size);
 }
@@ -251,7 +254,7 @@ bool oneShotAllReduceRmsNormFits(int64_t rows, int64_t hidden, DType dtype, size
 Status validateOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& q) {
   TG_RETURN_IF_ERROR(validateOneShotAllReduce(q.allReduce));
   const OneShotAllReduceParams& p = q.allReduce;
-  if (!oneShotAllReduceRmsNormFits(q.rows, q.hidden, p.dtype, p.capacityBytes) ||
+  if (!oneShotAllReduceRmsNormFits(q.rows, q.hidden, p.dtype, p.capacityBytes, p.blocks) ||
       q.rows * q.hidden != p.count)
     return invalidArgumentError(
         "one-shot all-reduce + RMSNorm: rows * hidden must be the count, "
@@ -279,13 +282,13 @@ Status invokeOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& q, Str
   constexpr auto name = "one_shot_all_reduce_rms_norm";
   switch (q.allReduce.dtype) {
     case DType::kF32:
-      return cuda::launch(name, oneShotAllReduceRmsNormKernel<float>, kAllReduceBlocks, kThreads, 0,
-                          stream, q);
+      return cuda::launch(name, oneShotAllReduceRmsNormKernel<float>, q.allReduce.blocks, kThreads,
+                          0, stream, q);
     case DType::kF16:
-      return cuda::launch(name, oneShotAllReduceRmsNormKernel<__half>, kAllReduceBlocks, kThreads,
+      return cuda::launch(name, oneShotAllReduceRmsNormKernel<__half>, q.allReduce.blocks, kThreads,
                           0, stream, q);
     case DType::kBF16:
-      return cuda::launch(name, oneShotAllReduceRmsNormKernel<__nv_bfloat16>, kAllReduceBlocks,
+      return cuda::launch(name, oneShotAllReduceRmsNormKernel<__nv_bfloat16>, q.allReduce.blocks,
                           kThreads, 0, stream, q);
   }
   return invalidArgumentError("one-shot all-reduce + RMSNorm: unsupported dtype");
@@ -295,14 +298,14 @@ Status invokeOneShotAllReduce(const OneShotAllReduceParams& p, Stream stream) {
   TG_RETURN_IF_ERROR(validateOneShotAllReduce(p));
   switch (p.dtype) {
     case DType::kF32:
-      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<float>, kAllReduceBlocks,
-                          kThreads, 0, stream, p);
+      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<float>, p.blocks, kThreads,
+                          0, stream, p);
     case DType::kF16:
-      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<__half>, kAllReduceBlocks,
-                          kThreads, 0, stream, p);
+      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<__half>, p.blocks, kThreads,
+                          0, stream, p);
     case DType::kBF16:
-      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<__nv_bfloat16>,
-                          kAllReduceBlocks, kThreads, 0, stream, p);
+      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<__nv_bfloat16>, p.blocks,
+                          kThreads, 0, stream, p);
   }
   return invalidArgumentError("one-shot all-reduce: unsupported dtype");
 }

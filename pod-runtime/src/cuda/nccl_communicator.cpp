@@ -42,7 +42,22 @@ struct PeerRecord {
   char boot[40] = {};
   uint64_t pointer = 0;
   cudaIpcMemHandle_t handle{};
+  int32_t blocks = 0;  // the one-shot grid this rank would use (rank 0's is used by all)
 };
+
+// The one-shot kernels' grid: TEXTGEN_ALL_REDUCE_BLOCKS (1 to 128; a tuning knob read on rank 0,
+// whose value every rank then uses), else the default.
+int32_t oneShotBlocks() {
+  const char* v = std::getenv("TEXTGEN_ALL_REDUCE_BLOCKS");
+  if (v == nullptr || *v == '\0') return kernels::kAllReduceDefaultBlocks;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 1 || n > kernels::kAllReduceMaxBlocks) {
+    spdlog::warn("TEXTGEN_ALL_REDUCE_BLOCKS={} ignored (1 to {})", v, kernels::kAllReduceMaxBlocks);
+    return kernels::kAllReduceDefaultBlocks;
+  }
+  return static_cast<int32_t>(n);
+}
 
 uint64_t processId() {
   static const uint64_t id = [] {
@@ -112,7 +127,9 @@ class NcclCommunicator final : public Communicator {
     TG_RETURN_IF_ERROR(setUpOneShot(rendezvous, world_ <= kernels::kAllReduceMaxRanks &&
                                                     !(custom && std::string(custom) == "0")));
     spdlog::info("rank {}: all-reduce through {}", rank_,
-                 oneShot_ ? "the one-shot peer-memory kernel up to 8 MiB, NCCL above" : "NCCL");
+                 oneShot_ ? "the one-shot peer-memory kernel up to 8 MiB (" +
+                                std::to_string(blocks_) + " blocks), NCCL above"
+                          : std::string("NCCL"));
     return okStatus();
   }
 
@@ -125,11 +142,12 @@ class NcclCommunicator final : public Communicator {
     const std::string boot = bootId();
     std::memcpy(mine.boot, boot.data(), std::min(boot.size(), sizeof mine.boot - 1));
     cudaGetDevice(&mine.device);
+    mine.blocks = oneShotBlocks();
     const size_t bytes = kernels::AllReducePeerLayout::bytes(kOneShotBytes);
     if (wanted && cudaMalloc(&region_, bytes) == cudaSuccess &&
-        cudaMalloc(&counters_, sizeof(uint32_t) * kernels::kAllReduceBlocks) == cudaSuccess &&
+        cudaMalloc(&counters_, sizeof(uint32_t) * kernels::kAllReduceMaxBlocks) == cudaSuccess &&
         cudaMemset(region_, 0, bytes) == cudaSuccess &&
-        cudaMemset(counters_, 0, sizeof(uint32_t) * kernels::kAllReduceBlocks) == cudaSuccess &&
+        cudaMemset(counters_, 0, sizeof(uint32_t) * kernels::kAllReduceMaxBlocks) == cudaSuccess &&
         cudaDeviceSynchronize() == cudaSuccess &&
         cudaIpcGetMemHandle(&mine.handle, region_) == cudaSuccess) {
       mine.ok = 1;
@@ -147,6 +165,10 @@ class NcclCommunicator final : public Communicator {
       PeerRecord peer;
       if (v.size() != sizeof peer) return dataLossError("one-shot all-reduce: malformed record");
       std::memcpy(&peer, v.data(), sizeof peer);
+      if (r == 0)
+        blocks_ = peer.blocks >= 1 && peer.blocks <= kernels::kAllReduceMaxBlocks
+                      ? peer.blocks
+                      : kernels::kAllReduceDefaultBlocks;
       if (r == rank_) {
         peers_[r] = region_;
         continue;
@@ -219,7 +241,8 @@ class NcclCommunicator final : public Communicator {
   Status allReduceRmsNorm(Backend& backend, const kernels::RmsNormParams& n) override {
     TG_RETURN_IF_ERROR(kernels::validateRmsNorm(n));
     if (!oneShot_ || n.numTokens == 0 ||
-        !kernels::oneShotAllReduceRmsNormFits(n.numTokens, n.hiddenSize, n.dtype, kOneShotBytes))
+        !kernels::oneShotAllReduceRmsNormFits(n.numTokens, n.hiddenSize, n.dtype, kOneShotBytes,
+                                              blocks_))
       return Communicator::allReduceRmsNorm(backend, n);
     kernels::OneShotAllReduceRmsNormParams q;
     q.allReduce = oneShotParams(const_cast<void*>(n.input), n.numTokens * n.hiddenSize, n.dtype);
@@ -261,6 +284,7 @@ class NcclCommunicator final : public Communicator {
     for (int r = 0; r < world_; ++r) p.peers[r] = peers_[r];
     p.capacityBytes = kOneShotBytes;
     p.counters = counters_;
+    p.blocks = blocks_;
     return p;
   }
 
@@ -291,6 +315,7 @@ class NcclCommunicator final : public Communicator {
   bool oneShot_ = false;
   void* region_ = nullptr;
   uint32_t* counters_ = nullptr;
+  int blocks_ = kernels::kAllReduceDefaultBlocks;  // rank 0's choice, the same on every rank
   void* peers_[kernels::kAllReduceMaxRanks] = {};
   std::vector<void*> opened_;
   std::atomic<bool> stop_{false}, aborted_{false};

@@ -417,11 +417,12 @@ TEST(Nccl, AllReduceEagerAndInGraphsGivesTheSumOnEveryRank) {
   });
 }
 
-// The all-reduce fused with the residual add and RMSNorm (the one-shot kernel's variant, up to 32
-// rows; 300 rows take the unfused pair) against the unfused pair on the same data: the same bits
-// where the row is at most 512 16-byte units (the fused kernel then sums squares in rms_norm.cu's
-// order), within one unit in the last place of the dtype otherwise; eagerly and replayed in a graph
-// between plain all-reduces (the kernels share staging and call counters).
+// The all-reduce fused with the residual add and RMSNorm (the one-shot kernel's variant, up to one
+// row per block of its grid; 300 rows take the unfused pair) against the unfused pair on the same
+// data: the same bits where the row is at most 512 16-byte units (the fused kernel then sums
+// squares in rms_norm.cu's order), within one unit in the last place of the dtype otherwise;
+// eagerly and replayed in a graph between plain all-reduces (the kernels share staging and call
+// counters).
 TEST(Nccl, AllReduceRmsNormEqualsTheAllReduceThenTheNorm) {
   if (!haveRanks(2)) GTEST_SKIP() << "needs 2 GPUs";
   const int world = 2;

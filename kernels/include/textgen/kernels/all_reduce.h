@@ -20,12 +20,15 @@
 namespace textgen::kernels {
 
 inline constexpr int kAllReduceMaxRanks = 8;
-inline constexpr int kAllReduceBlocks = 32;
+// Blocks per call: a fixed number per communicator (every call, every rank), at most this many.
+inline constexpr int kAllReduceMaxBlocks = 128;
+inline constexpr int kAllReduceDefaultBlocks =
+    64;  // measured best of 32, 64, 128 (bench/README.md)
 
 // The device memory each rank contributes: staging for two calls, then the flags its peers write
 // (each peer's call number), then the element count each peer's call carries.
 struct AllReducePeerLayout {
-  static constexpr size_t kSlots = kAllReduceBlocks * kAllReduceMaxRanks;
+  static constexpr size_t kSlots = kAllReduceMaxBlocks * kAllReduceMaxRanks;
   static constexpr size_t flagsOffset(size_t capacityBytes) { return 2 * capacityBytes; }
   static constexpr size_t countsOffset(size_t capacityBytes) {
     return 2 * capacityBytes + sizeof(uint32_t) * kSlots;
@@ -43,7 +46,10 @@ struct OneShotAllReduceParams {
   // Each rank's AllReducePeerLayout region as this process addresses it (peers[rank] is local).
   void* peers[kAllReduceMaxRanks] = {};
   size_t capacityBytes = 0;      // staging bytes per call; count * size must fit
-  uint32_t* counters = nullptr;  // [kAllReduceBlocks], local, zero-initialised once
+  uint32_t* counters = nullptr;  // [kAllReduceMaxBlocks], local, zero-initialised once
+  // The grid: the same in every call of a communicator and on every rank (block b's counter and
+  // flags pair up with block b's of each peer).
+  int blocks = kAllReduceDefaultBlocks;
 };
 
 // INVALID_ARGUMENT for a message it cannot take (size, alignment, ranks); the caller then uses
@@ -60,9 +66,9 @@ Status invokeOneShotAllReduce(const OneShotAllReduceParams& p, Stream stream);
 // of up to 512 16-byte units (hidden 4096 in 16-bit types); past that the mean of squares is
 // summed in another order (the last bit of the scale may differ). Without a
 // residual, sum = s is also written back to data (the plain all-reduce's in-place result). With
-// one, data's contents afterwards are unspecified. Block b handles rows b, b + kAllReduceBlocks,
+// one, data's contents afterwards are unspecified. Block b handles rows b, b + blocks,
 // ... and keeps a row in registers, so a row may hold at most kAllReduceRmsNormMaxUnits 16-byte
-// units; it takes at most kAllReduceBlocks rows (decode-sized batches: one row per block; larger
+// units; it takes at most `blocks` rows (decode-sized batches: one row per block; larger
 // ones normalise faster with the plain pair). Both kernels let the next kernel launch at once
 // (programmatic dependent launch), so a GEMV's weight reads overlap the reduction.
 inline constexpr int64_t kAllReduceRmsNormMaxUnits = 2048;
@@ -79,7 +85,8 @@ struct OneShotAllReduceRmsNormParams {
 
 // Whether the fused kernel takes this shape (size, row width), from values every rank shares, so
 // every rank takes the same path; callers use the plain all-reduce and RMSNorm otherwise.
-bool oneShotAllReduceRmsNormFits(int64_t rows, int64_t hidden, DType dtype, size_t capacityBytes);
+bool oneShotAllReduceRmsNormFits(int64_t rows, int64_t hidden, DType dtype, size_t capacityBytes,
+                                 int blocks);
 Status validateOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& p);
 Status invokeOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& p, Stream stream);
 
