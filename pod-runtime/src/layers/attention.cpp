@@ -6,19 +6,58 @@
 
 namespace textgen::runtime {
 
+StatusOr<std::vector<WeightLoader::Part>> Attention::qkvParts(const ModelConfig& c,
+                                                              const Partition& part,
+                                                              const Weights& names) {
+  const int64_t h = c.hiddenSize, hd = c.headDim, nh = c.numHeads, nkv = c.numKvHeads;
+  const int64_t qOut = nh * hd, kvOut = nkv * hd, total = qOut + 2 * kvOut;
+  const std::vector<int64_t> fused = {total, h};
+  switch (names.layout) {
+    case QkvLayout::kSeparate:
+      return std::vector<WeightLoader::Part>{{names.q, {qOut, h}, part.column()},
+                                             {names.k, {kvOut, h}, part.kvShard},
+                                             {names.v, {kvOut, h}, part.kvShard}};
+    case QkvLayout::kFused:  // [q; k; v]
+      return std::vector<WeightLoader::Part>{
+          {names.qkv, fused, part.column(), {total, 0, qOut}},
+          {names.qkv, fused, part.kvShard, {total, qOut, kvOut}},
+          {names.qkv, fused, part.kvShard, {total, qOut + kvOut, kvOut}}};
+    case QkvLayout::kFusedInterleavedPerHead:  // [q_0; k_0; v_0; q_1; ...], one per head
+      if (nkv != nh)
+        return invalidArgumentError("'" + names.qkv + "': a q/k/v layout interleaved per head " +
+                                    "needs as many key/value heads as heads (" +
+                                    std::to_string(nkv) + " and " + std::to_string(nh) + ")");
+      return std::vector<WeightLoader::Part>{
+          {names.qkv, fused, part.column(), {3 * hd, 0, hd}},
+          {names.qkv, fused, part.kvShard, {3 * hd, hd, hd}},
+          {names.qkv, fused, part.kvShard, {3 * hd, 2 * hd, hd}}};
+    case QkvLayout::kFusedGrouped: {  // per key/value head g: [q of its heads; k_g; v_g]
+      if (nkv < 1 || nh % nkv != 0)
+        return invalidArgumentError("'" + names.qkv + "': heads (" + std::to_string(nh) +
+                                    ") are not a multiple of key/value heads (" +
+                                    std::to_string(nkv) + ")");
+      const int64_t perGroup = nh / nkv * hd, period = perGroup + 2 * hd;
+      return std::vector<WeightLoader::Part>{
+          {names.qkv, fused, part.column(), {period, 0, perGroup}},
+          {names.qkv, fused, part.kvShard, {period, perGroup, hd}},
+          {names.qkv, fused, part.kvShard, {period, perGroup + hd, hd}}};
+    }
+  }
+  return invalidArgumentError("unknown q/k/v layout");
+}
+
 StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
                                     const Options& options) {
   const ModelConfig& c = w.config();
   const Partition& part = w.partition();
-  const int64_t h = c.hiddenSize, qOut = c.numHeads * c.headDim, kvOut = c.numKvHeads * c.headDim;
+  const int64_t h = c.hiddenSize, qOut = c.numHeads * c.headDim;
   Attention a;
   a.options_ = options;
   a.ropeScaling_ = ropeAttentionScaling(c);
-  // q, k and v stacked: one GEMM yields [rows, qOut + 2 kvOut] (this rank's heads).
-  TG_ASSIGN_OR_RETURN(a.qkv_, w.linear({{names.q, {qOut, h}, part.column()},
-                                        {names.k, {kvOut, h}, part.kvShard},
-                                        {names.v, {kvOut, h}, part.kvShard}},
-                                       SplitKind::kColumn, names.bias));
+  // q, k and v stacked: one GEMM yields [rows, qOut + 2 kvOut] (this rank's heads), whichever
+  // layout the checkpoint stores them in.
+  TG_ASSIGN_OR_RETURN(std::vector<WeightLoader::Part> qkv, qkvParts(c, part, names));
+  TG_ASSIGN_OR_RETURN(a.qkv_, w.linear(qkv, SplitKind::kColumn, names.bias));
   TG_ASSIGN_OR_RETURN(a.o_,
                       w.linear({{names.o, {h, qOut}, part.row()}}, SplitKind::kRow, names.bias));
   return a;

@@ -16,21 +16,27 @@ namespace textgen::runtime {
 
 // How the checkpoint stores q, k and v: three tensors (Llama), one [q; k; v] tensor (Phi-3), or
 // one tensor interleaving each head's q, k and v (GPT-NeoX, Bloom).
-enum class QkvLayout { kSeparate, kFused, kFusedInterleavedPerHead };
+// kFusedGrouped: one tensor holding, per key/value head, its query heads then its key and value
+// (Falcon's new decoder architecture).
+enum class QkvLayout { kSeparate, kFused, kFusedInterleavedPerHead, kFusedGrouped };
 
 constexpr std::string_view toString(QkvLayout l) {
   switch (l) {
     case QkvLayout::kSeparate: return "separate";
     case QkvLayout::kFused: return "fused";
     case QkvLayout::kFusedInterleavedPerHead: return "fused_interleaved_per_head";
+    case QkvLayout::kFusedGrouped: return "fused_grouped";
   }
   return "?";
 }
 
 class Attention {
  public:
-  struct Weights {  // one layer's tensor names (QkvLayout::kSeparate)
-    std::string q, k, v, o;
+  struct Weights {  // one layer's tensor names
+    QkvLayout layout = QkvLayout::kSeparate;
+    std::string q, k, v;  // kSeparate
+    std::string qkv;      // the fused layouts
+    std::string o;
     bool bias = false;  // q, k, v and o each with a bias (biasName), Llama's attention_bias
   };
   struct Options {
@@ -44,6 +50,12 @@ class Attention {
   // partial sum on several ranks). Writes this layer's keys and values for the batch's slots into
   // the cache.
   Status forward(const ForwardContext& ctx, int64_t layer, void* hs) const;
+
+  // The q, k and v parts of `names` in the checkpoint's layout, each with this rank's shard: their
+  // slices stacked give [q; k; v] of this rank's heads.
+  static StatusOr<std::vector<WeightLoader::Part>> qkvParts(const ModelConfig& c,
+                                                            const Partition& part,
+                                                            const Weights& names);
 
  private:
   // [(heads + 2 kvHeads) * headDim, hidden]: this rank's q, k and v stacked (column-parallel).

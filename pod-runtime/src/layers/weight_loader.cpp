@@ -1,5 +1,7 @@
 #include "layers/weight_loader.h"
 
+#include <cstring>
+
 namespace textgen::runtime {
 
 std::string biasName(const std::string& weight) {
@@ -9,11 +11,71 @@ std::string biasName(const std::string& weight) {
   return weight + ".bias";
 }
 
+namespace {
+
+// The part's shape once its rows are selected (before the shard).
+std::vector<int64_t> selectedShape(const WeightLoader::Part& p) {
+  std::vector<int64_t> shape = p.shape;
+  if (p.select.period > 0 && !shape.empty()) shape[0] = shape[0] / p.select.period * p.select.take;
+  return shape;
+}
+
+// The rows `p.select` names of the whole tensor, then this rank's shard of them.
+StatusOr<Tensor> selectRows(const WeightLoader::Part& p, const Tensor& whole) {
+  const RowSelect& s = p.select;
+  const std::vector<int64_t>& shape = whole.shape();
+  if (shape.empty() || s.period <= 0 || shape[0] % s.period != 0 || s.offset < 0 || s.take <= 0 ||
+      s.offset + s.take > s.period)
+    return invalidArgumentError("weight '" + p.name + "': rows " + std::to_string(s.offset) + "+" +
+                                std::to_string(s.take) + " of every " + std::to_string(s.period) +
+                                " do not fit its " + std::to_string(shape.empty() ? 0 : shape[0]) +
+                                " rows");
+  const Shard& sh = p.shard;
+  const std::vector<int64_t> sel = selectedShape(p);
+  const int64_t inner = whole.numel() / shape[0];  // elements per row
+  const size_t es = kernels::dtypeSize(whole.dtype());
+  if (sh.pad ||
+      (sh.worldSize > 1 && (sh.dim < 0 || sh.dim > 1 || static_cast<size_t>(sh.dim) >= sel.size() ||
+                            sel[sh.dim] % sh.worldSize != 0)))
+    return invalidArgumentError("weight '" + p.name + "': the selected rows (" +
+                                std::to_string(sel[0]) + ") do not split across " +
+                                std::to_string(sh.worldSize) + " ranks");
+  // Rows [r0, r0 + rows) of the selection, columns [c0, c0 + cols) of each.
+  int64_t r0 = 0, rows = sel[0], c0 = 0, cols = inner;
+  if (sh.worldSize > 1 && sh.dim == 0) {
+    rows = sel[0] / sh.worldSize;
+    r0 = sh.rank * rows;
+  } else if (sh.worldSize > 1) {
+    cols = inner / sh.worldSize;
+    c0 = sh.rank * cols;
+  }
+  std::vector<int64_t> outShape = sel;
+  outShape[0] = rows;
+  if (outShape.size() > 1) outShape[1] = outShape[1] / (inner / cols);
+  Tensor out(whole.dtype(), outShape);
+  const auto* src = static_cast<const unsigned char*>(whole.data());
+  auto* dst = static_cast<unsigned char*>(out.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r0 + r;  // index among the selected rows
+    const int64_t srcRow = i / s.take * s.period + s.offset + i % s.take;
+    std::memcpy(dst + r * cols * es, src + (srcRow * inner + c0) * es, cols * es);
+  }
+  return out;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& parts) const {
   std::vector<Tensor> tensors;
   size_t total = 0;
   for (const Part& p : parts) {
-    TG_ASSIGN_OR_RETURN(Tensor t, store_.load(p.name, dtype_, p.shape, p.shard));
+    Tensor t;
+    if (p.select.period > 0) {
+      TG_ASSIGN_OR_RETURN(Tensor whole, store_.load(p.name, dtype_, p.shape));
+      TG_ASSIGN_OR_RETURN(t, selectRows(p, whole));
+    } else {
+      TG_ASSIGN_OR_RETURN(t, store_.load(p.name, dtype_, p.shape, p.shard));
+    }
     total += t.bytes();
     tensors.push_back(std::move(t));
   }
@@ -44,11 +106,12 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
       if (p.shard.dim != dim || p.shard.worldSize == 1) return size;
       return (size + p.shard.worldSize - 1) / p.shard.worldSize;
     };
-    const int64_t in = part(p.shape[1], 1);
+    const std::vector<int64_t> shape = selectedShape(p);
+    const int64_t in = part(shape[1], 1);
     if (l.in != 0 && l.in != in)
       return invalidArgumentError("weight '" + p.name + "': stacked parts differ in inputs");
     l.in = in;
-    l.out += part(p.shape[0], 0);
+    l.out += part(shape[0], 0);
   }
   TG_ASSIGN_OR_RETURN(l.owned, upload(parts));
   l.weight = l.owned.get();
@@ -60,7 +123,7 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
   for (const Part& p : parts) {
     // [out_i]: a column-parallel part's slice of its rows (its shard on dimension 0), else whole.
     const Shard shard = p.shard.dim == 0 ? p.shard : Shard{};
-    bias.push_back({biasName(p.name), {p.shape[0]}, shard});
+    bias.push_back({biasName(p.name), {p.shape[0]}, shard, p.select});
   }
   TG_ASSIGN_OR_RETURN(auto b, upload(bias));
   if (b->bytes() != static_cast<size_t>(l.out) * kernels::dtypeSize(dtype_))

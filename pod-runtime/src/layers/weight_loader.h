@@ -17,12 +17,21 @@ namespace textgen::runtime {
 // A weight's bias tensor: "x.weight" -> "x.bias" (Hugging Face's nn.Linear names).
 std::string biasName(const std::string& weight);
 
+// Rows of a fused tensor that make up one part: in each group of `period` rows along dimension 0,
+// rows [offset, offset + take). Fused QKV layouts are such views: [q; k; v] (one group), one
+// [q; k; v] per head (GPT-NeoX, BLOOM), one [q x heads per group; k; v] per key/value head
+// (Falcon's new architecture). period 0: the whole tensor.
+struct RowSelect {
+  int64_t period = 0, offset = 0, take = 0;
+};
+
 class WeightLoader {
  public:
   struct Part {
     std::string name;
     std::vector<int64_t> shape;  // the whole tensor's, checked against the checkpoint
-    Shard shard;
+    Shard shard;                 // applied to the selected rows (no padding with a selection)
+    RowSelect select = {};
   };
 
   WeightLoader(const WeightStore& store, Backend& backend, DType dtype, const ModelConfig& config,

@@ -30,7 +30,7 @@ struct ArchitectureSpec {
     std::string_view q = "model.layers.{}.self_attn.q_proj.weight";  // QkvLayout::kSeparate
     std::string_view k = "model.layers.{}.self_attn.k_proj.weight";
     std::string_view v = "model.layers.{}.self_attn.v_proj.weight";
-    std::string_view qkv = "";  // QkvLayout::kFused and kFusedInterleavedPerHead
+    std::string_view qkv = "";  // the fused QkvLayouts
     std::string_view o = "model.layers.{}.self_attn.o_proj.weight";
     std::string_view postNorm = "model.layers.{}.post_attention_layernorm.weight";
     std::string_view gate = "model.layers.{}.mlp.gate_proj.weight";  // gated MLPs only

@@ -24,7 +24,10 @@ Status checkSpec(const ArchitectureSpec& s) {
   TG_RETURN_IF_ERROR(requireValue(s, g, "gatedMlp", s.gatedMlp, {true}));
   TG_RETURN_IF_ERROR(requireValue(s, g, "parallelResidual", s.parallelResidual, {false}));
   TG_RETURN_IF_ERROR(requireValue(s, g, "position", s.position, {PositionKind::kRope}));
-  return requireValue(s, g, "qkvLayout", s.qkvLayout, {QkvLayout::kSeparate});
+  // Any stored q/k/v layout: Attention::qkvParts reads each into the same [q; k; v].
+  return requireValue(s, g, "qkvLayout", s.qkvLayout,
+                      {QkvLayout::kSeparate, QkvLayout::kFused, QkvLayout::kFusedInterleavedPerHead,
+                       QkvLayout::kFusedGrouped});
 }
 
 class LlamaGraph final : public ArchitectureGraph {
@@ -46,9 +49,11 @@ class LlamaGraph final : public ArchitectureGraph {
       TG_ASSIGN_OR_RETURN(l.inputNorm,
                           Norm::load(w, spec_.norm, layerName(t.inputNorm, i), c.rmsNormEps));
       TG_ASSIGN_OR_RETURN(l.attention, Attention::load(w,
-                                                       {.q = layerName(t.q, i),
+                                                       {.layout = spec_.qkvLayout,
+                                                        .q = layerName(t.q, i),
                                                         .k = layerName(t.k, i),
                                                         .v = layerName(t.v, i),
+                                                        .qkv = layerName(t.qkv, i),
                                                         .o = layerName(t.o, i),
                                                         .bias = attentionBias},
                                                        attention));

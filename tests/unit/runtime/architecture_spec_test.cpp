@@ -62,9 +62,6 @@ TEST(ArchitectureSpec, ValuesTheGraphDoesNotBuildAreRefusedByName) {
       {[](ArchitectureSpec& s) { s.parallelResidual = true; }, "parallelResidual 'true'"},
       {[](ArchitectureSpec& s) { s.position = PositionKind::kAlibi; }, "position 'alibi'"},
       {[](ArchitectureSpec& s) { s.position = PositionKind::kLearned; }, "position 'learned'"},
-      {[](ArchitectureSpec& s) { s.qkvLayout = QkvLayout::kFused; }, "qkvLayout 'fused'"},
-      {[](ArchitectureSpec& s) { s.qkvLayout = QkvLayout::kFusedInterleavedPerHead; },
-       "qkvLayout 'fused_interleaved_per_head'"},
   };
   for (const Case& c : cases) {
     const Status st = loadWith(c.edit);

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "models/registry.h"
 #include "runtime/tiny_llama.h"
 #include "textgen/kernels/half.h"
 #include "textgen/runtime/communicator.h"
@@ -630,11 +631,16 @@ bool dividesAcross(const ModelConfig& c, int world) {
 
 // Loads the fixture on `world` ranks and runs fn(rank, model, backend) on each (refusals checked
 // when the shape does not divide: then fn never runs and false is returned).
+using ModelLoader =
+    std::function<StatusOr<std::unique_ptr<Model>>(Backend&, const ModelOptions& options)>;
+
 bool onShardedModel(const std::string& dir, int world, DType dtype, const ModelConfig& c,
-                    const std::function<void(int, Model&, Backend&)>& fn) {
+                    const std::function<void(int, Model&, Backend&)>& fn,
+                    const ModelLoader& load = {}) {
   const bool divides = dividesAcross(c, world);
   onRanks(world, [&](int rank, Backend& b, Communicator& comm) {
-    auto model = loadModel(dir, b, {.comm = &comm, .dtype = dtype, .graphBatchSizes = kGraphs});
+    const ModelOptions options{.comm = &comm, .dtype = dtype, .graphBatchSizes = kGraphs};
+    auto model = load ? load(b, options) : loadModel(dir, b, options);
     if (!divides) {
       ASSERT_FALSE(model.ok());
       EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument);
@@ -787,6 +793,60 @@ TEST(TensorParallelBiases, EqualOneRank) {
       }
     }
     expectSameBitsOnEveryRank(got);
+  }
+}
+
+// Fused q/k/v layouts split over ranks (each rank selects its heads' rows of the fused tensor,
+// biases alike) against the separate layout on one rank; one key/value head is replicated.
+TEST(TensorParallelQkvLayouts, EqualOneRank) {
+  struct Case {
+    int layout;
+    QkvLayout kind;
+    int64_t kvHeads;
+  };
+  for (const Case& c :
+       {Case{1, QkvLayout::kFused, 2}, Case{2, QkvLayout::kFusedInterleavedPerHead, 4},
+        Case{3, QkvLayout::kFusedGrouped, 2}, Case{3, QkvLayout::kFusedGrouped, 1}}) {
+    SCOPED_TRACE(std::string(toString(c.kind)) + " kv heads " + std::to_string(c.kvHeads));
+    const std::string base = ::testing::TempDir() + "/textgen-tp-qkv-" + std::to_string(::getpid());
+    const testing::TinyLlama separate{.attentionBias = true, .mlpBias = true, .kvHeads = c.kvHeads};
+    testing::TinyLlama fused = separate;
+    fused.qkvLayout = c.layout;
+    separate.write(base + "-separate");
+    fused.write(base + "-fused");
+    const auto& ps = testing::tinyPrompts();
+    auto backend = rankBackend(0);
+    auto single = loadModel(base + "-separate", *backend,
+                            {.comm = nullptr, .dtype = DType::kF32, .graphBatchSizes = kGraphs});
+    ASSERT_TRUE(single.ok()) << single.status();
+    const Trace want = runGreedy(**single, *backend, ps);
+    Architecture arch = *findArchitecture("LlamaForCausalLM");
+    arch.spec.qkvLayout = c.kind;
+    arch.spec.tensors.qkv = "model.layers.{}.self_attn.qkv_proj.weight";
+    const ModelLoader load = [&](Backend& b,
+                                 const ModelOptions& options) -> StatusOr<std::unique_ptr<Model>> {
+      TG_ASSIGN_OR_RETURN(ModelConfig config, loadArchitectureConfig(base + "-fused"));
+      TG_ASSIGN_OR_RETURN(auto weights, WeightStore::open(base + "-fused"));
+      return loadArchitecture(arch, config, *weights, b, options);
+    };
+    for (int world : kWorlds) {
+      if (!haveRanks(world)) continue;
+      SCOPED_TRACE("world " + std::to_string(world));
+      std::vector<Trace> got(world);
+      ASSERT_TRUE(onShardedModel(
+          base + "-fused", world, DType::kF32, (*single)->config(),
+          [&](int rank, Model& m, Backend& b) { got[rank] = runGreedy(m, b, ps); }, load));
+      ASSERT_EQ(got[0].tokens, want.tokens);
+      for (size_t s = 0; s < want.logits.size(); ++s) {
+        ASSERT_EQ(got[0].logits[s].size(), want.logits[s].size());
+        for (size_t i = 0; i < want.logits[s].size(); ++i) {
+          const float w = want.logits[s][i], g = got[0].logits[s][i];
+          ASSERT_LE(std::fabs(g - w), kAtol + kRtol * std::fabs(w))
+              << "step " << s << " logit " << i;
+        }
+      }
+      expectSameBitsOnEveryRank(got);
+    }
   }
 }
 

@@ -26,6 +26,11 @@ struct TinyLlama {
   std::string hiddenAct = "gelu_pytorch_tanh";
   uint32_t seed = 1;
   std::map<std::string, std::vector<int64_t>> shapes = {};  // a tensor's shape replaced (bad input)
+  int64_t kvHeads = kKvHeads;
+  // How q/k/v (and their biases) are stored: 0 separate (Llama's names), else one
+  // self_attn.qkv_proj tensor: 1 [q; k; v], 2 [q; k; v] per head (needs kvHeads == kHeads), 3 per
+  // key/value head its query heads then k and v. The values are the separate layout's, moved.
+  int qkvLayout = 0;
 
   static constexpr int64_t kVocab = 64, kHidden = 32, kInter = 64, kLayers = 2, kHeads = 4,
                            kKvHeads = 2, kHeadDim = kHidden / kHeads;
@@ -40,7 +45,7 @@ struct TinyLlama {
                              {"intermediate_size", kInter},
                              {"num_hidden_layers", kLayers},
                              {"num_attention_heads", kHeads},
-                             {"num_key_value_heads", kKvHeads},
+                             {"num_key_value_heads", kvHeads},
                              {"max_position_embeddings", 128},
                              {"rms_norm_eps", 1e-5},
                              {"hidden_act", hiddenAct},
@@ -56,7 +61,7 @@ struct TinyLlama {
         {"model.norm.weight", {kHidden}},
         {"lm_head.weight", {kVocab, kHidden}}};
     std::vector<std::pair<std::string, std::vector<int64_t>>> biases;
-    const int64_t qOut = kHeads * kHeadDim, kvOut = kKvHeads * kHeadDim;
+    const int64_t qOut = kHeads * kHeadDim, kvOut = kvHeads * kHeadDim;
     for (int64_t l = 0; l < kLayers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::pair<std::string, std::vector<int64_t>> attn[] = {
@@ -79,8 +84,7 @@ struct TinyLlama {
         if (mlpBias && writeBiases) biases.push_back({name + ".bias", {shape[0]}});
       }
     }
-    nlohmann::json header = nlohmann::json::object();
-    std::string data;
+    std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> values;
     auto add = [&](const std::string& name, std::vector<int64_t> shape, std::mt19937& rng,
                    float scale, float offset) {
       int64_t n = 1;
@@ -94,9 +98,7 @@ struct TinyLlama {
         for (int64_t d : shape) n *= d;
         v.resize(n, 0.0f);
       }
-      const size_t begin = data.size();
-      data.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-      header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+      values[name] = {shape, std::move(v)};
     };
     std::mt19937 weights(seed), biasRng(seed + 7919);
     for (const auto& [name, shape] : tensors) {
@@ -104,6 +106,53 @@ struct TinyLlama {
       add(name, shape, weights, norm ? 0.1f : 0.2f, norm ? 1.0f : 0.0f);
     }
     for (const auto& [name, shape] : biases) add(name, shape, biasRng, biasScale, 0.0f);
+    if (qkvLayout != 0) {
+      for (int64_t l = 0; l < kLayers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+        for (const std::string suffix : {".weight", ".bias"}) {
+          if (!values.contains(p + "q_proj" + suffix)) continue;
+          const auto q = values[p + "q_proj" + suffix], k = values[p + "k_proj" + suffix],
+                     v = values[p + "v_proj" + suffix];
+          const int64_t inner = static_cast<int64_t>(q.second.size()) / qOut;  // hidden or 1
+          std::vector<float> fused;
+          auto rows = [&](const std::vector<float>& src, int64_t first, int64_t count) {
+            fused.insert(fused.end(), src.begin() + first * inner,
+                         src.begin() + (first + count) * inner);
+          };
+          if (qkvLayout == 1) {
+            rows(q.second, 0, qOut);
+            rows(k.second, 0, kvOut);
+            rows(v.second, 0, kvOut);
+          } else if (qkvLayout == 2) {
+            for (int64_t h = 0; h < kHeads; ++h) {
+              rows(q.second, h * kHeadDim, kHeadDim);
+              rows(k.second, h * kHeadDim, kHeadDim);
+              rows(v.second, h * kHeadDim, kHeadDim);
+            }
+          } else {
+            const int64_t group = kHeads / kvHeads;
+            for (int64_t g = 0; g < kvHeads; ++g) {
+              rows(q.second, g * group * kHeadDim, group * kHeadDim);
+              rows(k.second, g * kHeadDim, kHeadDim);
+              rows(v.second, g * kHeadDim, kHeadDim);
+            }
+          }
+          std::vector<int64_t> shape = {qOut + 2 * kvOut};
+          if (inner > 1) shape.push_back(inner);
+          for (const char* part : {"q_proj", "k_proj", "v_proj"}) values.erase(p + part + suffix);
+          values[p + "qkv_proj" + suffix] = {shape, std::move(fused)};
+        }
+      }
+    }
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    for (const auto& [name, entry] : values) {
+      const size_t begin = data.size();
+      data.append(reinterpret_cast<const char*>(entry.second.data()),
+                  entry.second.size() * sizeof(float));
+      header[name] = {
+          {"dtype", "F32"}, {"shape", entry.first}, {"data_offsets", {begin, data.size()}}};
+    }
     const std::string h = header.dump();
     std::string file(8, '\0');
     for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
