@@ -72,15 +72,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   ::close(fd);
-  // Rank 0's own view of the store still works.
-  const std::string value(data, data + std::min<size_t>(size, 64));
-  auto set = store.zero->set("fuzz/check", value);
+  // Rank 0's own view of the store still works: its key (one ending in its rank, which no
+  // connection may set) holds its value, and another value for it is refused (written once).
+  static const std::string kMine = "rank 0's value";
+  auto set = store.zero->set("fuzz/check/0", kMine);
   if (!set.ok() && set.code() != textgen::StatusCode::kResourceExhausted)
     textgen::fuzz::fail(__FILE__, __LINE__, set.toString());
   if (set.ok()) {
-    auto got = store.zero->get("fuzz/check", std::chrono::seconds(1));
-    if (!got.ok() || *got != value)
+    auto got = store.zero->get("fuzz/check/0", std::chrono::seconds(1));
+    if (!got.ok() || *got != kMine)
       textgen::fuzz::fail(__FILE__, __LINE__, "the store lost rank 0's own key");
+    const std::string value(data, data + std::min<size_t>(size, 64));
+    if (value != kMine &&
+        store.zero->set("fuzz/check/0", value).code() != textgen::StatusCode::kAlreadyExists)
+      textgen::fuzz::fail(__FILE__, __LINE__, "a second value for a key was not refused");
   }
   return 0;
 }
