@@ -28,6 +28,13 @@ Status validatePagedAttention(const PagedAttentionParams& p) {
 
 Status pagedAttentionReference(const PagedAttentionParams& p) {
   TG_RETURN_IF_ERROR(validatePagedAttention(p));
+  if (p.alibiSlopes) {
+    for (int64_t h = 0; h < p.numHeads; ++h) {
+      if (!std::isfinite(p.alibiSlopes[h]))
+        return invalidArgumentError("paged_attention: ALiBi slope of head " + std::to_string(h) +
+                                    " is not finite");
+    }
+  }
   const Elements e{p.dtype};
   const int64_t group = p.numHeads / p.numKvHeads;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
@@ -44,6 +51,7 @@ Status pagedAttentionReference(const PagedAttentionParams& p) {
       scores.assign(pos + 1, 0.0f);
       for (int64_t h = 0; h < p.numHeads; ++h) {
         const int64_t qOff = row * p.qRowStride + h * p.headDim, kvh = h / group;
+        const float slope = p.alibiSlopes ? p.alibiSlopes[h] : 0.0f;
         float maxScore = -INFINITY;
         for (int64_t j = lo; j <= pos; ++j) {
           const int64_t slot = int64_t{blocks[j / p.blockSize]} * p.blockSize + j % p.blockSize;
@@ -52,6 +60,7 @@ Status pagedAttentionReference(const PagedAttentionParams& p) {
           for (int64_t d = 0; d < p.headDim; ++d)
             dot += e.load(p.q, qOff + d) * e.load(p.kCache, kOff + d);
           scores[j] = dot * p.scale;
+          if (p.alibiSlopes) scores[j] += slope * static_cast<float>(j - pos);
           maxScore = std::max(maxScore, scores[j]);
         }
         float sum = 0.0f;

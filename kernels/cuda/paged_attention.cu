@@ -6,6 +6,8 @@
 //    decode rows and whatever the tensor-core kernel does not cover.
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
+// Both are templated on kAlibi: the ALiBi bias slope[h] * (j - i) joins the scores only in the
+// instantiations launched with slopes, so the kernels without them are the same code as before.
 #include <mma.h>
 
 #include <algorithm>
@@ -45,7 +47,7 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 }
 
 // Lane l owns dimensions [l*kEpl, l*kEpl + kEpl) of a head (kEpl = elements per lane).
-template <typename T, int kEpl>
+template <typename T, int kEpl, bool kAlibi>
 __global__ void __launch_bounds__(kWarps * 32)
     splitKernel(PagedAttentionParams p, int partition, int numSplits) {
   using C = Convert<T>;
@@ -63,6 +65,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   const int d0 = lane * kEpl;
+  float slope = 0.0f;
+  if constexpr (kAlibi) slope = p.alibiSlopes[head];
 
   float q[kEpl];
   const T* qRow = static_cast<const T*>(p.q) + row * p.qRowStride + head * p.headDim;
@@ -95,6 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < kEpl; ++e) dot += q[e] * kv[u][e];
 #pragma unroll
       for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if constexpr (kAlibi) dot += slope * static_cast<float>(j0 + u - pos);
       score[u] = j0 + u < end ? dot : -INFINITY;
     }
     float mNew = m;
@@ -190,6 +195,14 @@ int multiprocessorCount() {
   return count;
 }
 
+template <typename T, bool kAlibi>
+auto splitKernelFor(int64_t headDim) {
+  return headDim <= 32    ? splitKernel<T, 1, kAlibi>
+         : headDim <= 64  ? splitKernel<T, 2, kAlibi>
+         : headDim <= 128 ? splitKernel<T, 4, kAlibi>
+                          : splitKernel<T, 8, kAlibi>;
+}
+
 template <typename T>
 Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   // With (rows x heads) blocks too few to keep eight per SM busy (decode is bound by the loads
@@ -218,10 +231,8 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numHeads),
                   static_cast<unsigned>(splits));
   const int s = static_cast<int>(splits), part = static_cast<int>(partition);
-  auto* kernel = p.headDim <= 32    ? splitKernel<T, 1>
-                 : p.headDim <= 64  ? splitKernel<T, 2>
-                 : p.headDim <= 128 ? splitKernel<T, 4>
-                                    : splitKernel<T, 8>;
+  auto* kernel =
+      p.alibiSlopes ? splitKernelFor<T, true>(p.headDim) : splitKernelFor<T, false>(p.headDim);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, part, s);
 }
 
@@ -246,7 +257,7 @@ struct FlashSmem {
   static constexpr size_t kBytes = kSlots + sizeof(int64_t) * kTileKeys;
 };
 
-template <typename T, int kD>
+template <typename T, int kD, bool kAlibi>
 __global__ void __launch_bounds__(kWarps * 32)
     flashKernel(PagedAttentionParams p, int tilesPerSeq) {
   namespace wmma = nvcuda::wmma;
@@ -279,6 +290,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int kvh = head / static_cast<int>(p.numHeads / p.numKvHeads);
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * kD;
+  float slope = 0.0f;
+  if constexpr (kAlibi) slope = p.alibiSlopes[head];
   constexpr int kVecsPerRow = kD / 8;
 
   // Q tile (rows past the sequence are zero), O = 0, statistics reset.
@@ -358,7 +371,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int c = 0; c < kTileKeys / 2; ++c) {
         const int col = half * (kTileKeys / 2) + c, j = kvStart + col;
         const bool valid = r < numRows && j >= lo && j <= pos;
-        sc[c] = valid ? sS[r * L::kSp + col] * p.scale : -INFINITY;
+        float v = sS[r * L::kSp + col] * p.scale;
+        if constexpr (kAlibi) v += slope * static_cast<float>(j - pos);
+        sc[c] = valid ? v : -INFINITY;
         rowMax = fmaxf(rowMax, sc[c]);
       }
       rowMax = fmaxf(rowMax, __shfl_xor_sync(0xffffffffu, rowMax, 1));
@@ -420,7 +435,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kAlibi>
 Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   using L = FlashSmem<T, kD>;
   // The opt-in is a property of the kernel on each device: once per device (tensor-parallel ranks
@@ -430,9 +445,9 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(optedIn.load(std::memory_order_acquire) & bit)) {
-    const cudaError_t attr =
-        cudaFuncSetAttribute(flashKernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(L::kBytes));
+    const cudaError_t attr = cudaFuncSetAttribute(flashKernel<T, kD, kAlibi>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(L::kBytes));
     if (attr != cudaSuccess) {
       return internalError(std::string("paged_attention: shared memory opt-in failed: ") +
                            cudaGetErrorString(attr));
@@ -442,8 +457,8 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t tilesPerSeq = (p.maxNewRows + kTileRows - 1) / kTileRows;
   const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq),
                   static_cast<unsigned>(p.numHeads));
-  return cuda::launch("paged_attention (flash)", flashKernel<T, kD>, grid, kWarps * 32, L::kBytes,
-                      stream, p, static_cast<int>(tilesPerSeq));
+  return cuda::launch("paged_attention (flash)", flashKernel<T, kD, kAlibi>, grid, kWarps * 32,
+                      L::kBytes, stream, p, static_cast<int>(tilesPerSeq));
 }
 
 template <typename T>
@@ -451,7 +466,12 @@ Status launchFlash(const PagedAttentionParams& p, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     return launchSplit<T>(p, stream);
   } else {
-    return p.headDim == 64 ? launchFlashD<T, 64>(p, stream) : launchFlashD<T, 128>(p, stream);
+    if (p.alibiSlopes) {
+      return p.headDim == 64 ? launchFlashD<T, 64, true>(p, stream)
+                             : launchFlashD<T, 128, true>(p, stream);
+    }
+    return p.headDim == 64 ? launchFlashD<T, 64, false>(p, stream)
+                           : launchFlashD<T, 128, false>(p, stream);
   }
 }
 

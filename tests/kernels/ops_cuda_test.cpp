@@ -1,6 +1,6 @@
 // The decoder-layer kernels against their CPU references over random shapes and every dtype:
 // gather_rows and kv_write bit for bit; rope, the gated activations, gemm and paged attention
-// (split-K decode, tensor-core prefill, prefixes, chunks, GQA, sliding windows) within the
+// (split-K decode, tensor-core prefill, prefixes, chunks, GQA, sliding windows, ALiBi) within the
 // tolerances of tests/support/tolerance.h.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -503,7 +503,8 @@ struct AttentionCase {
   DType dtype;
   int64_t numSeqs, heads, kvHeads, headDim, blockSize, window;
   int64_t maxStart,
-      maxRows;  // per sequence: cached positions in [0, maxStart], new rows in [1, maxRows]
+      maxRows;         // per sequence: cached positions in [0, maxStart], new rows in [1, maxRows]
+  bool alibi = false;  // slopes 2^(-8 (h + 1) / heads) (BLOOM for 2^n heads), reversed
 };
 
 std::string describe(const AttentionCase& c) {
@@ -511,7 +512,7 @@ std::string describe(const AttentionCase& c) {
          " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kvHeads) +
          " headDim=" + std::to_string(c.headDim) + " block=" + std::to_string(c.blockSize) +
          " window=" + std::to_string(c.window) + " maxStart=" + std::to_string(c.maxStart) +
-         " maxRows=" + std::to_string(c.maxRows);
+         " maxRows=" + std::to_string(c.maxRows) + (c.alibi ? " alibi" : "");
 }
 
 void runAttention(const AttentionCase& c, std::mt19937& rng) {
@@ -543,6 +544,11 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
   const auto kc = encode(randomValues(numSlots * kvWidth, rng), dt);
   const auto vc = encode(randomValues(numSlots * kvWidth, rng), dt);
   std::vector<uint8_t> want(rows * c.heads * c.headDim * es);
+  // Steep and shallow slopes; reversed so the head order matters (a kernel reading the wrong
+  // head's slope fails).
+  std::vector<float> slopes;
+  for (int64_t h = 0; c.alibi && h < c.heads; ++h)
+    slopes.push_back(std::exp2(-8.0f * static_cast<float>(c.heads - h) / c.heads));
   PagedAttentionParams p{.q = q.data(),
                          .qRowStride = qStride,
                          .kCache = kc.data(),
@@ -560,12 +566,14 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
                          .blockSize = c.blockSize,
                          .slidingWindow = c.window,
                          .scale = 1.0f / std::sqrt(static_cast<float>(c.headDim)),
+                         .alibiSlopes = c.alibi ? slopes.data() : nullptr,
                          .maxNewRows = maxNewRows,
                          .maxContext = maxContext,
                          .dtype = dt};
   ASSERT_TRUE(pagedAttentionReference(p).ok());
   auto dq = toDevice(q), dk = toDevice(kc), dv = toDevice(vc), dStarts = toDevice(seqStarts),
        dStartPos = toDevice(startPos), dTables = toDevice(tables);
+  auto dSlopes = c.alibi ? toDevice(slopes) : nullptr;
   DeviceBuffer dOut(want.size()), workspace(16u << 20);
   TG_ASSERT_CUDA(cudaMemset(workspace.get(), 0, workspace.bytes()));  // split counters start at 0
   p.q = dq->get();
@@ -575,6 +583,7 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
   p.seqStarts = dStarts->as<int32_t>();
   p.startPos = dStartPos->as<int32_t>();
   p.blockTables = dTables->as<int32_t>();
+  if (c.alibi) p.alibiSlopes = dSlopes->as<float>();
   p.workspace = workspace.get();
   p.workspaceBytes = workspace.bytes();
   ASSERT_TRUE(invokePagedAttention(p, nullptr).ok());
@@ -606,6 +615,30 @@ TEST_F(OpsCudaTest, PagedAttentionPrefillAndChunks) {
     runAttention({dt, 2, 8, 4, 64, 16, 64, 0, 400}, rng_);      // sliding window inside the prompt
     runAttention({dt, 4, 4, 2, 128, 16, 0, 100, 70}, rng_);  // mixed lengths: decode-sized to tiles
     runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90}, rng_);    // head size without a tensor-core path
+  }
+}
+
+TEST_F(OpsCudaTest, PagedAttentionAlibiDecodeSplitK) {
+  for (DType dt : kDtypes) {
+    runAttention({dt, 1, 32, 32, 128, 16, 0, 3000, 1, true}, rng_);  // several splits, merged
+    runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true}, rng_);     // GQA
+    runAttention({dt, 3, 4, 1, 128, 4, 0, 300, 1, true}, rng_);      // MQA, small blocks
+    runAttention({dt, 4, 8, 8, 64, 16, 100, 900, 1, true}, rng_);    // sliding window
+    runAttention({dt, 2, 6, 3, 80, 16, 0, 200, 1, true}, rng_);      // head size 80
+    runAttention({dt, 2, 12, 4, 32, 8, 0, 120, 1, true}, rng_);      // 12 heads, tiny head size
+    runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1, true}, rng_);   // a large decode batch
+  }
+}
+
+TEST_F(OpsCudaTest, PagedAttentionAlibiPrefillAndChunks) {
+  for (DType dt : kDtypes) {
+    runAttention({dt, 1, 8, 8, 128, 16, 0, 0, 300, true}, rng_);      // one prompt, no prefix
+    runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true}, rng_);      // packed prompts, GQA
+    runAttention({dt, 3, 4, 4, 64, 16, 0, 500, 150, true}, rng_);     // after cached prefixes
+    runAttention({dt, 2, 4, 1, 128, 16, 300, 200, 130, true}, rng_);  // chunks, window, MQA
+    runAttention({dt, 2, 8, 1, 64, 16, 0, 0, 400, true}, rng_);       // MQA prompts
+    runAttention({dt, 4, 4, 2, 128, 16, 0, 100, 70, true}, rng_);     // decode-sized to tiles
+    runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90, true}, rng_);       // no tensor-core path
   }
 }
 

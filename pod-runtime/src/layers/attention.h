@@ -1,13 +1,14 @@
 // Self-attention over the paged KV cache, tensor-parallel as Megatron splits it: q/k/v
 // column-parallel in one GEMM, RoPE and the KV write in one pass, paged attention (grouped-query,
-// optional sliding window), o row-parallel: each rank's output is its partial sum, reduced over
-// the ranks by the norm that follows (Norm::forwardReduced, fused with it where the communicator
-// can).
+// optional sliding window, optional ALiBi), o row-parallel: each rank's output is its partial sum,
+// reduced over the ranks by the norm that follows (Norm::forwardReduced, fused with it where the
+// communicator can).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "layers/forward_context.h"
 #include "layers/weight_loader.h"
@@ -41,6 +42,10 @@ class Attention {
   };
   struct Options {
     int64_t slidingWindow = 0;  // attend to this many most recent positions; 0: all
+    // ALiBi instead of RoPE: every head's slope (layers/alibi.h), [numHeads]; empty: RoPE. Each
+    // rank uploads its heads' share once at load; keys are cached unrotated. Composes with the
+    // sliding window (the window limits the keys, the bias applies to those left).
+    std::vector<float> alibiSlopes = {};
   };
 
   static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,
@@ -62,7 +67,8 @@ class Attention {
   Linear qkv_;
   Linear o_;  // [hidden, heads * headDim]: this rank's columns (row-parallel)
   Options options_;
-  float ropeScaling_ = 1.0f;  // multiplies cos and sin (yarn)
+  std::unique_ptr<Buffer> alibiSlopes_;  // [this rank's heads] fp32; null: RoPE
+  float ropeScaling_ = 1.0f;             // multiplies cos and sin (yarn)
 };
 
 }  // namespace textgen::runtime

@@ -89,6 +89,13 @@ StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& 
   return buf;
 }
 
+StatusOr<std::unique_ptr<Buffer>> WeightLoader::uploadF32(const std::vector<float>& values) const {
+  const size_t bytes = values.size() * sizeof(float);
+  TG_ASSIGN_OR_RETURN(auto buf, backend_.allocate(bytes));
+  TG_RETURN_IF_ERROR(backend_.upload(*buf, values.data(), bytes));
+  return buf;
+}
+
 StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind split,
                                       bool withBias) const {
   if (parts.empty()) return invalidArgumentError("a linear layer needs a weight");

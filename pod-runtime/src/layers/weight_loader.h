@@ -41,6 +41,8 @@ class WeightLoader {
   // The parts' slices stacked in order: NOT_FOUND / INVALID_ARGUMENT naming a missing or
   // misshapen tensor.
   StatusOr<std::unique_ptr<Buffer>> upload(const std::vector<Part>& parts) const;
+  // Values computed on the host at load (ALiBi slopes), fp32 whatever the compute dtype.
+  StatusOr<std::unique_ptr<Buffer>> uploadF32(const std::vector<float>& values) const;
   // A dense linear layer from `parts` stacked along the outputs (each part's slice [out_i, in]),
   // split as `split`. With `withBias`, each part's bias (biasName: [out_i]) is stacked the same
   // way: a column-parallel layer's sliced like its rows; a row-parallel layer's outputs are summed

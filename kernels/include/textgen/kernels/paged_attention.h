@@ -4,6 +4,13 @@
 // chunk or a reused prefix). Row t of s attends to positions [lo, startPos[s] + t], lo limited by
 // the sliding window. Query head h reads KV head h / (numHeads / numKvHeads) (GQA, MQA).
 //
+// ALiBi (BLOOM, MPT, Falcon with alibi): with alibiSlopes set, the score of query position i and
+// key position j <= i is q·k * scale + slope[h] * (j - i), the bias added after the scale as both
+// models do. BLOOM adds slope * j and MPT slope * (j - (seqLen - 1)); each differs from
+// slope * (j - i) by a constant per query row, which softmax cancels, so all three give the same
+// attention. The relative form keeps the bias small next to the scores at long contexts. A sliding
+// window still limits the keys (the bias applies to those left).
+//
 // On the device: a flash-attention kernel on tensor cores for prefill tiles (f16/bf16, head sizes
 // 64 and 128), and a split-K ("flash-decoding") kernel for decode rows and every other case, whose
 // partial results are merged by a second pass. Scores, softmax and accumulation are fp32; the
@@ -32,6 +39,9 @@ struct PagedAttentionParams {
   int64_t numHeads = 0, numKvHeads = 0, headDim = 0, blockSize = 0;
   int64_t slidingWindow = 0;  // 0: none
   float scale = 1.0f;
+  // ALiBi slopes of this call's heads (this rank's, in the order of q's heads), [numHeads] fp32 in
+  // the backend's memory; null: no bias.
+  const float* alibiSlopes = nullptr;
   // Launch shape, known on the host: the most new rows of any sequence, and the longest context
   // (startPos + new rows). Both are upper bounds; larger values only cost idle blocks.
   int64_t maxNewRows = 0, maxContext = 0;

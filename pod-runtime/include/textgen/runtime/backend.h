@@ -104,7 +104,8 @@ class Backend {
     TG_RETURN_IF_ERROR(rope(p.rope));
     return writeKv(p.kv);
   }
-  // The backend supplies the split-K workspace.
+  // The backend supplies the split-K workspace; every pointer, the optional ALiBi slopes included,
+  // is in backend memory.
   virtual Status attention(kernels::PagedAttentionParams p) = 0;
   // act(gate) * up of the gated MLP.
   virtual Status gatedActivation(const kernels::GatedActivationParams& p) = 0;
