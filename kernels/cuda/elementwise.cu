@@ -1,6 +1,6 @@
-// The small memory-bound kernels of a decoder layer: row gather (embedding), RoPE, paged KV write
-// and the MLP's gated activation. Each reads and writes its rows once; 16-byte vectors where
-// alignment allows.
+// The small memory-bound kernels of a decoder layer: row gather (embedding), learned position
+// embeddings, RoPE, paged KV write and the MLP's gated activation. Each reads and writes its rows
+// once; 16-byte vectors where alignment allows.
 #include <algorithm>
 
 #include "common.cuh"
@@ -8,6 +8,7 @@
 #include "textgen/kernels/gated_activation.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/kv_write.h"
+#include "textgen/kernels/position_embedding.h"
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
 
@@ -36,6 +37,42 @@ __global__ void gatherRowsKernel(const U* table, const int32_t* ids, U* out, int
 
 int threadsFor(int64_t units) {
   return static_cast<int>(units >= 256 ? 256 : (units + 31) / 32 * 32);
+}
+
+// One block per row: x[r] += table[positions[r] + offset] in kVec-element vectors. A row whose
+// table row is outside the table is left unchanged (no out-of-bounds read).
+template <typename T, int kVec>
+__global__ void positionEmbeddingKernel(T* x, const T* table, const int32_t* positions,
+                                        int64_t width, int64_t tableRows, int64_t offset) {
+  using C = Convert<T>;
+  using V = cuda::Vec<T, kVec>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  const int64_t r = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(positions[r]) + offset;
+  if (positions[r] < 0 || row >= tableRows) return;
+  V* dst = reinterpret_cast<V*>(x + r * width);
+  const V* src = reinterpret_cast<const V*>(table + row * width);
+  for (int64_t i = threadIdx.x; i < width / kVec; i += blockDim.x) {
+    V a = dst[i];
+    const V b = src[i];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) a.v[k] = C::fromFloat(C::toFloat(a.v[k]) + C::toFloat(b.v[k]));
+    dst[i] = a;
+  }
+}
+
+template <typename T>
+Status launchPositionEmbedding(const PositionEmbeddingParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  auto* x = static_cast<T*>(p.x);
+  const auto* table = static_cast<const T*>(p.table);
+  const bool vec = p.width % kVec == 0 && cuda::aligned16(x) && cuda::aligned16(table);
+  const auto grid = static_cast<unsigned>(p.rows);
+  const int threads = threadsFor(vec ? p.width / kVec : p.width);
+  return cuda::launch("position_embedding",
+                      vec ? positionEmbeddingKernel<T, kVec> : positionEmbeddingKernel<T, 1>, grid,
+                      threads, 0, stream, x, table, p.positions, p.width, p.tableRows, p.offset);
 }
 
 template <typename T>
@@ -250,6 +287,12 @@ Status invokeGatherRows(const GatherRowsParams& p, Stream stream) {
   return cuda::launch("gather_rows", gatherRowsKernel<uint16_t>, grid, threadsFor(units), 0, stream,
                       static_cast<const uint16_t*>(p.table), p.ids, static_cast<uint16_t*>(p.out),
                       units, p.tableRows, p.idOffset);
+}
+
+Status invokePositionEmbedding(const PositionEmbeddingParams& p, Stream stream) {
+  TG_RETURN_IF_ERROR(validatePositionEmbedding(p));
+  if (p.rows == 0) return okStatus();
+  TG_DISPATCH_DTYPE(p.dtype, launchPositionEmbedding, p, stream);
 }
 
 Status invokeRope(const RopeParams& p, Stream stream) {

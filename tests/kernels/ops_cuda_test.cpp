@@ -1,7 +1,7 @@
 // The decoder-layer kernels against their CPU references over random shapes and every dtype:
-// gather_rows and kv_write bit for bit; rope, the gated activations, gemm and paged attention
-// (split-K decode, tensor-core prefill, prefixes, chunks, GQA, sliding windows, ALiBi) within the
-// tolerances of tests/support/tolerance.h.
+// gather_rows, kv_write and position_embedding bit for bit; rope, the gated activations, gemm and
+// paged attention (split-K decode, tensor-core prefill, prefixes, chunks, GQA, sliding windows,
+// ALiBi) within the tolerances of tests/support/tolerance.h.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +22,7 @@
 #include "textgen/kernels/gemm_runner.h"
 #include "textgen/kernels/kv_write.h"
 #include "textgen/kernels/paged_attention.h"
+#include "textgen/kernels/position_embedding.h"
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
 #include "textgen/kernels/sample.h"
@@ -467,6 +468,73 @@ TEST_F(OpsCudaTest, BiasAddMatchesReference) {
                                     toleranceFor(dt), out));
     }
   }
+}
+
+TEST_F(OpsCudaTest, PositionEmbeddingAddsTableRowsExactly) {
+  for (DType dt : kDtypes) {
+    for (int64_t width : {1, 7, 64, 768, 4096}) {
+      for (bool misaligned : {false, true}) {  // offset x by one element: the scalar path
+        SCOPED_TRACE(std::string(dtypeName(dt)) + " width " + std::to_string(width) +
+                     (misaligned ? " misaligned" : ""));
+        const int64_t rows = 37, tableRows = 130, offset = 2, maxPosition = 127;
+        const size_t es = dtypeSize(dt), off = misaligned ? es : 0;
+        auto want = encode(randomValues(rows * width, rng_), dt);
+        const auto table = encode(randomValues(tableRows * width, rng_, 0.5f), dt);
+        std::vector<int32_t> positions(rows);
+        for (auto& pos : positions) pos = static_cast<int32_t>(rng_() % (maxPosition + 1));
+        positions[0] = 0;
+        positions[1] = maxPosition;
+        std::vector<uint8_t> padded(off + want.size());
+        std::memcpy(padded.data() + off, want.data(), want.size());
+        auto dx = toDevice(padded);
+        auto dTable = toDevice(table), dPos = toDevice(positions);
+        PositionEmbeddingParams p{.x = want.data(),
+                                  .table = table.data(),
+                                  .positions = positions.data(),
+                                  .rows = rows,
+                                  .width = width,
+                                  .tableRows = tableRows,
+                                  .offset = offset,
+                                  .maxPosition = maxPosition,
+                                  .dtype = dt};
+        ASSERT_TRUE(positionEmbeddingReference(p).ok());
+        p.x = dx->as<uint8_t>(off);
+        p.table = dTable->get();
+        p.positions = dPos->as<int32_t>();
+        ASSERT_TRUE(invokePositionEmbedding(p, nullptr).ok());
+        const auto got = fromDevice(*dx, padded.size());
+        EXPECT_EQ(std::vector<uint8_t>(got.begin() + off, got.end()), want);
+      }
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, PositionEmbeddingOutsideTheTableLeavesTheRow) {
+  // maxPosition is a promise the caller keeps; a position breaking it must not read out of bounds.
+  const int64_t width = 64, tableRows = 4;
+  const auto x = encode(randomValues(3 * width, rng_), DType::kF32);
+  const auto table = encode(randomValues(tableRows * width, rng_), DType::kF32);
+  const std::vector<int32_t> positions{1, 1000000, -5};
+  auto dx = toDevice(x), dTable = toDevice(table), dPos = toDevice(positions);
+  PositionEmbeddingParams p{.x = dx->get(),
+                            .table = dTable->get(),
+                            .positions = dPos->as<int32_t>(),
+                            .rows = 3,
+                            .width = width,
+                            .tableRows = tableRows,
+                            .offset = 2,
+                            .maxPosition = 1};
+  ASSERT_TRUE(invokePositionEmbedding(p, nullptr).ok());
+  const auto got = decode(fromDevice(*dx, x.size()), DType::kF32);
+  const auto before = decode(x, DType::kF32), rows = decode(table, DType::kF32);
+  for (int64_t i = 0; i < width; ++i) {
+    EXPECT_EQ(got[i], before[i] + rows[3 * width + i]);
+    EXPECT_EQ(got[width + i], before[width + i]);
+    EXPECT_EQ(got[2 * width + i], before[2 * width + i]);
+  }
+  p.maxPosition = 2;  // 2 + offset 2 is outside a 4-row table: refused before launch
+  EXPECT_EQ(invokePositionEmbedding(p, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 TEST_F(OpsCudaTest, GemmMatchesReference) {

@@ -76,6 +76,14 @@ class CpuBackend final : public Backend {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));
     return kernels::rmsNormReference(p);
   }
+  Status layerNorm(const kernels::LayerNormParams& p) override {
+    TG_RETURN_IF_ERROR(f32Only(p.dtype));
+    return kernels::layerNormReference(p);
+  }
+  Status addPositionEmbedding(const kernels::PositionEmbeddingParams& p) override {
+    TG_RETURN_IF_ERROR(f32Only(p.dtype));
+    return kernels::positionEmbeddingReference(p);
+  }
 
   Status biasAdd(const kernels::BiasAddParams& p) override {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));

@@ -148,6 +148,12 @@ class CudaBackend final : public Backend {
   Status rmsNorm(const kernels::RmsNormParams& p) override {
     return kernels::invokeRmsNorm(p, stream_);
   }
+  Status layerNorm(const kernels::LayerNormParams& p) override {
+    return kernels::invokeLayerNorm(p, stream_);
+  }
+  Status addPositionEmbedding(const kernels::PositionEmbeddingParams& p) override {
+    return kernels::invokePositionEmbedding(p, stream_);
+  }
   Status gemm(const kernels::GemmParams& p) override { return gemm_->run(p); }
   Status biasAdd(const kernels::BiasAddParams& p) override {
     return kernels::invokeBiasAdd(p, stream_);

@@ -1,5 +1,5 @@
-// Normalisation of the residual stream, fused with the residual add: RMSNorm (Llama) now,
-// LayerNorm (GPT-2, Falcon) declared for the specs that will need it.
+// Normalisation of the residual stream, fused with the residual add: RMSNorm (Llama) or LayerNorm
+// with or without a bias (GPT-NeoX, Falcon, Bloom, OPT, GPT-BigCode; MPT without).
 #pragma once
 
 #include <memory>
@@ -21,11 +21,17 @@ constexpr std::string_view toString(NormKind k) {
   return "?";
 }
 
+// Whether a LayerNorm has a bias tensor (biasName(weight): "x.weight" -> "x.bias"): the graph
+// knows for its architecture (kRequired, kAbsent), or lets the checkpoint say (kOptional: loaded
+// when present). RMSNorm has none.
+enum class NormBias { kAbsent, kRequired, kOptional };
+
 class Norm {
  public:
-  // UNIMPLEMENTED for a kind without a kernel (LayerNorm).
+  // NOT_FOUND / INVALID_ARGUMENT naming a missing or misshapen weight or required bias;
+  // INVALID_ARGUMENT for an RMSNorm given a bias.
   static StatusOr<Norm> load(const WeightLoader& w, NormKind kind, const std::string& weight,
-                             double eps);
+                             double eps, NormBias bias = NormBias::kAbsent);
 
   // output = norm(input + residual) [rows, hidden], the sum kept in `residual`; with no residual
   // (the first layer) output = norm(input).
@@ -33,17 +39,24 @@ class Norm {
                  int64_t rows) const;
   // The same where `input` is this rank's partial sum (a row-parallel layer's or the vocabulary-
   // parallel embedding's output): summed over the ranks first, in the norm's kernel where the
-  // communicator fuses them. Without a residual `input` holds the sum afterwards; with one, its
-  // contents are unspecified.
+  // communicator fuses them (RMSNorm), else by an all-reduce in place before it (LayerNorm).
+  // Without a residual `input` holds the sum afterwards; with one, its contents are unspecified.
   Status forwardReduced(const ForwardContext& ctx, void* input, void* residual, void* output,
                         int64_t rows) const;
 
- private:
-  kernels::RmsNormParams params(const ForwardContext& ctx, const void* input, void* residual,
-                                void* output, int64_t rows) const;
+  NormKind kind() const { return kind_; }
+  bool hasBias() const { return bias_ != nullptr; }
 
+ private:
+  kernels::RmsNormParams rmsParams(const ForwardContext& ctx, const void* input, void* residual,
+                                   void* output, int64_t rows) const;
+  kernels::LayerNormParams layerParams(const ForwardContext& ctx, const void* input, void* residual,
+                                       void* output, int64_t rows) const;
+
+  NormKind kind_ = NormKind::kRms;
   float eps_ = 1e-6f;
   std::unique_ptr<Buffer> weight_;  // [hidden]
+  std::unique_ptr<Buffer> bias_;    // [hidden], or null
 };
 
 }  // namespace textgen::runtime

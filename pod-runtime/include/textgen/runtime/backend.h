@@ -20,7 +20,9 @@
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm.h"
 #include "textgen/kernels/kv_write.h"
+#include "textgen/kernels/layer_norm.h"
 #include "textgen/kernels/paged_attention.h"
+#include "textgen/kernels/position_embedding.h"
 #include "textgen/kernels/rms_norm.h"
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
@@ -90,6 +92,9 @@ class Backend {
 
   virtual Status gatherRows(const kernels::GatherRowsParams& p) = 0;
   virtual Status rmsNorm(const kernels::RmsNormParams& p) = 0;
+  virtual Status layerNorm(const kernels::LayerNormParams& p) = 0;
+  // x += the learned position embedding of each row's position (GPT-2, OPT).
+  virtual Status addPositionEmbedding(const kernels::PositionEmbeddingParams& p) = 0;
   // y[rows, out] = x[rows, in] · W[out, in]ᵀ on raw operands.
   virtual Status gemm(const kernels::GemmParams& p) = 0;
   virtual Status biasAdd(const kernels::BiasAddParams& p) = 0;
