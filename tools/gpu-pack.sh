@@ -21,6 +21,23 @@ done
 rm -rf "$dest"
 "$pack" "$dest" "${bins[@]}"
 strip --strip-unneeded "$dest"/bin/* "$dest"/lib/* 2>/dev/null || true
+# textgen calls one BLAS routine (cblas_sgemm, the CPU backend's GEMM), and on the GPU machine only for
+# tiny fixtures. The reference BLAS (Debian's libblas3, 0.4 MB, no Fortran runtime) stands in for
+# OpenBLAS (36 MB with libgfortran), keeping the pack plus the tree within the device tool's 64 MiB.
+ref_blas=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3
+if [ -f "$dest/lib/libopenblas.so.0" ] && [ -f "$ref_blas" ] && nm -D "$ref_blas" | grep -q ' T cblas_sgemm$'; then
+  if ! nm -D --undefined-only "$dest"/bin/* 2>/dev/null | grep -v cblas_sgemm | grep -qi 'openblas\|cblas_\| [sdcz]gemm_'; then
+    cp "$ref_blas" "$dest/lib/libopenblas.so.0"
+    for lib in libgfortran.so.5 libquadmath.so.0; do  # OpenBLAS's; drop them if nothing else needs them
+      needed=0
+      for f in "$dest"/bin/* "$dest"/lib/*; do
+        [ "$(basename "$f")" = "$lib" ] && continue
+        readelf -d "$f" 2>/dev/null | grep -q "NEEDED.*\[$lib\]" && needed=1
+      done
+      [ "$needed" = 1 ] || rm -f "$dest/lib/$lib"
+    done
+  fi
+fi
 cp tools/gpu-run.sh "$dest/"
 du -sh "$dest"
 # Carried as one compressed file (the libraries alone pass the 64 MiB a call may carry):

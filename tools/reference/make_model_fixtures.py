@@ -32,7 +32,10 @@ import sys
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import (BloomConfig, BloomForCausalLM, FalconConfig, FalconForCausalLM, GPTBigCodeConfig,
+                          GPTBigCodeForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, MptConfig, MptForCausalLM,
+                          OPTConfig, OPTForCausalLM)
 
 PROMPTS = [
     "The quick brown fox",
@@ -46,13 +49,14 @@ NEW_TOKENS = 32
 def scale_weights(model, seed):
     """Weights with enough spread that greedy argmaxes are clear (random init gives near-ties)."""
     g = torch.Generator().manual_seed(seed)
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(".bias"):  # attention_bias / mlp_bias
+            if name.endswith(".bias"):  # projection and LayerNorm biases
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif p.dim() == 1:  # norm weights
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
+            elif id(p) in embeddings:  # token (and learned position) embeddings
                 p.copy_(torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.5 / math.sqrt(p.shape[1])))
@@ -110,14 +114,16 @@ def build(name, outdir, tokenizer_dir, cls, config, seed, shard=None):
     # A generation model's usual Llama config: <s> added, </s> not (the tokenizer fixture sets
     # add_eos_token to exercise TGI's override; prompts must not end in </s>).
     config = json.load(open(os.path.join(tokenizer_dir, "tokenizer_config.json")))
-    config["add_eos_token"] = False
+    if "add_eos_token" in config:
+        config["add_eos_token"] = False
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
     rows = reference(model, tokenizer_dir, PROMPTS)
-    rotary = model.model.rotary_emb
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "prompts": rows,
-            "rope": {"inv_freq": rotary.inv_freq.float().tolist(),
-                     "attention_scaling": float(rotary.attention_scaling)}}
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "prompts": rows}
+    rotary = next((m for m in model.modules() if hasattr(m, "inv_freq")), None)
+    if rotary is not None:
+        meta["rope"] = {"inv_freq": rotary.inv_freq.float().tolist(),
+                        "attention_scaling": float(getattr(rotary, "attention_scaling", 1.0))}
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(meta, f)
     gaps = [r["min_greedy_gap"] for r in rows]
@@ -168,18 +174,100 @@ def main():
          lambda: rope(LlamaConfig, 10000.0, None, max_position_embeddings=256, tie_word_embeddings=False,
                       attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh"), 8, None),
     ]
+    jobs += family_jobs(os.path.dirname(os.path.abspath(tokenizer_dir)))
     if only is not None:
         jobs = [j for j in jobs if j[0] in only]
     failed = []
-    for name, cls, make_config, seed, shard in jobs:
+    for job in jobs:
+        name, cls, make_config, seed, shard = job[:5]
+        tok_dir = job[5] if len(job) > 5 else tokenizer_dir
         try:
-            build(name, outdir, tokenizer_dir, cls, make_config(), seed, shard)
+            build(name, outdir, tok_dir, cls, make_config(), seed, shard)
         except Exception:
             import traceback
             traceback.print_exc()
             failed.append(name)
     print("failed:", failed or "none")
     return 1 if failed else 0
+
+
+def family_jobs(tokenizers_root):
+    """Issue 15's families: tiny (hidden 64, 4 heads of 16, 2 layers, MLP 128 where the config sets it,
+    ~700-token vocabularies), each with its own tokenizer. Kept small: fixtures travel to the GPU machine."""
+    def tok(name):
+        return os.path.join(tokenizers_root, name)
+    def vocab(name, pad_to=1):
+        v = Tokenizer_vocab(tok(name))
+        return (v + pad_to - 1) // pad_to * pad_to
+    neox = tok("gpt-neox")
+    return [
+        # Pythia-style: parallel residual, a quarter of each head rotated, vocabulary padded past the
+        # tokenizer's (as Pythia's 50304 rows over 50277 tokens).
+        ("gptneox-parallel", GPTNeoXForCausalLM, lambda: GPTNeoXConfig(
+            vocab_size=vocab("gpt-neox", 128), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, hidden_act="gelu", rotary_pct=0.25, rotary_emb_base=10000,
+            max_position_embeddings=256, layer_norm_eps=1e-5, use_parallel_residual=True,
+            tie_word_embeddings=False, bos_token_id=0, eos_token_id=0), 21, None, neox),
+        ("gptneox-sequential", GPTNeoXForCausalLM, lambda: GPTNeoXConfig(
+            vocab_size=vocab("gpt-neox"), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, hidden_act="gelu", rotary_pct=0.5, rotary_emb_base=20000,
+            max_position_embeddings=256, layer_norm_eps=1e-5, use_parallel_residual=False,
+            tie_word_embeddings=False, bos_token_id=0, eos_token_id=0), 22, None, neox),
+        # Falcon-7B: multi-query, parallel attention and MLP under one LayerNorm, rotary, no biases.
+        ("falcon-mqa-rotary", FalconForCausalLM, lambda: FalconConfig(
+            vocab_size=vocab("falcon"), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            multi_query=True, parallel_attn=True, bias=False, alibi=False, new_decoder_architecture=False,
+            ffn_hidden_size=128,
+            layer_norm_epsilon=1e-5, max_position_embeddings=256,
+            bos_token_id=11, eos_token_id=11), 23, None, tok("falcon")),
+        # Falcon-RW: ALiBi, every head its own K/V, sequential residual, biases.
+        ("falcon-alibi", FalconForCausalLM, lambda: FalconConfig(
+            vocab_size=vocab("falcon"), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            multi_query=False, parallel_attn=False, bias=True, alibi=True, new_decoder_architecture=False,
+            ffn_hidden_size=128,
+            layer_norm_epsilon=1e-5, max_position_embeddings=256, bos_token_id=11, eos_token_id=11),
+         24, None, tok("falcon")),
+        # Falcon-40B: the new decoder architecture, 2 KV groups, ln_attn and ln_mlp.
+        ("falcon-new", FalconForCausalLM, lambda: FalconConfig(
+            vocab_size=vocab("falcon"), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_kv_heads=2, new_decoder_architecture=True, ffn_hidden_size=128, parallel_attn=True,
+            bias=False, alibi=False,
+            layer_norm_epsilon=1e-5, max_position_embeddings=256,
+            bos_token_id=11, eos_token_id=11), 25, None, tok("falcon")),
+        # BLOOM: ALiBi, LayerNorm on the word embeddings, GELU (tanh), tied head.
+        ("bloom", BloomForCausalLM, lambda: BloomConfig(
+            vocab_size=vocab("bloom"), hidden_size=64, n_layer=2, n_head=4, layer_norm_epsilon=1e-5,
+            bos_token_id=1, eos_token_id=2, pad_token_id=3), 26, None, tok("bloom")),
+        # OPT-125m style: pre-LayerNorm, learned positions (offset 2), ReLU, tied head.
+        ("opt-pre", OPTForCausalLM, lambda: OPTConfig(
+            vocab_size=vocab("opt"), hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+            max_position_embeddings=256, do_layer_norm_before=True, word_embed_proj_dim=64,
+            activation_function="relu", enable_bias=True, bos_token_id=2, eos_token_id=2, pad_token_id=1),
+         27, None, tok("opt")),
+        # OPT-350m style: post-LayerNorm, embeddings of 32 projected in and out.
+        ("opt-post-proj", OPTForCausalLM, lambda: OPTConfig(
+            vocab_size=vocab("opt"), hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+            max_position_embeddings=256, do_layer_norm_before=False, word_embed_proj_dim=32,
+            activation_function="relu", enable_bias=True, bos_token_id=2, eos_token_id=2, pad_token_id=1),
+         28, None, tok("opt")),
+        # MPT-7B style: ALiBi with a non-default alibi_bias_max, clip_qkv, no biases, tied head.
+        ("mpt-clip", MptForCausalLM, lambda: MptConfig(
+            vocab_size=vocab("gpt-neox", 64), d_model=64, n_heads=4, n_layers=2, expansion_ratio=2,
+            max_seq_len=256, no_bias=True, layer_norm_epsilon=1e-5,
+            attn_config={"alibi": True, "alibi_bias_max": 12, "clip_qkv": 2.0, "qk_ln": False},
+            bos_token_id=0, eos_token_id=0), 29, None, neox),
+        # SantaCoder/StarCoder: multi-query, fused c_attn, learned positions, GELU (tanh), tied head.
+        ("bigcode-mqa", GPTBigCodeForCausalLM, lambda: GPTBigCodeConfig(
+            vocab_size=vocab("starcoder"), n_positions=256, n_embd=64, n_layer=2, n_head=4, n_inner=128,
+            activation_function="gelu_pytorch_tanh", multi_query=True, layer_norm_epsilon=1e-5,
+            bos_token_id=0, eos_token_id=0), 30, None, tok("starcoder")),
+        # Code Llama: Llama with rope_theta 1e6 and a 16k context.
+        ("codellama", LlamaForCausalLM, lambda: LlamaConfig(
+            vocab_size=vocab("llama2"), hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+            rope_theta=1000000.0, max_position_embeddings=16384, tie_word_embeddings=False),
+         31, None, tok("llama2")),
+    ]
 
 
 def Tokenizer_vocab(tokenizer_dir):

@@ -11,7 +11,8 @@ tokenizer_class LlamaTokenizer(Fast), the post-processor is rebuilt from tokeniz
 add_bos_token / add_eos_token (see llama_post_processor below).
 
 Run where `tokenizers` and `sentencepiece` are installed (the GPU machine):
-    python3 tools/reference/make_tokenizer_fixtures.py OUT_DIR
+    python3 tools/reference/make_tokenizer_fixtures.py OUT_DIR [FAMILIES]
+FAMILIES (comma-separated) rebuilds only those; meta.json keeps the other families' entries.
 Writes OUT_DIR/<family>/{tokenizer.json,tokenizer_config.json,cases.jsonl,decode_random.jsonl} and
 OUT_DIR/meta.json. Deterministic for a given tokenizers/sentencepiece version.
 """
@@ -438,6 +439,106 @@ def train_bpe_suffix(corpus):
 # ------------------------------------------------------------------------------------------------
 # Recording
 
+# ------------------------------------------------------------------------------------------------
+# Decoder-only families beyond Llama (issue 15). Each mirrors the structure of that family's published
+# tokenizer.json (normalizer, pre-tokenizer, post-processor, special tokens), trained small.
+
+def train_byte_level(corpus, specials, pre_tokenizer, normalizer=None, post_processor=None):
+    tok = Tokenizer(models.BPE())
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = post_processor or processors.ByteLevel(trim_offsets=True)
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
+def train_gpt_neox(corpus):
+    """EleutherAI/gpt-neox-20b (Pythia, MPT): NFC, byte-level with GPT-2's regex."""
+    return train_byte_level(corpus, ["<|endoftext|>", "<|padding|>"],
+                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                            normalizer=normalizers.NFC())
+
+
+def gpt_neox_config():
+    return {"tokenizer_class": "GPTNeoXTokenizer", "bos_token": "<|endoftext|>",
+            "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_bos_token": False,
+            "add_eos_token": False, "model_max_length": 2048}
+
+
+def train_bloom(corpus):
+    """bigscience/bloom: a Split on BLOOM's regex, then byte-level without the GPT-2 regex."""
+    split = pre_tokenizers.Split(Regex(" ?[^(\\s|[.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c])]+"),
+                                 behavior="isolated", invert=False)
+    pre = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                   use_regex=False)])
+    return train_byte_level(corpus, ["<unk>", "<s>", "</s>", "<pad>"], pre)
+
+
+def bloom_config():
+    return {"tokenizer_class": "BloomTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+            "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 2048}
+
+
+FALCON_SPECIALS = [">>TITLE<<", ">>ABSTRACT<<", ">>INTRODUCTION<<", ">>SUMMARY<<", ">>COMMENT<<",
+                   ">>ANSWER<<", ">>QUESTION<<", ">>DOMAIN<<", ">>PREFIX<<", ">>SUFFIX<<",
+                   ">>MIDDLE<<", "<|endoftext|>"]
+
+
+def train_falcon(corpus):
+    """tiiuae/falcon-7b: punctuation, byte-level, digits, then runs of three digits isolated."""
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Punctuation(behavior="contiguous"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split(Regex("[0-9][0-9][0-9]"), behavior="isolated", invert=False),
+    ])
+    return train_byte_level(corpus, FALCON_SPECIALS, pre)
+
+
+def falcon_config():
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+            "model_max_length": 2048}
+
+
+def train_opt(corpus):
+    """facebook/opt-*: GPT-2's byte-level BPE whose encodings start with </s> (OPT's BOS)."""
+    tok = train_byte_level(corpus, ["<s>", "<pad>", "</s>", "<unk>"],
+                           pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    bos = tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="</s>:0 $A:0", pair="</s>:0 $A:0 $B:1", special_tokens=[("</s>", bos)])
+    return tok
+
+
+def opt_config():
+    return {"tokenizer_class": "GPT2Tokenizer", "bos_token": "</s>", "eos_token": "</s>",
+            "unk_token": "</s>", "pad_token": "<pad>", "add_bos_token": True, "model_max_length": 2048}
+
+
+STARCODER_SPECIALS = ["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>",
+                      "<filename>", "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>",
+                      "<jupyter_start>", "<jupyter_text>", "<jupyter_code>", "<jupyter_output>",
+                      "<empty_output>", "<commit_before>", "<commit_msg>", "<commit_after>",
+                      "<reponame>"]
+
+
+def train_starcoder(corpus):
+    """bigcode/starcoder: single digits, then byte-level with GPT-2's regex."""
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    return train_byte_level(corpus, STARCODER_SPECIALS, pre)
+
+
+def starcoder_config():
+    return {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
+            "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "model_max_length": 8192}
+
+
 def config_token(config, key):
     value = config.get(key)
     if isinstance(value, dict):
@@ -514,10 +615,11 @@ def record(name, tok, config, cases, outdir, rng):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         return 2
     outdir = sys.argv[1]
+    only = set(sys.argv[2].split(",")) if len(sys.argv) == 3 else None
     os.makedirs(outdir, exist_ok=True)
     rng = random.Random(SEED)
     corpus = training_corpus(rng)
@@ -533,6 +635,8 @@ def main():
     built = {}
 
     def family(name, build, config):
+        if only is not None and name not in only:
+            return
         try:
             tok = build()
             built[name] = tok
@@ -562,6 +666,19 @@ def main():
     if "wordlevel" in built:
         family("wordlevel-whitespace", lambda: wordlevel_ws(built["wordlevel"]), wordlevel_config())
     family("bpe-suffix", lambda: train_bpe_suffix(corpus), {"unk_token": "[UNK]"})
+    family("gpt-neox", lambda: train_gpt_neox(corpus), gpt_neox_config())
+    family("bloom", lambda: train_bloom(corpus), bloom_config())
+    family("falcon", lambda: train_falcon(corpus), falcon_config())
+    family("opt", lambda: train_opt(corpus), opt_config())
+    family("starcoder", lambda: train_starcoder(corpus), starcoder_config())
+
+    if only is not None:  # keep the families not rebuilt
+        path = os.path.join(outdir, "meta.json")
+        if os.path.exists(path):
+            old = json.load(open(path))
+            for k, v in old.get("families", {}).items():
+                if k not in only:
+                    meta["families"][k] = v
 
     with open(os.path.join(outdir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
