@@ -89,6 +89,10 @@ class CpuBackend final : public Backend {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));
     return kernels::biasAddReference(p);
   }
+  Status clamp(const kernels::ClampParams& p) override {
+    TG_RETURN_IF_ERROR(f32Only(p.dtype));
+    return kernels::clampReference(p);
+  }
 
   Status gemm(const kernels::GemmParams& p) override {
     TG_RETURN_IF_ERROR(f32Only(p.dtype));

@@ -158,6 +158,7 @@ class CudaBackend final : public Backend {
   Status biasAdd(const kernels::BiasAddParams& p) override {
     return kernels::invokeBiasAdd(p, stream_);
   }
+  Status clamp(const kernels::ClampParams& p) override { return kernels::invokeClamp(p, stream_); }
   Status rope(const kernels::RopeParams& p) override { return kernels::invokeRope(p, stream_); }
   Status writeKv(const kernels::KvWriteParams& p) override {
     return kernels::invokeKvWrite(p, stream_);

@@ -16,6 +16,7 @@
 #include "textgen/base/status_or.h"
 #include "textgen/kernels/argmax.h"
 #include "textgen/kernels/bias_add.h"
+#include "textgen/kernels/clamp.h"
 #include "textgen/kernels/gated_activation.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm.h"
@@ -98,6 +99,8 @@ class Backend {
   // y[rows, out] = x[rows, in] · W[out, in]ᵀ on raw operands.
   virtual Status gemm(const kernels::GemmParams& p) = 0;
   virtual Status biasAdd(const kernels::BiasAddParams& p) = 0;
+  // x clamped into [-limit, limit] in place (MPT's clip_qkv).
+  virtual Status clamp(const kernels::ClampParams& p) = 0;
   // A linear layer: x [rows, w.in] -> y [rows, w.out], bias added. The format picks the kernels;
   // UNIMPLEMENTED naming a format or part (scales, zero points) this backend cannot run.
   virtual Status linear(const Linear& w, const void* x, void* y, int64_t rows);
