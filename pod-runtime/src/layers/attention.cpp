@@ -55,6 +55,10 @@ StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
   Attention a;
   a.options_ = options;
   a.ropeScaling_ = ropeAttentionScaling(c);
+  if (!std::isfinite(options.clipQkv) || options.clipQkv < 0)
+    return invalidArgumentError("attention: clip_qkv must be positive and finite");
+  if (!std::isfinite(options.scale) || options.scale < 0)
+    return invalidArgumentError("attention: the softmax scale must be positive and finite");
   if (!options.alibiSlopes.empty()) {
     if (static_cast<int64_t>(options.alibiSlopes.size()) != c.numHeads)
       return invalidArgumentError("attention: " + std::to_string(options.alibiSlopes.size()) +
@@ -86,6 +90,14 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
   void* attn = ctx.ws.attn->data();
   KvCache& cache = ctx.cache;
   TG_RETURN_IF_ERROR(ctx.backend.linear(qkv_, hs, qkv, rows));
+  if (options_.clipQkv > 0) {
+    TG_RETURN_IF_ERROR(ctx.backend.clamp({.x = qkv,
+                                          .rows = rows,
+                                          .cols = qkvOut,
+                                          .rowStride = qkvOut,
+                                          .limit = options_.clipQkv,
+                                          .dtype = dt}));
+  }
   const kernels::KvWriteParams kv{.k = kPart,
                                   .v = vPart,
                                   .kvRowStride = qkvOut,
@@ -132,7 +144,7 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
        .headDim = hd,
        .blockSize = cache.blockSize(),
        .slidingWindow = options_.slidingWindow,
-       .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+       .scale = options_.scale > 0 ? options_.scale : 1.0f / std::sqrt(static_cast<float>(hd)),
        .alibiSlopes = alibiSlopes_ ? static_cast<const float*>(alibiSlopes_->data()) : nullptr,
        .maxNewRows = meta.layout.maxNewRows,
        .maxContext = meta.layout.maxContext,

@@ -46,6 +46,11 @@ class Attention {
     // rank uploads its heads' share once at load; keys are cached unrotated. Composes with the
     // sliding window (the window limits the keys, the bias applies to those left).
     std::vector<float> alibiSlopes = {};
+    // q, k and v clamped into [-clipQkv, clipQkv] right after their projection (MPT's clip_qkv,
+    // on the whole fused output); 0: not clamped.
+    float clipQkv = 0;
+    // Multiplies q·k, before the ALiBi bias is added (MPT's softmax_scale); 0: 1/sqrt(headDim).
+    float scale = 0;
   };
 
   static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,
