@@ -24,7 +24,7 @@ CUDA = len(sys.argv) > 3 and sys.argv[3] == "cuda"
 NCCL_LOGS = tempfile.mkdtemp(prefix="tgnccl-")  # NCCL_DEBUG_FILE: its stdout is buffered
 WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
-            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu"]
+            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "bloom", "mpt-clip"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 

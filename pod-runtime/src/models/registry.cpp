@@ -2,17 +2,69 @@
 // Llama's) and the graph that builds it (one file each).
 #include "models/registry.h"
 
+#include <nlohmann/json.hpp>
+
 #include "models/model_runner.h"
 
 namespace textgen::runtime {
 
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeLlamaGraph(const ArchitectureSpec& spec);
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeBloomGraph(const ArchitectureSpec& spec);
+Status prepareBloomConfig(nlohmann::json& config);
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeMptGraph(const ArchitectureSpec& spec);
+Status prepareMptConfig(nlohmann::json& config);
 
 namespace {
+
+// BLOOM (models/bloom.cpp; checkpoints without the "transformer." prefix are read too).
+constexpr ConfigKeyAlias kBloomKeys[] = {{"n_layer", "num_hidden_layers"},
+                                         {"n_head", "num_attention_heads"}};
+constexpr ArchitectureSpec::Tensors kBloomTensors = {
+    .embed = "transformer.word_embeddings.weight",
+    .finalNorm = "transformer.ln_f.weight",
+    .inputNorm = "transformer.h.{}.input_layernorm.weight",
+    .q = "",
+    .k = "",
+    .v = "",
+    .qkv = "transformer.h.{}.self_attention.query_key_value.weight",
+    .o = "transformer.h.{}.self_attention.dense.weight",
+    .postNorm = "transformer.h.{}.post_attention_layernorm.weight",
+    .gate = "",
+    .up = "transformer.h.{}.mlp.dense_h_to_4h.weight",
+    .down = "transformer.h.{}.mlp.dense_4h_to_h.weight"};
+
+// MPT (models/mpt.cpp).
+constexpr ConfigKeyAlias kMptKeys[] = {{"d_model", "hidden_size"},
+                                       {"n_heads", "num_attention_heads"},
+                                       {"n_layers", "num_hidden_layers"},
+                                       {"max_seq_len", "max_position_embeddings"}};
+constexpr ArchitectureSpec::Tensors kMptTensors = {
+    .embed = "transformer.wte.weight",
+    .finalNorm = "transformer.norm_f.weight",
+    .inputNorm = "transformer.blocks.{}.norm_1.weight",
+    .q = "",
+    .k = "",
+    .v = "",
+    .qkv = "transformer.blocks.{}.attn.Wqkv.weight",
+    .o = "transformer.blocks.{}.attn.out_proj.weight",
+    .postNorm = "transformer.blocks.{}.norm_2.weight",
+    .gate = "",
+    .up = "transformer.blocks.{}.ffn.up_proj.weight",
+    .down = "transformer.blocks.{}.ffn.down_proj.weight"};
 
 const Architecture kArchitectures[] = {
     {{.name = "LlamaForCausalLM"}, makeLlamaGraph},
     {{.name = "MistralForCausalLM", .slidingWindow = true}, makeLlamaGraph},
+    {{.name = "BloomForCausalLM", .tensors = kBloomTensors, .norm = NormKind::kLayer,
+      .activation = Activation::kGeluTanh, .gatedMlp = false, .position = PositionKind::kAlibi,
+      .qkvLayout = QkvLayout::kFusedInterleavedPerHead, .attentionBias = true, .mlpBias = true,
+      .configKeyAliases = kBloomKeys, .prepareConfig = prepareBloomConfig},
+     makeBloomGraph},
+    {{.name = "MptForCausalLM", .tensors = kMptTensors, .norm = NormKind::kLayer,
+      .activation = Activation::kGelu, .gatedMlp = false, .position = PositionKind::kAlibi,
+      .qkvLayout = QkvLayout::kFused, .configKeyAliases = kMptKeys,
+      .prepareConfig = prepareMptConfig},
+     makeMptGraph},
 };
 
 }  // namespace
