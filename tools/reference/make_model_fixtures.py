@@ -238,6 +238,11 @@ def family_jobs(tokenizers_root):
         ("bloom", BloomForCausalLM, lambda: BloomConfig(
             vocab_size=vocab("bloom"), hidden_size=64, n_layer=2, n_head=4, layer_norm_epsilon=1e-5,
             bos_token_id=1, eos_token_id=2, pad_token_id=3), 26, None, tok("bloom")),
+        # The same weights with each half's residual taken after its LayerNorm.
+        ("bloom-post-ln", BloomForCausalLM, lambda: BloomConfig(
+            vocab_size=vocab("bloom"), hidden_size=64, n_layer=2, n_head=4, layer_norm_epsilon=1e-5,
+            apply_residual_connection_post_layernorm=True,
+            bos_token_id=1, eos_token_id=2, pad_token_id=3), 26, None, tok("bloom")),
         # OPT-125m style: pre-LayerNorm, learned positions (offset 2), ReLU, tied head.
         ("opt-pre", OPTForCausalLM, lambda: OPTConfig(
             vocab_size=vocab("opt"), hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,

@@ -855,7 +855,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixture,
                                                               "llama-dynamic", "mistral-sharded",
                                                               "llama-hd128", "llama-rope-llama3",
                                                               "llama-rope-yarn", "llama-bias-gelu",
-                                                              "bloom", "mpt-clip"),
+                                                              "bloom", "bloom-post-ln", "mpt-clip"),
                                             ::testing::ValuesIn(kWorlds),
                                             ::testing::ValuesIn(kDtypes)),
                          [](const auto& param) {
