@@ -4,31 +4,15 @@
 #include <cmath>
 
 #include "fuzz_util.h"
+#include "models/registry.h"
 #include "textgen/runtime/model_config.h"
 #include "textgen/runtime/rope.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+// What the model code relies on in an accepted config.
+void checkAccepted(const textgen::runtime::ModelConfig* c) {
   using namespace textgen::runtime;
-  const std::string_view in(reinterpret_cast<const char*>(data), size);
-  const size_t nul = in.find('\0');
-  const std::string_view config = in.substr(0, nul);
-  const std::string_view generation =
-      nul == std::string_view::npos ? std::string_view() : in.substr(nul + 1);
-  // Also as a class with GPT-2's spellings: an accepted config obeys the same invariants.
-  static constexpr ConfigKeyAlias kAliases[] = {{"n_embd", "hidden_size"},
-                                                {"n_head", "num_attention_heads"},
-                                                {"n_layer", "num_hidden_layers"},
-                                                {"n_positions", "max_position_embeddings"},
-                                                {"d_model", "hidden_size"}};
-  auto aliased = parseModelConfig(config, generation, [](std::string_view) {
-    return textgen::StatusOr<ConfigDialect>(ConfigDialect{.aliases = kAliases});
-  });
-  FUZZ_CHECK(aliased.ok() || !aliased.status().message().empty(), "an error without a message");
-  auto c = parseModelConfig(config, generation);
-  if (!c.ok()) {
-    FUZZ_CHECK(!c.status().message().empty(), "an error without a message");
-    return 0;
-  }
   FUZZ_CHECK(c->vocabSize > 0 && c->hiddenSize > 0 && c->intermediateSize > 0, "sizes");
   FUZZ_CHECK(c->numLayers > 0 && c->numHeads > 0 && c->numKvHeads > 0 && c->headDim > 0,
              "layers and heads");
@@ -47,5 +31,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (float f : inv)
       FUZZ_CHECK(std::isfinite(f), "an inverse frequency of " + std::to_string(f));
   }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace textgen::runtime;
+  const std::string_view in(reinterpret_cast<const char*>(data), size);
+  const size_t nul = in.find('\0');
+  const std::string_view config = in.substr(0, nul);
+  const std::string_view generation =
+      nul == std::string_view::npos ? std::string_view() : in.substr(nul + 1);
+  // Also as a class with GPT-2's spellings: an accepted config obeys the same invariants.
+  static constexpr ConfigKeyAlias kAliases[] = {{"n_embd", "hidden_size"},
+                                                {"n_head", "num_attention_heads"},
+                                                {"n_layer", "num_hidden_layers"},
+                                                {"n_positions", "max_position_embeddings"},
+                                                {"d_model", "hidden_size"}};
+  auto aliased = parseModelConfig(config, generation, [](std::string_view) {
+    return textgen::StatusOr<ConfigDialect>(ConfigDialect{.aliases = kAliases});
+  });
+  FUZZ_CHECK(aliased.ok() || !aliased.status().message().empty(), "an error without a message");
+  // As the registry reads it: the class's own aliases and prepareConfig (BLOOM, MPT, ...).
+  auto registered = parseModelConfig(config, generation, registeredDialect);
+  FUZZ_CHECK(registered.ok() || !registered.status().message().empty(),
+             "an error without a message");
+  if (registered.ok()) checkAccepted(&*registered);
+  auto c = parseModelConfig(config, generation);
+  if (!c.ok()) {
+    FUZZ_CHECK(!c.status().message().empty(), "an error without a message");
+    return 0;
+  }
+  checkAccepted(&*c);
   return 0;
 }
