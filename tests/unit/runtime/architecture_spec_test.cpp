@@ -8,6 +8,7 @@
 #include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "models/registry.h"
@@ -19,7 +20,15 @@ namespace {
 const std::string kFixture = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
 
 TEST(ArchitectureRegistry, ListsLlamaAndMistralOnce) {
-  ASSERT_EQ(architectures().size(), 2u);
+  // Every class once (Llama and Mistral first; the other families follow).
+  std::set<std::string_view> names;
+  for (const Architecture& a : architectures()) {
+    EXPECT_TRUE(names.insert(a.spec.name).second) << a.spec.name << " listed twice";
+    EXPECT_EQ(findArchitecture(a.spec.name), &a);
+  }
+  ASSERT_GE(architectures().size(), 2u);
+  EXPECT_EQ(architectures()[0].spec.name, "LlamaForCausalLM");
+  EXPECT_EQ(architectures()[1].spec.name, "MistralForCausalLM");
   const Architecture* llama = findArchitecture("LlamaForCausalLM");
   const Architecture* mistral = findArchitecture("MistralForCausalLM");
   ASSERT_NE(llama, nullptr);
@@ -154,8 +163,10 @@ TEST(ArchitectureRegistry, RefusesAClassItDoesNotListNamingWhatItServes) {
   text.replace(at, 16, "GPT2LMHeadModel");
   std::ofstream(dir + "/config.json") << text;
   ASSERT_TRUE(loadModelConfig(dir).ok()) << loadModelConfig(dir).status();
-  const std::string want =
-      "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, MistralForCausalLM)";
+  // Every registered class named, in the registry's order.
+  std::string want = "'GPT2LMHeadModel' is not supported (supported: ";
+  for (const Architecture& a : architectures())
+    want += std::string(a.spec.name) + (&a == &architectures().back() ? ")" : ", ");
   // The class is resolved before the rest of config.json is read (as that class spells it).
   auto config = loadArchitectureConfig(dir);
   ASSERT_FALSE(config.ok());
