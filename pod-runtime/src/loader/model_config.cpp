@@ -154,6 +154,9 @@ StatusOr<RopeConfig> parseRope(const json& j, int64_t maxPositions) {
   RopeConfig rope;
   TG_ASSIGN_OR_RETURN(rope.theta, positiveNumber(j, "rope_theta", 10000.0));
   TG_ASSIGN_OR_RETURN(rope.partialRotaryFactor, positiveNumber(j, "partial_rotary_factor", 1.0));
+  // Checked here too: without a rope_parameters/rope_scaling object the function returns below.
+  if (rope.partialRotaryFactor > 1.0)
+    return fieldError("partial_rotary_factor", "must be at most 1");
   const std::string key = j.contains("rope_parameters") && !j["rope_parameters"].is_null()
                               ? "rope_parameters"
                               : "rope_scaling";

@@ -143,6 +143,8 @@ TEST(ModelConfigBadInput, AbsurdSizesAreErrors) {
       {"sliding_window", uint64_t{1} << 62, "'sliding_window' is 4611686018427387904"},
       {"rope_scaling", {{"type", "linear"}, {"factor", 1e300}}, "'rope_scaling.factor' must be"},
       {"rope_scaling", {{"type", "dynamic"}, {"factor", 1000.0}}, "stretches the context past"},
+      // Top level, with no rope_scaling object (found by fuzz.model_config).
+      {"partial_rotary_factor", 5.5, "'partial_rotary_factor' must be at most 1"},
   };
   for (const Case& c : cases) {
     json j = llamaConfig();
