@@ -23,8 +23,10 @@ Status clampReference(const ClampParams& p) {
       const int64_t i = r * p.rowStride + c;
       const float v = e.load(p.x, i);
       // Comparisons are false for NaN: it passes through unchanged.
-      if (v > p.limit) e.store(p.x, i, p.limit);
-      else if (v < -p.limit) e.store(p.x, i, -p.limit);
+      if (v > p.limit)
+        e.store(p.x, i, p.limit);
+      else if (v < -p.limit)
+        e.store(p.x, i, -p.limit);
     }
   }
   return okStatus();

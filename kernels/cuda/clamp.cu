@@ -20,8 +20,10 @@ __global__ void clampKernel(T* x, int64_t rows, int64_t cols, int64_t rowStride,
     T* at = x + (i / cols) * rowStride + i % cols;
     const float v = C::toFloat(*at);
     // Comparisons are false for NaN: it passes through unchanged.
-    if (v > limit) *at = C::fromFloat(limit);
-    else if (v < -limit) *at = C::fromFloat(-limit);
+    if (v > limit)
+      *at = C::fromFloat(limit);
+    else if (v < -limit)
+      *at = C::fromFloat(-limit);
   }
 }
 
@@ -29,8 +31,8 @@ template <typename T>
 Status launchClamp(const ClampParams& p, cudaStream_t stream) {
   const int64_t total = p.rows * p.cols;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65536));
-  return cuda::launch("clamp", clampKernel<T>, blocks, 256, 0, stream, static_cast<T*>(p.x),
-                      p.rows, p.cols, p.rowStride, p.limit);
+  return cuda::launch("clamp", clampKernel<T>, blocks, 256, 0, stream, static_cast<T*>(p.x), p.rows,
+                      p.cols, p.rowStride, p.limit);
 }
 
 }  // namespace

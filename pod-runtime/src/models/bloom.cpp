@@ -92,9 +92,9 @@ class BloomGraph final : public ArchitectureGraph {
                                                        attention));
       TG_ASSIGN_OR_RETURN(l.postNorm, Norm::load(w, NormKind::kLayer, name(t.postNorm, i), eps,
                                                  NormBias::kRequired));
-      TG_ASSIGN_OR_RETURN(l.mlp, Mlp::load(w, {.up = name(t.up, i), .down = name(t.down, i),
-                                               .bias = true},
-                                           c.hiddenAct));
+      TG_ASSIGN_OR_RETURN(
+          l.mlp,
+          Mlp::load(w, {.up = name(t.up, i), .down = name(t.down, i), .bias = true}, c.hiddenAct));
     }
     TG_ASSIGN_OR_RETURN(Norm finalNorm, Norm::load(w, NormKind::kLayer, name(t.finalNorm), eps,
                                                    NormBias::kRequired));
@@ -173,9 +173,9 @@ Status prepareBloomConfig(nlohmann::json& config) {
   if (!config.contains("hidden_size") && config.contains("n_embed"))
     config["hidden_size"] = config["n_embed"];  // BloomConfig's older spelling
   // BloomConfig's own names for what it must give (the canonical ones after the aliases).
-  for (const auto& [canonical, key] : {std::pair{"num_hidden_layers", "n_layer"},
-                                       std::pair{"num_attention_heads", "n_head"},
-                                       std::pair{"hidden_size", "hidden_size"}}) {
+  for (const auto& [canonical, key] :
+       {std::pair{"num_hidden_layers", "n_layer"}, std::pair{"num_attention_heads", "n_head"},
+        std::pair{"hidden_size", "hidden_size"}}) {
     const auto v = config.find(canonical);
     if (v == config.end() || !v->is_number_integer() || v->get<int64_t>() <= 0)
       return invalidArgumentError("config.json: '" + std::string(key) +

@@ -85,11 +85,11 @@ class MptGraph final : public ArchitectureGraph {
                                                         .qkv = layerName(t.qkv, i),
                                                         .o = layerName(t.o, i)},
                                                        attention));
-      TG_ASSIGN_OR_RETURN(l.postNorm, Norm::load(w, NormKind::kLayer, layerName(t.postNorm, i),
-                                                 eps, NormBias::kAbsent));
-      TG_ASSIGN_OR_RETURN(l.mlp,
-                          Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i)},
-                                    c.hiddenAct));
+      TG_ASSIGN_OR_RETURN(l.postNorm, Norm::load(w, NormKind::kLayer, layerName(t.postNorm, i), eps,
+                                                 NormBias::kAbsent));
+      TG_ASSIGN_OR_RETURN(
+          l.mlp,
+          Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i)}, c.hiddenAct));
     }
     TG_ASSIGN_OR_RETURN(Norm finalNorm, Norm::load(w, NormKind::kLayer, std::string(t.finalNorm),
                                                    eps, NormBias::kAbsent));
@@ -168,8 +168,7 @@ Status checkAttnConfig(const nlohmann::json& config) {
       return fieldError("attn_config.clip_qkv", "must be null or a non-negative number");
   }
   if (const auto* scale = field("softmax_scale")) {
-    if (!scale->is_number() || !std::isfinite(scale->get<double>()) ||
-        scale->get<double>() <= 0)
+    if (!scale->is_number() || !std::isfinite(scale->get<double>()) || scale->get<double>() <= 0)
       return fieldError("attn_config.softmax_scale", "must be null or a positive number");
   }
   return okStatus();
@@ -185,9 +184,9 @@ Status prepareMptConfig(nlohmann::json& config) {
   if (!config.contains("rms_norm_eps"))
     config["rms_norm_eps"] = config.value("layer_norm_epsilon", nlohmann::json(1e-5));
   // MptConfig's own names for what it must give (the canonical ones after the aliases).
-  for (const auto& [canonical, key] : {std::pair{"hidden_size", "d_model"},
-                                       std::pair{"num_attention_heads", "n_heads"},
-                                       std::pair{"num_hidden_layers", "n_layers"}}) {
+  for (const auto& [canonical, key] :
+       {std::pair{"hidden_size", "d_model"}, std::pair{"num_attention_heads", "n_heads"},
+        std::pair{"num_hidden_layers", "n_layers"}}) {
     const auto v = config.find(canonical);
     if (v == config.end() || !v->is_number_integer() || v->get<int64_t>() <= 0)
       return fieldError(key, "must be a positive integer");

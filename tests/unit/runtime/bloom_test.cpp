@@ -3,6 +3,7 @@
 // max_position_embeddings), its bad values named, and BigScience's checkpoints whose tensor names
 // lack the "transformer." prefix loading to the same logits.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,7 +11,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "models/registry.h"
@@ -139,7 +139,8 @@ std::vector<float> lastLogits(const std::string& dir, const std::vector<uint32_t
 }
 
 TEST(BloomCheckpoint, NamesWithoutTheTransformerPrefixLoad) {
-  const fs::path dir = fs::temp_directory_path() / ("tg-bloom-unprefixed-" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("tg-bloom-unprefixed-" + std::to_string(getpid()));
   fs::create_directories(dir);
   writeUnprefixed(dir);
   std::ifstream in(kFixture + "/reference.json");
