@@ -169,10 +169,10 @@ class OptGraph final : public ArchitectureGraph {
   // each norm (the norm leaves the un-normalised sum there).
   Status buildPostNorm(const ForwardContext& ctx, void* x, void* hs) const {
     const int64_t rows = ctx.rows();
-    const size_t bytes = static_cast<size_t>(rows * ctx.config.hiddenSize) *
-                         kernels::dtypeSize(ctx.dtype);
-    auto copy = [&](void* dst, const void* src) {
-      return ctx.backend.copy2d(dst, bytes, src, bytes, bytes, 1);
+    const size_t rowBytes =
+        static_cast<size_t>(ctx.config.hiddenSize) * kernels::dtypeSize(ctx.dtype);
+    auto copy = [&](void* dst, const void* src) {  // [rows, hidden]
+      return ctx.backend.copy2d(dst, rowBytes, src, rowBytes, rowBytes, static_cast<size_t>(rows));
     };
     TG_RETURN_IF_ERROR(ctx.allReduceSum(x, rows * ctx.config.hiddenSize));
     TG_RETURN_IF_ERROR(copy(hs, x));
