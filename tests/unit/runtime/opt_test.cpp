@@ -117,6 +117,24 @@ TEST(OptConfig, BadFieldsAreNamed) {
   EXPECT_TRUE(parse(j).ok());
 }
 
+TEST(OptRegistry, TheGraphRefusesSpecValuesItDoesNotBuild) {
+  const Architecture* opt = findArchitecture("OPTForCausalLM");
+  ASSERT_NE(opt, nullptr);
+  EXPECT_TRUE(opt->makeGraph(opt->spec).ok());
+  EXPECT_EQ(opt->spec.position, PositionKind::kLearned);
+  ArchitectureSpec gated = opt->spec;
+  gated.gatedMlp = true;
+  auto g = opt->makeGraph(gated);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(g.status().message().find("gatedMlp 'true' is not implemented by the opt graph"),
+            std::string::npos)
+      << g.status();
+  ArchitectureSpec rope = opt->spec;
+  rope.position = PositionKind::kRope;
+  EXPECT_EQ(opt->makeGraph(rope).status().code(), StatusCode::kUnimplemented);
+}
+
 // DIR's model.safetensors rewritten with every "model." prefix dropped (facebook/opt-*'s names),
 // beside copies of its other files.
 void writeBareCopy(const std::string& from, const std::string& to) {
