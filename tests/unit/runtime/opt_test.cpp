@@ -4,6 +4,7 @@
 // are model_fixture_test's (opt-pre, opt-post-proj).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -90,6 +91,12 @@ TEST(OptConfig, BadFieldsAreNamed) {
        "'word_embed_proj_dim' must be a positive integer"},
       {"word_embed_proj_dim", "32", StatusCode::kInvalidArgument,
        "'word_embed_proj_dim' must be a positive integer"},
+      {"word_embed_proj_dim", 32.5, StatusCode::kInvalidArgument,
+       "'word_embed_proj_dim' must be a positive integer"},
+      {"word_embed_proj_dim", json(UINT64_MAX), StatusCode::kInvalidArgument,
+       "'word_embed_proj_dim' must be a positive integer"},
+      {"word_embed_proj_dim", json::object(), StatusCode::kInvalidArgument,
+       "'word_embed_proj_dim' must be a positive integer"},
       {"word_embed_proj_dim", 128, StatusCode::kUnimplemented,
        "'word_embed_proj_dim' (128) above hidden_size"},
       {"layer_norm_elementwise_affine", false, StatusCode::kUnimplemented,
@@ -108,6 +115,9 @@ TEST(OptConfig, BadFieldsAreNamed) {
     expectError(parse(j), k.code, k.message);
   }
   json j = base;
+  j["hidden_size"] = "64";  // word_embed_proj_dim is checked against it once it is a number
+  expectError(parse(j), StatusCode::kInvalidArgument, "'hidden_size' must be a positive integer");
+  j = base;
   j.erase("ffn_dim");
   expectError(parse(j), StatusCode::kInvalidArgument, "'intermediate_size' is missing");
   // A post-LayerNorm OPT has no final norm to remove: _remove_final_layer_norm changes nothing.
