@@ -24,7 +24,8 @@ CUDA = len(sys.argv) > 3 and sys.argv[3] == "cuda"
 NCCL_LOGS = tempfile.mkdtemp(prefix="tgnccl-")  # NCCL_DEBUG_FILE: its stdout is buffered
 WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
-            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "bloom", "bloom-post-ln", "mpt-clip"]
+            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "opt-pre", "opt-post-proj",
+            "codellama", "bloom", "bloom-post-ln", "mpt-clip"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 
@@ -95,10 +96,12 @@ def first_key(config, *keys):
 
 
 def divides(config, world):
-    # The families' own spellings (BLOOM n_head, MPT n_heads/d_model; their MLPs are 4 x hidden).
+    # The families' own spellings (BLOOM n_head, MPT n_heads/d_model, OPT ffn_dim; BLOOM's and
+    # MPT's MLPs are 4 x hidden).
     h = first_key(config, "num_attention_heads", "n_head", "n_heads")
     kv = config.get("num_key_value_heads", h)
-    inter = first_key(config, "intermediate_size") or 4 * first_key(config, "hidden_size", "d_model")
+    inter = (first_key(config, "intermediate_size", "ffn_dim") or
+             4 * first_key(config, "hidden_size", "d_model"))
     return (h % world == 0 and inter % world == 0 and
             (kv % world == 0 if kv >= world else world % kv == 0))
 

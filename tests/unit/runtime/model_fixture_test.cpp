@@ -300,7 +300,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
                                                               "llama-dynamic", "mistral-sharded",
                                                               "llama-hd128", "llama-rope-llama3",
                                                               "llama-rope-yarn", "llama-bias-gelu",
-                                                              "bloom", "bloom-post-ln", "mpt-clip"),
+                                                              "opt-pre", "opt-post-proj",
+                                                              "codellama", "bloom", "bloom-post-ln",
+                                                              "mpt-clip"),
                                             ::testing::ValuesIn(kDtypes)),
                          [](const ::testing::TestParamInfo<FixtureParam>& param) {
                            std::string name = std::get<0>(param.param);
