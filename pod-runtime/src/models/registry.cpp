@@ -7,12 +7,19 @@
 namespace textgen::runtime {
 
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeLlamaGraph(const ArchitectureSpec& spec);
+// models/gpt_neox.cpp, models/gpt_bigcode.cpp: their specs (tensor tables) beside their graphs.
+ArchitectureSpec gptNeoxSpec();
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeGptNeoxGraph(const ArchitectureSpec& spec);
+ArchitectureSpec gptBigcodeSpec();
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeGptBigcodeGraph(const ArchitectureSpec& spec);
 
 namespace {
 
 const Architecture kArchitectures[] = {
     {{.name = "LlamaForCausalLM"}, makeLlamaGraph},
     {{.name = "MistralForCausalLM", .slidingWindow = true}, makeLlamaGraph},
+    {gptNeoxSpec(), makeGptNeoxGraph},
+    {gptBigcodeSpec(), makeGptBigcodeGraph},
 };
 
 }  // namespace

@@ -19,7 +19,9 @@ namespace {
 const std::string kFixture = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
 
 TEST(ArchitectureRegistry, ListsLlamaAndMistralOnce) {
-  ASSERT_EQ(architectures().size(), 2u);
+  ASSERT_EQ(architectures().size(), 4u);  // and GPT-NeoX, GPT-BigCode
+  for (const Architecture& a : architectures())
+    EXPECT_EQ(findArchitecture(a.spec.name), &a) << a.spec.name << " is listed twice";
   const Architecture* llama = findArchitecture("LlamaForCausalLM");
   const Architecture* mistral = findArchitecture("MistralForCausalLM");
   ASSERT_NE(llama, nullptr);
@@ -155,7 +157,8 @@ TEST(ArchitectureRegistry, RefusesAClassItDoesNotListNamingWhatItServes) {
   std::ofstream(dir + "/config.json") << text;
   ASSERT_TRUE(loadModelConfig(dir).ok()) << loadModelConfig(dir).status();
   const std::string want =
-      "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, MistralForCausalLM)";
+      "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
+      "GPTNeoXForCausalLM, GPTBigCodeForCausalLM)";
   // The class is resolved before the rest of config.json is read (as that class spells it).
   auto config = loadArchitectureConfig(dir);
   ASSERT_FALSE(config.ok());
