@@ -97,8 +97,9 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
                                   .headDim = hd,
                                   .numSlots = cache.numSlots(),
                                   .dtype = dt};
-  if (alibiSlopes_) {
-    TG_RETURN_IF_ERROR(ctx.backend.writeKv(kv));  // positions enter as the ALiBi bias
+  if (alibiSlopes_ || !options_.rope) {
+    // Positions enter as the ALiBi bias, or entered with the embedding.
+    TG_RETURN_IF_ERROR(ctx.backend.writeKv(kv));
   } else {
     TG_RETURN_IF_ERROR(ctx.backend.ropeWriteKv({.rope = {.q = qkv,
                                                          .k = kPart,

@@ -46,6 +46,9 @@ class Attention {
     // rank uploads its heads' share once at load; keys are cached unrotated. Composes with the
     // sliding window (the window limits the keys, the bias applies to those left).
     std::vector<float> alibiSlopes = {};
+    // false: no rotary embedding either; the positions entered with the token embedding (learned
+    // tables: OPT, GPT-BigCode) and keys are cached as projected.
+    bool rope = true;
   };
 
   static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,

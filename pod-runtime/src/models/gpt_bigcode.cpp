@@ -15,6 +15,8 @@
 //   scores, as ours do.
 // - n_inner null means 4 * n_embd; layer_norm_epsilon default 1e-5; tie_word_embeddings default
 //   true (the checkpoints have no lm_head.weight).
+// - No rotary embedding: the positions enter only through wpe, so keys are cached as projected
+//   (Attention::Options::rope false).
 // Under tensor parallelism the single key/value head is replicated on every rank (Partition's
 // kvShard), the query heads split.
 #include <nlohmann/json.hpp>
@@ -91,7 +93,7 @@ class GptBigcodeGraph final : public ArchitectureGraph {
                  .qkv = layerName(t.qkv, i),
                  .o = layerName(t.o, i),
                  .bias = true},
-              {}));
+              {.slidingWindow = 0, .alibiSlopes = {}, .rope = false}));
       TG_ASSIGN_OR_RETURN(l.postNorm, Norm::load(w, spec_.norm, layerName(t.postNorm, i),
                                                  c.rmsNormEps, NormBias::kRequired));
       TG_ASSIGN_OR_RETURN(
