@@ -173,10 +173,13 @@ class GptNeoxGraph final : public ArchitectureGraph {
     TG_RETURN_IF_ERROR(l.postNorm.forward(ctx, x, nullptr, branch, rows));
     TG_RETURN_IF_ERROR(l.attention.forward(ctx, static_cast<int64_t>(i), hs));
     TG_RETURN_IF_ERROR(l.mlp.forward(ctx, branch));
-    // hs = branch + hs (mlp + attn, transformers' order), rounded once: the LayerNorm kernel's
-    // fused residual add does it (the backends have no plain add); its normalised output, written
-    // over `branch`, is not used.
-    return l.postNorm.forward(ctx, branch, hs, branch, rows);
+    // hs = attn + mlp, rounded once (addition commutes: transformers' mlp + attn bit for bit): an
+    // element-wise add, as a bias add over one row of rows * hidden values.
+    return ctx.backend.biasAdd({.y = hs,
+                                .bias = branch,
+                                .rows = 1,
+                                .out = rows * ctx.config.hiddenSize,
+                                .dtype = ctx.dtype});
   }
 
   // x + attn(ln1(x)), then + mlp(ln2(.)); `hs` gets this rank's MLP partial sum, `x` the residual
