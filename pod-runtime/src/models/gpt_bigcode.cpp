@@ -83,22 +83,22 @@ class GptBigcodeGraph final : public ArchitectureGraph {
       Layer& l = layers_[i];
       TG_ASSIGN_OR_RETURN(l.inputNorm, Norm::load(w, spec_.norm, layerName(t.inputNorm, i),
                                                   c.rmsNormEps, NormBias::kRequired));
-      TG_ASSIGN_OR_RETURN(
-          l.attention,
-          Attention::load(
-              w, {.layout = layout,
-                 .q = {},
-                 .k = {},
-                 .v = {},
-                 .qkv = layerName(t.qkv, i),
-                 .o = layerName(t.o, i),
-                 .bias = true},
-              {.slidingWindow = 0, .alibiSlopes = {}, .rope = false}));
+      TG_ASSIGN_OR_RETURN(l.attention,
+                          Attention::load(w,
+                                          {.layout = layout,
+                                           .q = {},
+                                           .k = {},
+                                           .v = {},
+                                           .qkv = layerName(t.qkv, i),
+                                           .o = layerName(t.o, i),
+                                           .bias = true},
+                                          {.slidingWindow = 0, .alibiSlopes = {}, .rope = false}));
       TG_ASSIGN_OR_RETURN(l.postNorm, Norm::load(w, spec_.norm, layerName(t.postNorm, i),
                                                  c.rmsNormEps, NormBias::kRequired));
       TG_ASSIGN_OR_RETURN(
-          l.mlp, Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i), .bias = true},
-                           c.hiddenAct));
+          l.mlp,
+          Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i), .bias = true},
+                    c.hiddenAct));
     }
     TG_ASSIGN_OR_RETURN(Norm finalNorm, Norm::load(w, spec_.norm, std::string(t.finalNorm),
                                                    c.rmsNormEps, NormBias::kRequired));
@@ -140,14 +140,13 @@ class GptBigcodeGraph final : public ArchitectureGraph {
   LogitsHead head_;
 };
 
-constexpr ArchitectureSpec::ConfigKeyAlias kAliases[] = {
-    {"n_embd", "hidden_size"},
-    {"n_layer", "num_hidden_layers"},
-    {"n_head", "num_attention_heads"},
-    {"n_inner", "intermediate_size"},
-    {"n_positions", "max_position_embeddings"},
-    {"layer_norm_epsilon", "rms_norm_eps"},
-    {"activation_function", "hidden_act"}};
+constexpr ArchitectureSpec::ConfigKeyAlias kAliases[] = {{"n_embd", "hidden_size"},
+                                                         {"n_layer", "num_hidden_layers"},
+                                                         {"n_head", "num_attention_heads"},
+                                                         {"n_inner", "intermediate_size"},
+                                                         {"n_positions", "max_position_embeddings"},
+                                                         {"layer_norm_epsilon", "rms_norm_eps"},
+                                                         {"activation_function", "hidden_act"}};
 
 // Larger than any hidden size the parser accepts: 4 * n_embd is computed only below it.
 constexpr int64_t kMaxDerivedHidden = int64_t{1} << 30;

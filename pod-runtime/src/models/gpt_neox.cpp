@@ -20,7 +20,6 @@
 //   GPTNeoXConfig before it (every released Pythia) wrote rotary_emb_base and rotary_pct at the
 //   top level. A missing rotary_pct means 0.25, not 1 (GPTNeoXConfig's default); a missing
 //   layer_norm_eps 1e-5; a missing attention_bias true.
-#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -44,13 +43,15 @@ Status fieldError(const std::string& field, const std::string& what) {
 
 // The value the config parser will read for a rope field (`key` in rope_parameters, else in
 // rope_scaling, else at the top level), with where it was read; nullopt when none is given.
-std::optional<std::pair<const json*, std::string>> ropeField(const json& j, const std::string& key) {
+std::optional<std::pair<const json*, std::string>> ropeField(const json& j,
+                                                             const std::string& key) {
   for (const char* object : {"rope_parameters", "rope_scaling"}) {
     auto o = j.find(object);
     if (o == j.end() || o->is_null()) continue;
     if (o->is_object()) {
       auto v = o->find(key);
-      if (v != o->end() && !v->is_null()) return std::make_pair(&*v, std::string(object) + "." + key);
+      if (v != o->end() && !v->is_null())
+        return std::make_pair(&*v, std::string(object) + "." + key);
     }
     break;  // the parser reads only the first object present
   }
@@ -73,7 +74,8 @@ Status moveLegacyRopeKey(json& j, const char* legacy, const std::string& canonic
   if (!it->is_number()) return fieldError(legacy, "must be a number");
   const double v = it->get<double>();
   if (!(v > 0)) return fieldError(legacy, "must be a positive number");
-  if (maxValue && v > *maxValue) return fieldError(legacy, "must be at most " + json(*maxValue).dump());
+  if (maxValue && v > *maxValue)
+    return fieldError(legacy, "must be at most " + json(*maxValue).dump());
   if (present) {
     if (present->first->is_number() && present->first->get<double>() == it->get<double>())
       return okStatus();
@@ -130,8 +132,9 @@ class GptNeoxGraph final : public ArchitectureGraph {
       TG_ASSIGN_OR_RETURN(l.postNorm, Norm::load(w, spec_.norm, layerName(t.postNorm, i),
                                                  c.rmsNormEps, NormBias::kRequired));
       TG_ASSIGN_OR_RETURN(
-          l.mlp, Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i), .bias = true},
-                           c.hiddenAct));
+          l.mlp,
+          Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i), .bias = true},
+                    c.hiddenAct));
     }
     TG_ASSIGN_OR_RETURN(Norm finalNorm, Norm::load(w, spec_.norm, std::string(t.finalNorm),
                                                    c.rmsNormEps, NormBias::kRequired));
@@ -151,7 +154,8 @@ class GptNeoxGraph final : public ArchitectureGraph {
       // (summed over the ranks in the norm).
       TG_RETURN_IF_ERROR(
           l.inputNorm.forwardReduced(ctx, i == 0 ? x : hs, i == 0 ? nullptr : x, hs, ctx.rows()));
-      TG_RETURN_IF_ERROR(parallel_ ? parallelBlock(ctx, l, i, x, hs) : sequentialBlock(ctx, l, i, x, hs));
+      TG_RETURN_IF_ERROR(parallel_ ? parallelBlock(ctx, l, i, x, hs)
+                                   : sequentialBlock(ctx, l, i, x, hs));
     }
     return head_.forward(ctx, hs, x);
   }
@@ -206,7 +210,8 @@ constexpr ArchitectureSpec::ConfigKeyAlias kAliases[] = {{"layer_norm_eps", "rms
 // parser's differ.
 Status prepareGptNeoxConfig(json& config) {
   TG_RETURN_IF_ERROR(moveLegacyRopeKey(config, "rotary_pct", "partial_rotary_factor", 0.25, 1.0));
-  TG_RETURN_IF_ERROR(moveLegacyRopeKey(config, "rotary_emb_base", "rope_theta", std::nullopt, std::nullopt));
+  TG_RETURN_IF_ERROR(
+      moveLegacyRopeKey(config, "rotary_emb_base", "rope_theta", std::nullopt, std::nullopt));
   setDefault(config, "rms_norm_eps", 1e-5);
   setDefault(config, "attention_bias", true);
   return okStatus();
