@@ -24,8 +24,8 @@ CUDA = len(sys.argv) > 3 and sys.argv[3] == "cuda"
 NCCL_LOGS = tempfile.mkdtemp(prefix="tgnccl-")  # NCCL_DEBUG_FILE: its stdout is buffered
 WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
-            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu",
-            "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha"]
+            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "opt-pre", "opt-post-proj",
+            "codellama", "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 
@@ -96,7 +96,9 @@ def divides(config, world):
     kv = config.get("num_key_value_heads", h)
     if config.get("model_type") == "gpt_bigcode":  # GPTBigCodeConfig sets it from multi_query
         kv = 1 if config.get("multi_query", True) else h
-    inter = config.get("intermediate_size", config.get("n_inner")) or 4 * config.get("n_embd", 0)
+    # ffn_dim: OPT; n_inner (null: 4 * n_embd): GPT-BigCode
+    inter = (config.get("intermediate_size") or config.get("ffn_dim") or config.get("n_inner")
+             or 4 * config.get("n_embd", 0))
     return (h % world == 0 and inter % world == 0 and
             (kv % world == 0 if kv >= world else world % kv == 0))
 

@@ -2,17 +2,20 @@
 
 namespace textgen::runtime {
 
-StatusOr<Embedding> Embedding::load(const WeightLoader& w, const std::string& name) {
+StatusOr<Embedding> Embedding::load(const WeightLoader& w, const std::string& name,
+                                    int64_t width) {
   const ModelConfig& c = w.config();
+  if (width < 0) return invalidArgumentError("embedding '" + name + "': negative width");
   Embedding e;
+  e.width_ = width == 0 ? c.hiddenSize : width;
   TG_ASSIGN_OR_RETURN(e.table_,
-                      w.upload({{name, {c.vocabSize, c.hiddenSize}, w.partition().vocab()}}));
+                      w.upload({{name, {c.vocabSize, e.width_}, w.partition().vocab()}}));
   return e;
 }
 
 Status Embedding::forward(const ForwardContext& ctx, void* out) const {
   const Partition& part = ctx.partition;
-  const int64_t rows = ctx.rows(), h = ctx.config.hiddenSize;
+  const int64_t rows = ctx.rows(), h = width_;
   return ctx.backend.gatherRows({.table = table_->data(),
                                  .ids = ctx.meta.ids,
                                  .out = out,

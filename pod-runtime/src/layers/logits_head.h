@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "layers/embedding.h"
@@ -17,17 +18,23 @@ class LogitsHead {
  public:
   // The head is `head`'s tensor, or the embedding's table when `tied` (or when `head` is absent
   // and tied: NOT_FOUND naming it when it is absent and not tied). `embedding` must outlive it.
-  static StatusOr<LogitsHead> load(const WeightLoader& w, Norm finalNorm, const std::string& head,
-                                   bool tied, const Embedding& embedding);
+  // Optional: no final norm (post-LayerNorm OPT, whose last layer ends in its own norm), and a
+  // replicated `projection` [width, hidden] between the norm and a head of that width (OPT's
+  // project_out to word_embed_proj_dim; width <= hidden).
+  static StatusOr<LogitsHead> load(const WeightLoader& w, std::optional<Norm> finalNorm,
+                                   const std::string& head, bool tied, const Embedding& embedding,
+                                   std::optional<Linear> projection = std::nullopt);
 
   // `hs` (the last layer's output, this rank's partial sum on several ranks) and `residual`
   // [rows, hidden]: the logit rows picked, summed over ranks, normalised with their residual
-  // added, and projected.
+  // added, and projected. Without a final norm `hs` must be the whole sum on every rank and
+  // `residual` is not read.
   Status forward(const ForwardContext& ctx, const void* hs, const void* residual) const;
 
  private:
-  Norm finalNorm_;
-  Linear head_;  // [vocabPart, hidden]: this rank's part of the vocabulary (a view when tied)
+  std::optional<Norm> finalNorm_;
+  std::optional<Linear> projection_;  // [width, hidden], replicated
+  Linear head_;  // [vocabPart, width]: this rank's part of the vocabulary (a view when tied)
 };
 
 }  // namespace textgen::runtime

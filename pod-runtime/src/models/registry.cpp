@@ -2,11 +2,15 @@
 // Llama's) and the graph that builds it (one file each).
 #include "models/registry.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "models/model_runner.h"
 
 namespace textgen::runtime {
 
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeLlamaGraph(const ArchitectureSpec& spec);
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeOptGraph(const ArchitectureSpec& spec);
+Status prepareOptConfig(nlohmann::json& config);
 // models/gpt_neox.cpp, models/gpt_bigcode.cpp: their specs (tensor tables) beside their graphs.
 ArchitectureSpec gptNeoxSpec();
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeGptNeoxGraph(const ArchitectureSpec& spec);
@@ -15,9 +19,32 @@ StatusOr<std::unique_ptr<ArchitectureGraph>> makeGptBigcodeGraph(const Architect
 
 namespace {
 
+constexpr ConfigKeyAlias kOptAliases[] = {{"ffn_dim", "intermediate_size"},
+                                          {"activation_function", "hidden_act"}};
+
 const Architecture kArchitectures[] = {
     {{.name = "LlamaForCausalLM"}, makeLlamaGraph},
     {{.name = "MistralForCausalLM", .slidingWindow = true}, makeLlamaGraph},
+    {{.name = "OPTForCausalLM",
+      .tensors = {.embed = "model.decoder.embed_tokens.weight",
+                  .positionEmbed = "model.decoder.embed_positions.weight",
+                  .finalNorm = "model.decoder.final_layer_norm.weight",
+                  .inputNorm = "model.decoder.layers.{}.self_attn_layer_norm.weight",
+                  .q = "model.decoder.layers.{}.self_attn.q_proj.weight",
+                  .k = "model.decoder.layers.{}.self_attn.k_proj.weight",
+                  .v = "model.decoder.layers.{}.self_attn.v_proj.weight",
+                  .o = "model.decoder.layers.{}.self_attn.out_proj.weight",
+                  .postNorm = "model.decoder.layers.{}.final_layer_norm.weight",
+                  .gate = "",
+                  .up = "model.decoder.layers.{}.fc1.weight",
+                  .down = "model.decoder.layers.{}.fc2.weight"},
+      .norm = NormKind::kLayer,
+      .activation = Activation::kRelu,
+      .gatedMlp = false,
+      .position = PositionKind::kLearned,
+      .configKeyAliases = kOptAliases,
+      .prepareConfig = prepareOptConfig},
+     makeOptGraph},
     {gptNeoxSpec(), makeGptNeoxGraph},
     {gptBigcodeSpec(), makeGptBigcodeGraph},
 };

@@ -19,9 +19,12 @@ namespace {
 const std::string kFixture = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
 
 TEST(ArchitectureRegistry, ListsLlamaAndMistralOnce) {
-  ASSERT_EQ(architectures().size(), 4u);  // and GPT-NeoX, GPT-BigCode
-  for (const Architecture& a : architectures())
-    EXPECT_EQ(findArchitecture(a.spec.name), &a) << a.spec.name << " is listed twice";
+  // Every class once (the list grows with each family; each name must resolve to one entry).
+  for (const Architecture& a : architectures()) {
+    size_t n = 0;
+    for (const Architecture& b : architectures()) n += a.spec.name == b.spec.name;
+    EXPECT_EQ(n, 1u) << a.spec.name;
+  }
   const Architecture* llama = findArchitecture("LlamaForCausalLM");
   const Architecture* mistral = findArchitecture("MistralForCausalLM");
   ASSERT_NE(llama, nullptr);
@@ -156,9 +159,11 @@ TEST(ArchitectureRegistry, RefusesAClassItDoesNotListNamingWhatItServes) {
   text.replace(at, 16, "GPT2LMHeadModel");
   std::ofstream(dir + "/config.json") << text;
   ASSERT_TRUE(loadModelConfig(dir).ok()) << loadModelConfig(dir).status();
-  const std::string want =
-      "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-      "GPTNeoXForCausalLM, GPTBigCodeForCausalLM)";
+  std::string supported;  // every registered class, in the registry's order
+  for (const Architecture& a : architectures())
+    supported += (supported.empty() ? "" : ", ") + std::string(a.spec.name);
+  ASSERT_EQ(supported.rfind("LlamaForCausalLM, MistralForCausalLM", 0), 0u) << supported;
+  const std::string want = "'GPT2LMHeadModel' is not supported (supported: " + supported + ")";
   // The class is resolved before the rest of config.json is read (as that class spells it).
   auto config = loadArchitectureConfig(dir);
   ASSERT_FALSE(config.ok());
