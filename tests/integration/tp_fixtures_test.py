@@ -25,7 +25,8 @@ NCCL_LOGS = tempfile.mkdtemp(prefix="tgnccl-")  # NCCL_DEBUG_FILE: its stdout is
 WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
             "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "opt-pre", "opt-post-proj",
-            "codellama", "bloom", "bloom-post-ln", "mpt-clip"]
+            "codellama", "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
+            "bloom", "bloom-post-ln", "mpt-clip"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 
@@ -96,12 +97,13 @@ def first_key(config, *keys):
 
 
 def divides(config, world):
-    # The families' own spellings (BLOOM n_head, MPT n_heads/d_model, OPT ffn_dim; BLOOM's and
-    # MPT's MLPs are 4 x hidden).
-    h = first_key(config, "num_attention_heads", "n_head", "n_heads")
+    h = first_key(config, "num_attention_heads", "n_head", "n_heads")  # n_heads: MPT
     kv = config.get("num_key_value_heads", h)
-    inter = (first_key(config, "intermediate_size", "ffn_dim") or
-             4 * first_key(config, "hidden_size", "d_model"))
+    if config.get("model_type") == "gpt_bigcode":  # GPTBigCodeConfig sets it from multi_query
+        kv = 1 if config.get("multi_query", True) else h
+    # ffn_dim: OPT; n_inner (null: 4 * n_embd): GPT-BigCode; BLOOM's and MPT's MLPs are 4 x hidden
+    inter = (config.get("intermediate_size") or config.get("ffn_dim") or config.get("n_inner")
+             or 4 * (first_key(config, "n_embd", "hidden_size", "d_model") or 0))
     return (h % world == 0 and inter % world == 0 and
             (kv % world == 0 if kv >= world else world % kv == 0))
 

@@ -266,6 +266,11 @@ def family_jobs(tokenizers_root):
             vocab_size=vocab("starcoder"), n_positions=256, n_embd=64, n_layer=2, n_head=4, n_inner=128,
             activation_function="gelu_pytorch_tanh", multi_query=True, layer_norm_epsilon=1e-5,
             bos_token_id=0, eos_token_id=0), 30, None, tok("starcoder")),
+        # GPTBigCode without multi_query (every head its own K/V): c_attn read per head, not [q; k; v].
+        ("bigcode-mha", GPTBigCodeForCausalLM, lambda: GPTBigCodeConfig(
+            vocab_size=vocab("starcoder"), n_positions=256, n_embd=64, n_layer=2, n_head=4, n_inner=None,
+            activation_function="gelu_pytorch_tanh", multi_query=False, layer_norm_epsilon=1e-5,
+            bos_token_id=0, eos_token_id=0), 32, None, tok("starcoder")),
         # Code Llama: Llama with rope_theta 1e6 and a 16k context.
         ("codellama", LlamaForCausalLM, lambda: LlamaConfig(
             vocab_size=vocab("llama2"), hidden_size=64, intermediate_size=176, num_hidden_layers=2,

@@ -11,6 +11,11 @@ namespace textgen::runtime {
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeLlamaGraph(const ArchitectureSpec& spec);
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeOptGraph(const ArchitectureSpec& spec);
 Status prepareOptConfig(nlohmann::json& config);
+// models/gpt_neox.cpp, models/gpt_bigcode.cpp: their specs (tensor tables) beside their graphs.
+ArchitectureSpec gptNeoxSpec();
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeGptNeoxGraph(const ArchitectureSpec& spec);
+ArchitectureSpec gptBigcodeSpec();
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeGptBigcodeGraph(const ArchitectureSpec& spec);
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeBloomGraph(const ArchitectureSpec& spec);
 Status prepareBloomConfig(nlohmann::json& config);
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeMptGraph(const ArchitectureSpec& spec);
@@ -80,6 +85,8 @@ const Architecture kArchitectures[] = {
       .configKeyAliases = kOptAliases,
       .prepareConfig = prepareOptConfig},
      makeOptGraph},
+    {gptNeoxSpec(), makeGptNeoxGraph},
+    {gptBigcodeSpec(), makeGptBigcodeGraph},
     {{.name = "BloomForCausalLM",
       .tensors = kBloomTensors,
       .norm = NormKind::kLayer,
