@@ -24,7 +24,8 @@ CUDA = len(sys.argv) > 3 and sys.argv[3] == "cuda"
 NCCL_LOGS = tempfile.mkdtemp(prefix="tgnccl-")  # NCCL_DEBUG_FILE: its stdout is buffered
 WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
-            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu"]
+            "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu",
+            "falcon-mqa-rotary", "falcon-alibi", "falcon-new"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 
@@ -92,7 +93,9 @@ def generate(url, text):
 
 def divides(config, world):
     h, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    return (h % world == 0 and config["intermediate_size"] % world == 0 and
+    # FalconConfig: ffn_hidden_size, 4 * hidden_size by default.
+    ffn = config.get("intermediate_size") or config.get("ffn_hidden_size") or 4 * config["hidden_size"]
+    return (h % world == 0 and ffn % world == 0 and
             (kv % world == 0 if kv >= world else world % kv == 0))
 
 

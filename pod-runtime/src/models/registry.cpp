@@ -7,12 +7,16 @@
 namespace textgen::runtime {
 
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeLlamaGraph(const ArchitectureSpec& spec);
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeFalconGraph(const ArchitectureSpec& spec);
+ArchitectureSpec falconSpec(std::string_view name);  // models/falcon.cpp
 
 namespace {
 
 const Architecture kArchitectures[] = {
     {{.name = "LlamaForCausalLM"}, makeLlamaGraph},
     {{.name = "MistralForCausalLM", .slidingWindow = true}, makeLlamaGraph},
+    {falconSpec("FalconForCausalLM"), makeFalconGraph},
+    {falconSpec("RWForCausalLM"), makeFalconGraph},  // Falcon's remote-code configs, as TGI
 };
 
 }  // namespace

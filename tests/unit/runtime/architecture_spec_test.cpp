@@ -19,7 +19,7 @@ namespace {
 const std::string kFixture = std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-gqa";
 
 TEST(ArchitectureRegistry, ListsLlamaAndMistralOnce) {
-  ASSERT_EQ(architectures().size(), 2u);
+  ASSERT_EQ(architectures().size(), 4u);  // and FalconForCausalLM, RWForCausalLM
   const Architecture* llama = findArchitecture("LlamaForCausalLM");
   const Architecture* mistral = findArchitecture("MistralForCausalLM");
   ASSERT_NE(llama, nullptr);
@@ -155,7 +155,8 @@ TEST(ArchitectureRegistry, RefusesAClassItDoesNotListNamingWhatItServes) {
   std::ofstream(dir + "/config.json") << text;
   ASSERT_TRUE(loadModelConfig(dir).ok()) << loadModelConfig(dir).status();
   const std::string want =
-      "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, MistralForCausalLM)";
+      "'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
+      "FalconForCausalLM, RWForCausalLM)";
   // The class is resolved before the rest of config.json is read (as that class spells it).
   auto config = loadArchitectureConfig(dir);
   ASSERT_FALSE(config.ok());

@@ -299,7 +299,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
                          ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear",
                                                               "llama-dynamic", "mistral-sharded",
                                                               "llama-hd128", "llama-rope-llama3",
-                                                              "llama-rope-yarn", "llama-bias-gelu"),
+                                                              "llama-rope-yarn", "llama-bias-gelu",
+                                                              "falcon-mqa-rotary", "falcon-alibi",
+                                                              "falcon-new"),
                                             ::testing::ValuesIn(kDtypes)),
                          [](const ::testing::TestParamInfo<FixtureParam>& param) {
                            std::string name = std::get<0>(param.param);
