@@ -258,7 +258,8 @@ class FalconGraph final : public ArchitectureGraph {
     const int64_t rows = ctx.rows();
     void* x = ctx.ws.residual->data();  // [rows, hidden]: the residual stream
     void* hs = ctx.ws.hidden->data();   // [rows, hidden]: each block's input and output
-    void* mlpIn = ctx.ws.branch->data();  // [rows, hidden]: a parallel layer's MLP branch
+    // [rows, hidden]: a parallel layer's MLP branch.
+    void* mlpIn = parallel_ ? ctx.ws.branch->data() : nullptr;
     TG_RETURN_IF_ERROR(embedding_.forward(ctx, x));
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
