@@ -66,14 +66,14 @@ Status fieldError(std::string_view key, std::string_view what) {
 }
 
 bool present(const json& j, std::string_view key) {
-  auto it = j.find(key);
+  auto it = j.find(std::string(key));
   return it != j.end() && !it->is_null();
 }
 
 // A FalconConfig flag: absent -> the class's default; null -> false (transformers tests the
 // attribute's truth, and None is false).
 StatusOr<bool> flag(const json& j, std::string_view key, bool fallback) {
-  auto it = j.find(key);
+  auto it = j.find(std::string(key));
   if (it == j.end()) return fallback;
   if (it->is_null()) return false;
   if (!it->is_boolean()) return fieldError(key, "must be true or false");
@@ -222,7 +222,7 @@ class FalconGraph final : public ArchitectureGraph {
                                           : QkvLayout::kFusedInterleavedPerHead;
     const bool twoNorms = newArch && numLn == 2;
     const Attention::Options options{
-        .alibiSlopes = alibi ? falconAlibiSlopes(c) : std::vector<float>{}};
+        .slidingWindow = 0, .alibiSlopes = alibi ? falconAlibiSlopes(c) : std::vector<float>{}};
     auto norm = [&](std::string_view pattern, int64_t i) {
       return Norm::load(w, NormKind::kLayer, layerName(pattern, i), c.rmsNormEps,
                         NormBias::kRequired);
@@ -240,6 +240,9 @@ class FalconGraph final : public ArchitectureGraph {
       }
       TG_ASSIGN_OR_RETURN(l.attention, Attention::load(w,
                                                        {.layout = layout,
+                                                        .q = "",
+                                                        .k = "",
+                                                        .v = "",
                                                         .qkv = layerName(t.qkv, i),
                                                         .o = layerName(t.o, i),
                                                         .bias = bias},
@@ -313,6 +316,7 @@ ArchitectureSpec falconSpec(std::string_view name) {
   const bool rw = name == "RWForCausalLM";
   return {.name = name,
           .tensors = {.embed = "transformer.word_embeddings.weight",
+                      .positionEmbed = "",
                       .finalNorm = "transformer.ln_f.weight",
                       .lmHead = "lm_head.weight",
                       .inputNorm = "transformer.h.{}.input_layernorm.weight",
@@ -331,6 +335,10 @@ ArchitectureSpec falconSpec(std::string_view name) {
           .parallelResidual = true,
           .position = PositionKind::kRope,
           .qkvLayout = QkvLayout::kFused,
+          .attentionBias = false,  // config.json's "bias" (the graph reads it)
+          .mlpBias = false,
+          .tiedEmbeddings = false,  // config.json's tie_word_embeddings, true by default
+          .slidingWindow = false,
           .configKeyAliases = kAliases,
           .prepareConfig = rw ? prepareRwConfig : prepareFalconConfig};
 }
