@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "fuzz_util.h"
+#include "models/registry.h"
 #include "textgen/runtime/model_config.h"
 #include "textgen/runtime/rope.h"
 
@@ -24,6 +25,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return textgen::StatusOr<ConfigDialect>(ConfigDialect{.aliases = kAliases});
   });
   FUZZ_CHECK(aliased.ok() || !aliased.status().message().empty(), "an error without a message");
+  // As the registry reads it: the class's own aliases and prepareConfig (Falcon's, ...).
+  auto registered = parseModelConfig(config, generation, registeredDialect);
+  if (registered.ok()) {
+    FUZZ_CHECK(registered->numKvHeads > 0 && registered->numHeads % registered->numKvHeads == 0,
+               "registered: kv heads must divide heads");
+    FUZZ_CHECK(registered->intermediateSize > 0 && registered->headDim > 0, "registered: sizes");
+  } else {
+    FUZZ_CHECK(!registered.status().message().empty(), "an error without a message");
+  }
   auto c = parseModelConfig(config, generation);
   if (!c.ok()) {
     FUZZ_CHECK(!c.status().message().empty(), "an error without a message");
