@@ -85,7 +85,7 @@ StatusOr<std::optional<int64_t>> count(const json& j, std::string_view key) {
   if (!present(j, key)) return std::optional<int64_t>();
   const json& v = j.at(std::string(key));
   if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (int64_t{1} << 24))
-    return fieldError(key, "must be a positive integer");
+    return fieldError(key, "must be a positive integer (at most 2^24)");
   return std::optional<int64_t>(v.get<int64_t>());
 }
 

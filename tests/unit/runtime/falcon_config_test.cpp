@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "models/registry.h"
 #include "textgen/runtime/model.h"
 
 namespace textgen::runtime {
@@ -145,6 +147,38 @@ TEST(FalconConfig, BadFalconFieldsAreNamed) {
   json missing = base;
   missing.erase("num_attention_heads");
   expectError(parse(missing), "'num_attention_heads' is required");
+}
+
+// Every Falcon field given every JSON type (and removed): parsed or refused with a message, and an
+// accepted config is one the graph can split (kv heads divide heads).
+TEST(FalconConfig, AnyValueOfAFalconFieldIsParsedOrNamed) {
+  const json values[] = {nullptr, true, false, 0, -1, 1, 2, 3, 1.5, int64_t{1} << 40, "x",
+                         json::array(), json::object()};
+  for (const char* fixture : {"falcon-new", "falcon-mqa-rotary", "falcon-alibi"}) {
+    for (const char* key :
+         {"alibi", "new_decoder_architecture", "multi_query", "parallel_attn", "bias",
+          "tie_word_embeddings", "num_kv_heads", "num_ln_in_parallel_attn", "ffn_hidden_size",
+          "layer_norm_epsilon", "activation", "num_attention_heads", "hidden_size", "model_type",
+          "max_position_embeddings", "n_head", "n_embed"}) {
+      for (int v = -1; v < static_cast<int>(std::size(values)); ++v) {
+        json j = fixtureConfig(fixture);
+        if (v < 0) {
+          j.erase(key);
+        } else {
+          j[key] = values[v];
+        }
+        SCOPED_TRACE(std::string(fixture) + " " + key + " = " + (v < 0 ? "absent" : j[key].dump()));
+        auto c = parseModelConfig(j.dump(), {}, registeredDialect);
+        if (c.ok()) {
+          EXPECT_GT(c->numKvHeads, 0);
+          EXPECT_EQ(c->numHeads % c->numKvHeads, 0);
+          EXPECT_GT(c->intermediateSize, 0);
+        } else {
+          EXPECT_FALSE(c.status().message().empty());
+        }
+      }
+    }
+  }
 }
 
 // Falcon-40B's remote-code config: RWForCausalLM, model_type RefinedWeb (the new decoder),
