@@ -21,22 +21,29 @@ done
 rm -rf "$dest"
 "$pack" "$dest" "${bins[@]}"
 strip --strip-unneeded "$dest"/bin/* "$dest"/lib/* 2>/dev/null || true
-# textgen calls one BLAS routine (cblas_sgemm, the CPU backend's GEMM), and on the GPU machine only for
-# tiny fixtures. The reference BLAS (Debian's libblas3, 0.4 MB, no Fortran runtime) stands in for
-# OpenBLAS (36 MB with libgfortran), keeping the pack plus the tree within the device tool's 64 MiB.
+# textgen calls OpenBLAS for one routine (cblas_sgemm, the CPU backend's GEMM) plus
+# openblas_set_num_threads, and on the GPU machine only for tiny fixtures. A shim library of that name
+# over the reference BLAS (Debian's libblas3, 0.4 MB, no Fortran runtime) stands in for OpenBLAS
+# (36 MB with libgfortran), keeping the pack plus the tree within the device tool's 64 MiB.
 ref_blas=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3
-if [ -f "$dest/lib/libopenblas.so.0" ] && [ -f "$ref_blas" ] && nm -D "$ref_blas" | grep -q ' T cblas_sgemm$'; then
-  if ! nm -D --undefined-only "$dest"/bin/* 2>/dev/null | grep -v cblas_sgemm | grep -qi 'openblas\|cblas_\| [sdcz]gemm_'; then
-    cp "$ref_blas" "$dest/lib/libopenblas.so.0"
-    for lib in libgfortran.so.5 libquadmath.so.0; do  # OpenBLAS's; drop them if nothing else needs them
-      needed=0
-      for f in "$dest"/bin/* "$dest"/lib/*; do
-        [ "$(basename "$f")" = "$lib" ] && continue
-        readelf -d "$f" 2>/dev/null | grep -q "NEEDED.*\[$lib\]" && needed=1
-      done
-      [ "$needed" = 1 ] || rm -f "$dest/lib/$lib"
+blas_defs=$(nm -D "$ref_blas" 2>/dev/null || true)  # whole outputs: grep -q under pipefail races
+blas_uses=$(nm -D --undefined-only "$dest"/bin/* 2>/dev/null || true)
+if [ -f "$dest/lib/libopenblas.so.0" ] && grep -q ' T cblas_sgemm$' <<<"$blas_defs" &&
+  [ -z "$(grep -v 'cblas_sgemm\|openblas_set_num_threads' <<<"$blas_uses" | grep -i 'openblas\|cblas_\| [sdcz]gemm_' || true)" ]; then
+  shim=$(mktemp -d)
+  echo 'void openblas_set_num_threads(int n) { (void)n; }' >"$shim/shim.c"
+  cp -L "$ref_blas" "$dest/lib/libblas.so.3"
+  cc -shared -fPIC -O2 -o "$dest/lib/libopenblas.so.0" -Wl,-soname,libopenblas.so.0 "$shim/shim.c" \
+    -Wl,--no-as-needed "$dest/lib/libblas.so.3"
+  rm -rf "$shim"
+  for lib in libgfortran.so.5 libquadmath.so.0; do  # OpenBLAS's; dropped if nothing else needs them
+    needed=0
+    for f in "$dest"/bin/* "$dest"/lib/*; do
+      [ "$(basename "$f")" = "$lib" ] && continue
+      readelf -d "$f" 2>/dev/null | grep -q "NEEDED.*\[$lib\]" && needed=1
     done
-  fi
+    [ "$needed" = 1 ] || rm -f "$dest/lib/$lib"
+  done
 fi
 cp tools/gpu-run.sh "$dest/"
 du -sh "$dest"

@@ -24,6 +24,10 @@ float activate(float x) {
 template <Activation A>
 void gatedActivation(const GatedActivationParams& p) {
   const Elements e{p.dtype};
+  if (!p.gated) {
+    for (int64_t i = 0; i < p.rows * p.n; ++i) e.store(p.out, i, activate<A>(e.load(p.gateUp, i)));
+    return;
+  }
   for (int64_t r = 0; r < p.rows; ++r) {
     for (int64_t i = 0; i < p.n; ++i) {
       const float g = e.load(p.gateUp, r * 2 * p.n + i);

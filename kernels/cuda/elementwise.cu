@@ -180,6 +180,23 @@ __device__ __forceinline__ float activate(float x) {
   }
 }
 
+// Not gated: out = act(x) over [rows, n], in place allowed.
+template <typename T, int kVec, Activation A>
+__global__ void activationKernel(const T* x, T* out, int64_t units) {
+  using C = Convert<T>;
+  using V = cuda::Vec<T, kVec>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < units;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const V in = reinterpret_cast<const V*>(x)[i];
+    V o;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) o.v[e] = C::fromFloat(activate<A>(C::toFloat(in.v[e])));
+    reinterpret_cast<V*>(out)[i] = o;
+  }
+}
+
 template <typename T, int kVec, Activation A>
 __global__ void gatedActivationKernel(const T* gateUp, T* out, int64_t rows, int64_t n) {
   using C = Convert<T>;
@@ -230,6 +247,11 @@ Status launchGatedActivationAs(const GatedActivationParams& p, cudaStream_t stre
   const bool vec = p.n % kVec == 0 && cuda::aligned16(g) && cuda::aligned16(o);
   const int64_t units = p.rows * (vec ? p.n / kVec : p.n);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65536));
+  if (!p.gated) {
+    return cuda::launch("activation",
+                        vec ? activationKernel<T, kVec, A> : activationKernel<T, 1, A>, blocks, 256,
+                        0, stream, g, o, units);
+  }
   return cuda::launch("gated_activation",
                       vec ? gatedActivationKernel<T, kVec, A> : gatedActivationKernel<T, 1, A>,
                       blocks, 256, 0, stream, g, o, p.rows, p.n);

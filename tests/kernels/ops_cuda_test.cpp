@@ -453,6 +453,41 @@ TEST_F(OpsCudaTest, GatedActivationMatchesReference) {
   }
 }
 
+// Not gated (the plain MLPs of GPT-NeoX, Falcon, BLOOM, OPT, MPT, BigCode): act(x) in place.
+TEST_F(OpsCudaTest, ActivationNotGatedMatchesReferenceInPlace) {
+  for (Activation act :
+       {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh, Activation::kRelu}) {
+    for (DType dt : kDtypes) {
+      for (int64_t n : {1, 13, 256, 16384}) {
+        SCOPED_TRACE(std::string(toString(act)) + " " + std::string(dtypeName(dt)) + " n " +
+                     std::to_string(n));
+        const int64_t rows = 7;
+        auto want = encode(randomValues(rows * n, rng_, 3.0f), dt);
+        auto dx = toDevice(want);
+        ASSERT_TRUE(gatedActivationReference({.gateUp = want.data(),
+                                              .out = want.data(),
+                                              .rows = rows,
+                                              .n = n,
+                                              .dtype = dt,
+                                              .activation = act,
+                                              .gated = false})
+                        .ok());
+        ASSERT_TRUE(invokeGatedActivation({.gateUp = dx->get(),
+                                           .out = dx->get(),
+                                           .rows = rows,
+                                           .n = n,
+                                           .dtype = dt,
+                                           .activation = act,
+                                           .gated = false},
+                                          nullptr)
+                        .ok());
+        EXPECT_TRUE(testing::allClose(decode(fromDevice(*dx, want.size()), dt), decode(want, dt),
+                                      toleranceFor(dt), n));
+      }
+    }
+  }
+}
+
 TEST_F(OpsCudaTest, BiasAddMatchesReference) {
   for (DType dt : kDtypes) {
     for (int64_t out : {1, 13, 4096}) {

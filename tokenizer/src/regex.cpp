@@ -14,18 +14,22 @@ namespace {
 //   Oniguruma (Ruby syntax, UTF-8): \s White_Space, \d Nd, \w L|M|Nd|Pc.
 //   Rust regex: \s White_Space, \d Nd, \w Alphabetic|M|Nd|Pc|Join_Control.
 // PCRE2's own \s adds U+180E and its \w lacks marks, so both are spelled out.
-std::string translate(std::string_view p, Regex::Dialect dialect) {
+// A class nested in a class is a union in both dialects (BLOOM's ` ?[^(\s|[.,!?…])]+`); PCRE2 reads
+// its '[' as a literal, so a nested class's members are inlined into the enclosing one. A negated
+// nested class has no such spelling and is refused.
+StatusOr<std::string> translate(std::string_view p, Regex::Dialect dialect) {
   const char* word = dialect == Regex::Dialect::kRustRegex
                          ? "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}"
                          : "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
   std::string out;
   out.reserve(p.size() + 16);
-  int classDepth = 0;
+  // Each open bracket: 'c' a class, 'p' a POSIX class ([:alpha:]), 'n' a nested class (inlined).
+  std::string open;
   for (size_t i = 0; i < p.size(); ++i) {
     const char c = p[i];
     if (c == '\\' && i + 1 < p.size()) {
       const char n = p[++i];
-      const bool inClass = classDepth > 0;
+      const bool inClass = !open.empty();
       switch (n) {
         case 's': out += "\\p{White_Space}"; break;
         case 'S': out += "\\P{White_Space}"; break;
@@ -44,15 +48,35 @@ std::string translate(std::string_view p, Regex::Dialect dialect) {
       continue;
     }
     if (c == '[') {
-      // A '[' inside a class is literal unless it opens a POSIX class like [:alpha:].
-      if (classDepth == 0 || (i + 1 < p.size() && p[i + 1] == ':')) ++classDepth;
-      out += c;
-      // "[]..." and "[^]..." start with a literal ']'.
-      if (classDepth == 1 && i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
-      if (classDepth == 1 && i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
+      const char next = i + 1 < p.size() ? p[i + 1] : '\0';
+      if (open.empty()) {
+        open += 'c';
+        out += c;
+        // "[]..." and "[^]..." start with a literal ']'.
+        if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+        if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
+      } else if (next == ':') {
+        open += 'p';
+        out += c;
+      } else if (next == '^') {
+        return invalidArgumentError("invalid regex '" + std::string(p) + "' at offset " +
+                                    std::to_string(i) +
+                                    ": a negated class inside a class is not supported");
+      } else {
+        open += 'n';
+        if (next == ']') {  // "[]...]": a literal ']' first
+          out += "\\]";
+          ++i;
+        }
+      }
       continue;
     }
-    if (c == ']' && classDepth > 0) --classDepth;
+    if (c == ']' && !open.empty()) {
+      const char kind = open.back();
+      open.pop_back();
+      if (kind != 'n') out += c;
+      continue;
+    }
     out += c;
   }
   return out;
@@ -68,7 +92,7 @@ struct Regex::Compiled {
 Regex::~Regex() = default;
 
 StatusOr<std::shared_ptr<const Regex>> Regex::compile(std::string_view pattern, Dialect dialect) {
-  const std::string translated = translate(pattern, dialect);
+  TG_ASSIGN_OR_RETURN(const std::string translated, translate(pattern, dialect));
   int error = 0;
   PCRE2_SIZE errorOffset = 0;
   pcre2_code* code =

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Writes a random-weight Llama checkpoint with real shapes for the GPU benchmarks (real weights
+"""Writes a random-weight checkpoint with real shapes for the GPU benchmarks (real weights
 cannot be downloaded here): config.json and safetensors shards of ~2 GB with an index, as the hub
-stores them. Speed does not depend on the values; they are N(0, 0.02) like a fresh init.
+stores them. Speed does not depend on the values; they are N(0, 0.02) like a fresh init (norm
+weights 1, biases 0).
+
+Llama shapes are written from a table of their tensors; the other families (FAMILY_SHAPES) take
+their tensor names and shapes from transformers' own class, built on the meta device (no memory).
 
     python3 tools/bench/make_random_model.py OUT_DIR [--shape llama-2-7b] [--dtype bfloat16]
 """
@@ -21,16 +25,73 @@ SHAPES = {
 }
 
 
+# Published configs of the issue-15 benchmark shapes (tiiuae/falcon-7b, bigcode/starcoder).
+FAMILY_SHAPES = {
+    "falcon-7b": ("FalconConfig", dict(
+        vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
+        multi_query=True, parallel_attn=True, bias=False, alibi=False,
+        new_decoder_architecture=False, layer_norm_epsilon=1e-5, max_position_embeddings=2048,
+        bos_token_id=11, eos_token_id=11)),
+    "starcoder-15b": ("GPTBigCodeConfig", dict(
+        vocab_size=49152, n_embd=6144, n_layer=40, n_head=48, n_inner=24576, n_positions=8192,
+        multi_query=True, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,
+        bos_token_id=0, eos_token_id=0)),
+    "falcon-tiny": ("FalconConfig", dict(
+        vocab_size=1000, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+        multi_query=True, parallel_attn=True, bias=False, alibi=False)),
+    "starcoder-tiny": ("GPTBigCodeConfig", dict(
+        vocab_size=1000, n_embd=256, n_layer=2, n_head=4, n_positions=2048, multi_query=True,
+        activation_function="gelu_pytorch_tanh")),
+}
+
+
+def family_tensors(shape, dtype, rand):
+    """(config dict, [(name, make)]) from transformers' class for `shape`, built on meta."""
+    import transformers
+    cls_name, kwargs = FAMILY_SHAPES[shape]
+    config = getattr(transformers, cls_name)(**kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    tensors, seen = [], set()
+    for name, p in model.state_dict(keep_vars=True).items():
+        if id(p) in seen:  # a tied head shares the embedding's storage: saved once
+            continue
+        seen.add(id(p))
+        shp = tuple(p.shape)
+        if name.endswith(".bias"):
+            tensors.append((name, lambda shp=shp: torch.zeros(shp, dtype=dtype)))
+        elif len(shp) == 1:
+            tensors.append((name, lambda shp=shp: torch.ones(shp, dtype=dtype)))
+        else:
+            tensors.append((name, lambda shp=shp: rand(*shp)))
+    out = config.to_dict()
+    out["architectures"] = [type(model).__name__]
+    out.pop("torch_dtype", None)
+    out["dtype"] = str(dtype).replace("torch.", "")
+    return out, tensors
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES))
+    ap.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES) + sorted(FAMILY_SHAPES))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     args = ap.parse_args()
-    h, layers, heads, kv, inter, vocab, maxpos = SHAPES[args.shape]
     dtype = getattr(torch, args.dtype)
-    hd = h // heads
     os.makedirs(args.out, exist_ok=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32) * 0.02).to(dtype).cpu()
+
+    if args.shape in FAMILY_SHAPES:
+        config, tensors = family_tensors(args.shape, dtype, rand)
+        with open(os.path.join(args.out, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        return write_shards(args, tensors)
+    h, layers, heads, kv, inter, vocab, maxpos = SHAPES[args.shape]
+    hd = h // heads
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
         "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
@@ -40,12 +101,6 @@ def main():
     }
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device=dev).manual_seed(0)
-
-    def rand(*shape):
-        return (torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32) * 0.02).to(dtype).cpu()
 
     def ones(n):
         return torch.ones(n, dtype=dtype)
@@ -65,6 +120,10 @@ def main():
             (p + "mlp.down_proj.weight", lambda: rand(h, inter)),
         ]
     tensors += [("model.norm.weight", lambda: ones(h)), ("lm_head.weight", lambda: rand(vocab, h))]
+    return write_shards(args, tensors)
+
+
+def write_shards(args, tensors):
 
     # Shards of at most ~2 GB, each written as soon as it is full (bounded host memory).
     limit = 2 << 30

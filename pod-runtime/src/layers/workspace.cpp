@@ -19,6 +19,7 @@ Status Workspace::reserve(Backend& backend, const ModelConfig& c, const Partitio
   if (wantRows > rows) {
     TG_RETURN_IF_ERROR(alloc(residual, wantRows, c.hiddenSize));
     TG_RETURN_IF_ERROR(alloc(hidden, wantRows, c.hiddenSize));
+    TG_RETURN_IF_ERROR(alloc(branch, wantRows, c.hiddenSize));
     TG_RETURN_IF_ERROR(alloc(qkv, wantRows, (part.heads + 2 * part.kvHeads) * c.headDim));
     TG_RETURN_IF_ERROR(alloc(attn, wantRows, part.heads * c.headDim));
     TG_RETURN_IF_ERROR(alloc(gateUp, wantRows, 2 * part.intermediate));

@@ -20,6 +20,9 @@ struct Workspace {
   // [rows, hidden] x2, [rows, (heads + 2 kvHeads) * headDim], [rows, heads * headDim],
   // [rows, 2 * intermediate], [rows, intermediate]: this rank's shares.
   std::unique_ptr<Buffer> residual, hidden, qkv, attn, gateUp, act;
+  // [rows, hidden]: a second branch's input or output, for graphs whose attention and MLP both read
+  // the layer's input (parallel residual: GPT-NeoX, Falcon) or that project embeddings (OPT).
+  std::unique_ptr<Buffer> branch;
   // [logitRows, hidden] x2, [logitRows, vocab].
   std::unique_ptr<Buffer> pickedHidden, pickedResidual, logits;
   // Tensor parallelism: the head's part [logitRows, vocabPart], every rank's parts

@@ -361,6 +361,14 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
     TG_ASSIGN_OR_RETURN(dialect, dialectOf(c.architecture));
   }
   TG_ASSIGN_OR_RETURN(const auto readUnder, applyAliases(j, c.architecture, dialect));
+  if (dialect.prepare != nullptr) {
+    if (Status s = dialect.prepare(j); !s.ok()) {
+      std::string message = s.message();
+      if (message.rfind("config.json", 0) != 0) message = "config.json: " + message;
+      return Status(s.code(), std::move(message));
+    }
+    if (!j.is_object()) return internalError("config.json: the class's prepare left no object");
+  }
   if (Status s = parseFields(j, dialect, c); !s.ok()) {
     // A field read under an alias is named as config.json spells it, too.
     std::string message = s.message();
@@ -375,6 +383,7 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
     if (!g.is_object()) return invalidArgumentError("generation_config.json: not a JSON object");
     TG_RETURN_IF_ERROR(addTokenIds(g, "eos_token_id", c.eosTokenIds, "generation_config.json"));
   }
+  c.json = std::make_shared<const json>(std::move(j));
   return c;
 }
 

@@ -60,11 +60,16 @@ struct ArchitectureSpec {
   bool slidingWindow = false;  // honour config.json's sliding_window (Mistral)
   // Applied by the config parser (configDialect below): the canonical key is read under the alias.
   std::span<const ConfigKeyAlias> configKeyAliases = {};
+  // Then this rewrites the class's config.json into canonical keys (ConfigDialect::prepare); the
+  // graph file defines it. Null: the keys are Llama's already.
+  Status (*prepareConfig)(nlohmann::json& config) = nullptr;
 };
 
 // How the spec's class spells config.json, for parseModelConfig.
 inline ConfigDialect configDialect(const ArchitectureSpec& spec) {
-  return {.aliases = spec.configKeyAliases, .defaultActivation = spec.activation};
+  return {.aliases = spec.configKeyAliases,
+          .defaultActivation = spec.activation,
+          .prepare = spec.prepareConfig};
 }
 
 // A tensor name for one layer.

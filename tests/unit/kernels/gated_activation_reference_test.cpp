@@ -127,6 +127,40 @@ TEST(GatedActivationReferenceTest, SiluIsUnchanged) {
   }
 }
 
+// Not gated: act(x) alone over [rows, n], rounded once to the dtype, in place.
+TEST(GatedActivationReferenceTest, NotGatedIsTheActivationAloneInPlace) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  const int64_t rows = 3, n = 29;
+  std::vector<float> x(rows * n);
+  for (float& v : x) v = d(rng);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (Activation a : kActivations) {
+      SCOPED_TRACE(std::string(toString(a)) + " " + std::string(dtypeName(dt)));
+      std::vector<float> in(x.size());
+      for (size_t i = 0; i < x.size(); ++i) in[i] = roundTo(dt, x[i]);
+      std::vector<float> got = in;
+      std::vector<uint16_t> half = dt == DType::kF32 ? std::vector<uint16_t>{} : encodeHalf(dt, in);
+      void* buf = dt == DType::kF32 ? static_cast<void*>(got.data()) : half.data();
+      ASSERT_TRUE(gatedActivationReference({.gateUp = buf,
+                                            .out = buf,
+                                            .rows = rows,
+                                            .n = n,
+                                            .dtype = dt,
+                                            .activation = a,
+                                            .gated = false})
+                      .ok());
+      if (dt != DType::kF32)
+        for (size_t i = 0; i < got.size(); ++i) got[i] = decodeHalf(dt, half[i]);
+      const double eps = dt == DType::kF32 ? 1e-6 : dt == DType::kF16 ? 1.0 / 1024 : 1.0 / 128;
+      for (size_t i = 0; i < in.size(); ++i) {
+        const double want = activate(a, in[i]);
+        ASSERT_NEAR(got[i], want, eps * std::fabs(want) + 1e-6) << "i " << i << " x " << in[i];
+      }
+    }
+  }
+}
+
 TEST(GatedActivationReferenceTest, RefusesBadParams) {
   std::vector<float> buf(8);
   EXPECT_FALSE(

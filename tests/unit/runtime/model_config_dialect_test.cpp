@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "layers/config_fields.h"
 #include "textgen/runtime/model_config.h"
 
 namespace textgen::runtime {
@@ -201,6 +202,59 @@ TEST(ModelConfigBias, AttentionAndMlpBiasAreParsed) {
   j["mlp_bias"] = 1;
   expectError(parseModelConfig(j.dump()), StatusCode::kInvalidArgument,
               "'mlp_bias' must be true or false");
+}
+
+// A family's prepare hook: derives canonical keys from its own (here: intermediate_size from an
+// expansion ratio inside a nested object, as MPT), after the aliases, before the generic fields.
+Status prepareExpansion(json& j) {
+  if (!j.contains("ffn") || !j["ffn"].is_object())
+    return invalidArgumentError("'ffn' must be an object");
+  const json& ratio = j["ffn"]["ratio"];
+  if (!ratio.is_number_integer() || ratio.get<int64_t>() <= 0 || ratio.get<int64_t>() > 64)
+    return invalidArgumentError("'ffn.ratio' must be an integer between 1 and 64");
+  j["intermediate_size"] = j["hidden_size"].get<int64_t>() * ratio.get<int64_t>();
+  return okStatus();
+}
+
+ConfigDialectLookup expansionDialect() {
+  return [](std::string_view) -> StatusOr<ConfigDialect> {
+    return ConfigDialect{.aliases = kGpt2Aliases, .prepare = prepareExpansion};
+  };
+}
+
+TEST(ModelConfigDialect, PrepareRewritesAfterTheAliasesAndFieldsAreReadable) {
+  json j = gpt2Config();
+  j.erase("n_inner");
+  j["ffn"] = {{"ratio", 3}, {"clip", 0.5}, {"on", true}, {"blocks", 7}, {"none", nullptr}};
+  auto c = parseModelConfig(j.dump(), {}, expansionDialect());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->intermediateSize, 192);  // hidden_size (read under n_embd) * 3
+  ASSERT_NE(c->json, nullptr);
+  const ConfigFields f(*c);
+  EXPECT_EQ(*f.number("ffn.clip", 0.0), 0.5);
+  EXPECT_EQ(*f.number("ffn.absent", 8.0), 8.0);
+  EXPECT_EQ(*f.number("ffn.none", 8.0), 8.0);  // null reads as absent
+  EXPECT_FALSE(f.optionalNumber("ffn.none")->has_value());
+  EXPECT_TRUE(*f.boolean("ffn.on", false));
+  EXPECT_EQ(*f.integer("ffn.blocks", 0, 10), 7);
+  EXPECT_EQ(*f.integer("num_hidden_layers", 0, 10), 2);  // canonical after the aliases
+  EXPECT_FALSE(f.integer("ffn.blocks", 0, 5).ok());
+  EXPECT_FALSE(f.boolean("ffn.clip", false).ok());
+  EXPECT_FALSE(f.number("ffn.on", 0.0).ok());
+  auto bad = f.integer("ffn.clip", 0, 10);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'ffn.clip'"), std::string::npos) << bad.status();
+  EXPECT_EQ(*f.boolean("ffn.on.deeper", true), true);  // through a non-object: absent
+}
+
+TEST(ModelConfigDialect, PrepareErrorsNameTheFieldAndTheFile) {
+  json j = gpt2Config();
+  j["ffn"] = {{"ratio", "three"}};
+  expectError(parseModelConfig(j.dump(), {}, expansionDialect()), StatusCode::kInvalidArgument,
+              "config.json: 'ffn.ratio' must be an integer");
+  j.erase("ffn");
+  expectError(parseModelConfig(j.dump(), {}, expansionDialect()), StatusCode::kInvalidArgument,
+              "'ffn' must be an object");
 }
 
 }  // namespace

@@ -19,6 +19,11 @@ inline std::string readText(const std::string& path) {
 }
 
 inline const char* kFamilies[] = {"gpt2",
+                                  "gpt-neox",
+                                  "bloom",
+                                  "falcon",
+                                  "opt",
+                                  "starcoder",
                                   "gpt2-splits-a",
                                   "gpt2-splits-b",
                                   "llama2",

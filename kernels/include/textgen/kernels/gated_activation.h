@@ -1,7 +1,9 @@
 // The gated MLP's activation: out[r, i] = act(gate[r, i]) * up[r, i], with gate and up stored side
-// by side ([rows, 2n]: one GEMM computes both). act is computed in float and rounded to the dtype
-// before the multiply, as PyTorch's act_fn(gate) * up rounds (SiLU: x / (1 + e^-x); GELU:
-// x/2 (1 + erf(x / sqrt 2)); GELU tanh: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); ReLU).
+// by side ([rows, 2n]: one GEMM computes both). Not gated (GPT-NeoX, Falcon, BLOOM, OPT, MPT and
+// GPT-BigCode's MLPs): out[r, i] = act(x[r, i]) over [rows, n], rounded once; out may be x. act is
+// computed in float and rounded to the dtype before the multiply, as PyTorch's act_fn(gate) * up
+// rounds (SiLU: x / (1 + e^-x); GELU: x/2 (1 + erf(x / sqrt 2)); GELU tanh: x/2 (1 +
+// tanh(sqrt(2/pi) (x + 0.044715 x^3))); ReLU).
 #pragma once
 
 #include <cstdint>
@@ -14,11 +16,12 @@
 namespace textgen::kernels {
 
 struct GatedActivationParams {
-  const void* gateUp = nullptr;  // [rows, 2n]
+  const void* gateUp = nullptr;  // [rows, 2n]; not gated: x [rows, n]
   void* out = nullptr;           // [rows, n]
   int64_t rows = 0, n = 0;
   DType dtype = DType::kF32;
   Activation activation = Activation::kSilu;
+  bool gated = true;
 };
 
 Status validateGatedActivation(const GatedActivationParams& p);

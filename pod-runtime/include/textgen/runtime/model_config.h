@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -43,6 +45,11 @@ struct ConfigKeyAlias {
 struct ConfigDialect {
   std::span<const ConfigKeyAlias> aliases = {};
   kernels::Activation defaultActivation = kernels::Activation::kSilu;  // hidden_act when absent
+  // Rewrites the class's own config.json (after the aliases) into the canonical keys the generic
+  // fields are read from (intermediate_size, num_key_value_heads, rms_norm_eps as the norm's
+  // epsilon whatever the norm, rope_parameters, ...); an error names the field. Null: nothing to
+  // rewrite.
+  Status (*prepare)(nlohmann::json& config) = nullptr;
 };
 
 // The dialect of config.json's class, given its name ("architectures"[0]); an error refuses the
@@ -72,6 +79,9 @@ struct ModelConfig {
   kernels::DType dtype = kernels::DType::kF32;  // the checkpoint's torch dtype
   std::optional<uint32_t> bosTokenId;
   std::vector<uint32_t> eosTokenIds;  // config.json and generation_config.json, merged
+  // config.json as parsed (aliases applied, the dialect's prepare run), for the fields only one
+  // family reads (layers/config_fields.h reads them with errors that name them).
+  std::shared_ptr<const nlohmann::json> json;
 
   int64_t rotaryDim() const { return static_cast<int64_t>(headDim * rope.partialRotaryFactor); }
   // Longest prompt + generation the model allows: linear and dynamic scaling stretch the trained
