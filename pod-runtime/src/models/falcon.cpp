@@ -1,9 +1,9 @@
-// The Falcon graph (FalconForCausalLM, and the older RWForCausalLM checkpoints of the same weights):
-// LayerNorm with a bias, one fused query_key_value projection, rotary embeddings or ALiBi, a plain
-// MLP (dense_h_to_4h -> activation, GELU by default -> dense_4h_to_h), optional biases on every
-// linear layer (config "bias"), and the head tied to word_embeddings unless tie_word_embeddings is
-// false. One class, three decoders, chosen by config.json (read exactly as transformers 5.12.1's
-// modeling_falcon.py builds them):
+// The Falcon graph (FalconForCausalLM, and the older RWForCausalLM checkpoints of the same
+// weights): LayerNorm with a bias, one fused query_key_value projection, rotary embeddings or
+// ALiBi, a plain MLP (dense_h_to_4h -> activation, GELU by default -> dense_4h_to_h), optional
+// biases on every linear layer (config "bias"), and the head tied to word_embeddings unless
+// tie_word_embeddings is false. One class, three decoders, chosen by config.json (read exactly as
+// transformers 5.12.1's modeling_falcon.py builds them):
 //   - old decoder, parallel_attn (Falcon-7B): x + attn(ln(x)) + mlp(ln(x)), ONE input_layernorm
 //     feeding both; multi_query gives one key/value head whatever num_kv_heads says.
 //   - old decoder, sequential (Falcon-RW): input_layernorm -> attention -> residual ->
@@ -20,8 +20,8 @@
 //     (QkvLayout::kFusedGrouped);
 //   - old decoder, multi_query: all query heads, then the one k, then the one v (kFused);
 //   - old decoder, not multi_query: per head q_h, k_h, v_h (kFusedInterleavedPerHead); transformers
-//     reshapes the keys to num_kv_heads heads, which fails unless num_kv_heads == heads, so any other
-//     num_kv_heads is refused.
+//     reshapes the keys to num_kv_heads heads, which fails unless num_kv_heads == heads, so any
+//     other num_kv_heads is refused.
 //
 // ALiBi (alibi: true; Falcon-RW): FalconModel builds BLOOM's slopes, rounds them to bfloat16,
 // multiplies by the key's absolute position and rounds that product to bfloat16 again
@@ -39,11 +39,10 @@
 // attention kernels to round bf16(slope) * j (absolute j) to bfloat16 themselves. (TGI refuses
 // Falcon with alibi altogether.)
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "layers/alibi.h"
 #include "layers/attention.h"
@@ -114,8 +113,8 @@ Status prepareConfig(json& j, bool rw) {
   if (!heads) return fieldError("num_attention_heads", "is required");
   if (!hidden) return fieldError("hidden_size", "is required");
   if (*hidden % *heads != 0)
-    return fieldError("num_attention_heads", "must divide hidden_size (" +
-                                                 std::to_string(*hidden) + ")");
+    return fieldError("num_attention_heads",
+                      "must divide hidden_size (" + std::to_string(*hidden) + ")");
   const std::string_view kvKey = rw ? "n_head_kv" : "num_kv_heads";
   TG_ASSIGN_OR_RETURN(const auto kvHeads, count(j, kvKey));
   TG_ASSIGN_OR_RETURN(const auto lnCount, count(j, "num_ln_in_parallel_attn"));
@@ -148,7 +147,7 @@ Status prepareConfig(json& j, bool rw) {
   j["num_key_value_heads"] = numKv;
   j["intermediate_size"] = ffn.value_or(4 * *hidden);
   j["tie_word_embeddings"] = tied;
-  j.erase("head_dim");  // hidden_size / heads
+  j.erase("head_dim");               // hidden_size / heads
   j.erase("partial_rotary_factor");  // Falcon rotates the whole head
   for (const char* key : {"sliding_window", "attention_bias", "mlp_bias"}) j.erase(key);
   if (!present(j, "max_position_embeddings")) j["max_position_embeddings"] = 2048;
@@ -253,8 +252,9 @@ class FalconGraph final : public ArchitectureGraph {
                                                         .bias = bias},
                                                        options));
       TG_ASSIGN_OR_RETURN(
-          l.mlp, Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i), .bias = bias},
-                           c.hiddenAct));
+          l.mlp,
+          Mlp::load(w, {.up = layerName(t.up, i), .down = layerName(t.down, i), .bias = bias},
+                    c.hiddenAct));
     }
     TG_ASSIGN_OR_RETURN(Norm finalNorm, norm(t.finalNorm, 0));
     TG_ASSIGN_OR_RETURN(head_, LogitsHead::load(w, std::move(finalNorm), std::string(t.lmHead),

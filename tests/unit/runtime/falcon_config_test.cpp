@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <iterator>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -152,8 +152,9 @@ TEST(FalconConfig, BadFalconFieldsAreNamed) {
 // Every Falcon field given every JSON type (and removed): parsed or refused with a message, and an
 // accepted config is one the graph can split (kv heads divide heads).
 TEST(FalconConfig, AnyValueOfAFalconFieldIsParsedOrNamed) {
-  const json values[] = {nullptr, true, false, 0, -1, 1, 2, 3, 1.5, int64_t{1} << 40, "x",
-                         json::array(), json::object()};
+  const json values[] = {
+      nullptr, true,          false,         0, -1, 1, 2, 3, 1.5, int64_t{1} << 40,
+      "x",     json::array(), json::object()};
   for (const char* fixture : {"falcon-new", "falcon-mqa-rotary", "falcon-alibi"}) {
     for (const char* key :
          {"alibi", "new_decoder_architecture", "multi_query", "parallel_attn", "bias",
