@@ -38,6 +38,7 @@
 // with 4 or 8 heads 0 below 256, 0.125 at 1024, 0.25 at 2048. Reproducing it needs the paged
 // attention kernels to round bf16(slope) * j (absolute j) to bfloat16 themselves. (TGI refuses
 // Falcon with alibi altogether.)
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -283,11 +284,12 @@ class FalconGraph final : public ArchitectureGraph {
         TG_RETURN_IF_ERROR(l.mlp.forward(ctx, mlpIn));
         // hs = attn + mlp, this rank's partial sums (transformers: mlp_output += attn_output):
         // an element-wise add, as a bias add over one row of rows * hidden values.
-        TG_RETURN_IF_ERROR(ctx.backend.biasAdd({.y = hs,
-                                                .bias = mlpIn,
-                                                .rows = 1,
-                                                .out = rows * ctx.config.hiddenSize,
-                                                .dtype = ctx.dtype}));
+        TG_RETURN_IF_ERROR(
+            ctx.backend.biasAdd({.y = hs,
+                                 .bias = mlpIn,
+                                 .rows = rows > 0 ? 1 : 0,
+                                 .out = std::max<int64_t>(rows, 1) * ctx.config.hiddenSize,
+                                 .dtype = ctx.dtype}));
       } else {
         TG_RETURN_IF_ERROR(l.attention.forward(ctx, static_cast<int64_t>(i), hs));
         TG_RETURN_IF_ERROR(l.mlpNorm->forwardReduced(ctx, hs, x, hs, rows));
