@@ -46,6 +46,9 @@ class Attention {
     // rank uploads its heads' share once at load; keys are cached unrotated. Composes with the
     // sliding window (the window limits the keys, the bias applies to those left).
     std::vector<float> alibiSlopes = {};
+    // > 0: Falcon's ALiBi, bf16(slope * j) / alibiBf16Divisor with j the key's absolute position
+    // (kernels/paged_attention.h); 0: slope * (j - i).
+    float alibiBf16Divisor = 0.0f;
   };
 
   static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,

@@ -27,20 +27,15 @@
 // multiplies by the key's absolute position and rounds that product to bfloat16 again
 // (build_alibi_tensor), then divides the bias by sqrt(head_dim) before adding it to the scores
 // (the causal mask in the SDPA path; the eager path adds it and multiplies the sum by
-// inv_norm_factor, the same thing): score = (q.k + bf16(bf16(slope) * j)) / sqrt(head_dim). Our
-// paged attention adds slope' * (j - i) after scaling q.k, so slope' = bf16(slope) / sqrt(head_dim)
-// (the constant slope' * i per query row cancels in the softmax). The second bfloat16 rounding
-// (of slope * j) is not reproduced: it is exact while slope * j has at most 8 significant bits —
-// power-of-two slopes (power-of-two head counts up to 8, as the fixture's 4) and positions below
-// 256 — and otherwise moves the bias by up to 2^-9 of its value, which grows with the absolute
-// position: measured against transformers' formula, the largest score difference is 0.06 below
-// 256 positions with 32 heads (head_dim 64, Falcon-RW-1B's shape), 0.46 at 1024 and 0.91 at 2048;
-// with 4 or 8 heads 0 below 256, 0.125 at 1024, 0.25 at 2048. Reproducing it needs the paged
-// attention kernels to round bf16(slope) * j (absolute j) to bfloat16 themselves. (TGI refuses
-// Falcon with alibi altogether.) The fixture (4 heads, short prompts) is exact; a 12-head
-// checkpoint written the fixtures' way (slopes 2^-0.5k, inexact) gave last-position logits up
-// to 1.3e-2 from transformers' under this formula (1.8e-5 with the product rounded), greedy tokens
-// still equal.
+// inv_norm_factor, the same thing): score = q.k / sqrt(head_dim) + bf16(bf16(slope) * j) /
+// sqrt(head_dim). The paged attention kernels compute exactly that with the slopes rounded to
+// bfloat16 here and Attention::Options::alibiBf16Divisor = sqrt(head_dim). The product's rounding
+// matters: it is exact only while slope * j has at most 8 significant bits (power-of-two slopes,
+// positions below 256), and moves the score by up to 0.06 below 256 positions with 32 heads
+// (head_dim 64, Falcon-RW-1B's shape), 0.46 at 1024, 0.91 at 2048; a 12-head checkpoint written
+// the fixtures' way gave logits 1.3e-2 from transformers' without it, 1.8e-5 with it. (BLOOM's
+// slope * (j - i), which softmax treats the same in exact arithmetic, cannot round this way. TGI
+// refuses Falcon with alibi altogether.)
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -200,14 +195,10 @@ Status checkSpec(const ArchitectureSpec& s) {
   return requireValue(s, g, "qkvLayout", s.qkvLayout, {QkvLayout::kFused});
 }
 
-// FalconModel's ALiBi slopes as our attention adds them (see the top of the file).
+// FalconModel's ALiBi slopes: BLOOM's, rounded to bfloat16 (see the top of the file).
 std::vector<float> falconAlibiSlopes(const ModelConfig& c) {
   std::vector<float> slopes = bloomAlibiSlopes(c.numHeads);
-  const double norm = std::sqrt(static_cast<double>(c.headDim));
-  for (float& s : slopes) {
-    const float rounded = kernels::bf16ToFloat(kernels::floatToBf16(s));
-    s = static_cast<float>(static_cast<double>(rounded) / norm);
-  }
+  for (float& s : slopes) s = kernels::bf16ToFloat(kernels::floatToBf16(s));
   return slopes;
 }
 
@@ -229,8 +220,11 @@ class FalconGraph final : public ArchitectureGraph {
                              : multiQuery ? QkvLayout::kFused
                                           : QkvLayout::kFusedInterleavedPerHead;
     const bool twoNorms = newArch && numLn == 2;
+    // transformers divides the bias by math.sqrt(head_dim), a float32 scalar in the division.
     const Attention::Options options{
-        .slidingWindow = 0, .alibiSlopes = alibi ? falconAlibiSlopes(c) : std::vector<float>{}};
+        .slidingWindow = 0,
+        .alibiSlopes = alibi ? falconAlibiSlopes(c) : std::vector<float>{},
+        .alibiBf16Divisor = alibi ? std::sqrt(static_cast<float>(c.headDim)) : 0.0f};
     auto norm = [&](std::string_view pattern, int64_t i) {
       return Norm::load(w, NormKind::kLayer, layerName(pattern, i), c.rmsNormEps,
                         NormBias::kRequired);
