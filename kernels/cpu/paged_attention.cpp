@@ -23,6 +23,8 @@ Status validatePagedAttention(const PagedAttentionParams& p) {
     return invalidArgumentError("paged_attention: a pointer is missing");
   if (p.rows > 0 && (p.maxNewRows <= 0 || p.maxContext <= 0))
     return invalidArgumentError("paged_attention: maxNewRows and maxContext are required");
+  if (!std::isfinite(p.alibiBf16Divisor) || p.alibiBf16Divisor < 0.0f)
+    return invalidArgumentError("paged_attention: alibiBf16Divisor must be finite and >= 0");
   return okStatus();
 }
 
@@ -60,7 +62,12 @@ Status pagedAttentionReference(const PagedAttentionParams& p) {
           for (int64_t d = 0; d < p.headDim; ++d)
             dot += e.load(p.q, qOff + d) * e.load(p.kCache, kOff + d);
           scores[j] = dot * p.scale;
-          if (p.alibiSlopes) scores[j] += slope * static_cast<float>(j - pos);
+          if (p.alibiSlopes && p.alibiBf16Divisor > 0.0f) {
+            const float product = bf16ToFloat(floatToBf16(slope * static_cast<float>(j)));
+            scores[j] += product / p.alibiBf16Divisor;
+          } else if (p.alibiSlopes) {
+            scores[j] += slope * static_cast<float>(j - pos);
+          }
           maxScore = std::max(maxScore, scores[j]);
         }
         float sum = 0.0f;

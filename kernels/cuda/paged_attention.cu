@@ -42,6 +42,14 @@ __device__ __forceinline__ int sequenceOf(const int32_t* seqStarts, int numSeqs,
   return lo;
 }
 
+// ALiBi's bias of key position j for query position pos: slope * (j - pos), or Falcon's
+// bf16(slope * j) / divisor (paged_attention.h).
+__device__ __forceinline__ float alibiBias(float slope, int j, int pos, float divisor) {
+  if (divisor > 0.0f)
+    return __bfloat162float(__float2bfloat16_rn(slope * static_cast<float>(j))) / divisor;
+  return slope * static_cast<float>(j - pos);
+}
+
 __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, int pos) {
   return static_cast<int64_t>(blocks[pos / blockSize]) * blockSize + pos % blockSize;
 }
@@ -99,7 +107,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < kEpl; ++e) dot += q[e] * kv[u][e];
 #pragma unroll
       for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if constexpr (kAlibi) dot += slope * static_cast<float>(j0 + u - pos);
+      if constexpr (kAlibi) dot += alibiBias(slope, j0 + u, pos, p.alibiBf16Divisor);
       score[u] = j0 + u < end ? dot : -INFINITY;
     }
     float mNew = m;
@@ -372,7 +380,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int col = half * (kTileKeys / 2) + c, j = kvStart + col;
         const bool valid = r < numRows && j >= lo && j <= pos;
         float v = sS[r * L::kSp + col] * p.scale;
-        if constexpr (kAlibi) v += slope * static_cast<float>(j - pos);
+        if constexpr (kAlibi) v += alibiBias(slope, j, pos, p.alibiBf16Divisor);
         sc[c] = valid ? v : -INFINITY;
         rowMax = fmaxf(rowMax, sc[c]);
       }

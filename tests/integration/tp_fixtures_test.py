@@ -26,7 +26,8 @@ WORLDS = (2,) if CUDA else (2, 4)
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
             "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "opt-pre", "opt-post-proj",
             "codellama", "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
-            "bloom", "bloom-post-ln", "mpt-clip"]
+            "bloom", "bloom-post-ln", "mpt-clip",
+            "falcon-mqa-rotary", "falcon-alibi", "falcon-new"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 
@@ -101,8 +102,10 @@ def divides(config, world):
     kv = config.get("num_key_value_heads", h)
     if config.get("model_type") == "gpt_bigcode":  # GPTBigCodeConfig sets it from multi_query
         kv = 1 if config.get("multi_query", True) else h
-    # ffn_dim: OPT; n_inner (null: 4 * n_embd): GPT-BigCode; BLOOM's and MPT's MLPs are 4 x hidden
+    # ffn_dim: OPT; n_inner (null: 4 * n_embd): GPT-BigCode; ffn_hidden_size: Falcon; BLOOM's and
+    # MPT's MLPs are 4 x hidden
     inter = (config.get("intermediate_size") or config.get("ffn_dim") or config.get("n_inner")
+             or config.get("ffn_hidden_size")
              or 4 * (first_key(config, "n_embd", "hidden_size", "d_model") or 0))
     return (h % world == 0 and inter % world == 0 and
             (kv % world == 0 if kv >= world else world % kv == 0))

@@ -608,6 +608,8 @@ struct AttentionCase {
   int64_t maxStart,
       maxRows;         // per sequence: cached positions in [0, maxStart], new rows in [1, maxRows]
   bool alibi = false;  // slopes 2^(-8 (h + 1) / heads) (BLOOM for 2^n heads), reversed
+  // > 0: Falcon's ALiBi, bf16(slope * j) / this (PagedAttentionParams::alibiBf16Divisor).
+  float alibiBf16Divisor = 0.0f;
 };
 
 std::string describe(const AttentionCase& c) {
@@ -615,7 +617,8 @@ std::string describe(const AttentionCase& c) {
          " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kvHeads) +
          " headDim=" + std::to_string(c.headDim) + " block=" + std::to_string(c.blockSize) +
          " window=" + std::to_string(c.window) + " maxStart=" + std::to_string(c.maxStart) +
-         " maxRows=" + std::to_string(c.maxRows) + (c.alibi ? " alibi" : "");
+         " maxRows=" + std::to_string(c.maxRows) + (c.alibi ? " alibi" : "") +
+         (c.alibiBf16Divisor > 0 ? " falcon" : "");
 }
 
 void runAttention(const AttentionCase& c, std::mt19937& rng) {
@@ -670,6 +673,7 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
                          .slidingWindow = c.window,
                          .scale = 1.0f / std::sqrt(static_cast<float>(c.headDim)),
                          .alibiSlopes = c.alibi ? slopes.data() : nullptr,
+                         .alibiBf16Divisor = c.alibiBf16Divisor,
                          .maxNewRows = maxNewRows,
                          .maxContext = maxContext,
                          .dtype = dt};
@@ -742,6 +746,17 @@ TEST_F(OpsCudaTest, PagedAttentionAlibiPrefillAndChunks) {
     runAttention({dt, 2, 8, 1, 64, 16, 0, 0, 400, true}, rng_);       // MQA prompts
     runAttention({dt, 4, 4, 2, 128, 16, 0, 100, 70, true}, rng_);     // decode-sized to tiles
     runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90, true}, rng_);       // no tensor-core path
+  }
+}
+
+// Falcon's ALiBi: the product slope * j rounded to bfloat16, then divided (sqrt(head_dim)).
+TEST_F(OpsCudaTest, PagedAttentionFalconAlibi) {
+  for (DType dt : kDtypes) {
+    runAttention({dt, 1, 32, 32, 128, 16, 0, 3000, 1, true, 8.0f}, rng_);      // decode, splits
+    runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f}, rng_);           // MQA decode
+    runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 11.3137085f}, rng_);  // prefill, GQA
+    runAttention({dt, 2, 4, 1, 64, 16, 0, 300, 130, true, 8.0f}, rng_);        // chunks, MQA
+    runAttention({dt, 2, 12, 4, 16, 8, 0, 120, 9, true, 4.0f}, rng_);          // tiny heads
   }
 }
 

@@ -63,6 +63,8 @@ StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
     if (static_cast<int64_t>(options.alibiSlopes.size()) != c.numHeads)
       return invalidArgumentError("attention: " + std::to_string(options.alibiSlopes.size()) +
                                   " ALiBi slopes for " + std::to_string(c.numHeads) + " heads");
+    if (!std::isfinite(options.alibiBf16Divisor) || options.alibiBf16Divisor < 0.0f)
+      return invalidArgumentError("attention: the ALiBi divisor must be finite and >= 0");
     for (float s : options.alibiSlopes) {
       if (!std::isfinite(s)) return invalidArgumentError("attention: an ALiBi slope is not finite");
     }
@@ -147,6 +149,7 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
        .slidingWindow = options_.slidingWindow,
        .scale = options_.scale > 0 ? options_.scale : 1.0f / std::sqrt(static_cast<float>(hd)),
        .alibiSlopes = alibiSlopes_ ? static_cast<const float*>(alibiSlopes_->data()) : nullptr,
+       .alibiBf16Divisor = options_.alibiBf16Divisor,
        .maxNewRows = meta.layout.maxNewRows,
        .maxContext = meta.layout.maxContext,
        .dtype = dt}));

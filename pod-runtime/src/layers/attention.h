@@ -54,6 +54,9 @@ class Attention {
     float clipQkv = 0;
     // Multiplies q·k, before the ALiBi bias is added (MPT's softmax_scale); 0: 1/sqrt(headDim).
     float scale = 0;
+    // > 0: Falcon's ALiBi, bf16(slope * j) / alibiBf16Divisor with j the key's absolute position
+    // (kernels/paged_attention.h); 0: slope * (j - i).
+    float alibiBf16Divisor = 0.0f;
   };
 
   static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,

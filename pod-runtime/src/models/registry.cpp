@@ -20,6 +20,8 @@ StatusOr<std::unique_ptr<ArchitectureGraph>> makeBloomGraph(const ArchitectureSp
 Status prepareBloomConfig(nlohmann::json& config);
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeMptGraph(const ArchitectureSpec& spec);
 Status prepareMptConfig(nlohmann::json& config);
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeFalconGraph(const ArchitectureSpec& spec);
+ArchitectureSpec falconSpec(std::string_view name);  // models/falcon.cpp
 
 namespace {
 
@@ -109,6 +111,8 @@ const Architecture kArchitectures[] = {
       .configKeyAliases = kMptKeys,
       .prepareConfig = prepareMptConfig},
      makeMptGraph},
+    {falconSpec("FalconForCausalLM"), makeFalconGraph},
+    {falconSpec("RWForCausalLM"), makeFalconGraph},  // Falcon's remote-code configs, as TGI
 };
 
 }  // namespace

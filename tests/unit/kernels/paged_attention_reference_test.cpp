@@ -1,7 +1,8 @@
 // Paged attention's CPU reference against a plain attention in double precision over contiguous
 // keys: causal, grouped-query, with a sliding window, and with ALiBi written in BLOOM's form
 // (slope * j) and MPT's (slope * (j - (seqLen - 1))), both softmax-equivalent to the kernel's
-// slope * (j - i). Bad ALiBi slopes are refused.
+// slope * (j - i); and Falcon's bf16(slope * j) / divisor (the product rounded to bfloat16, which
+// no relative form can do). Bad ALiBi slopes and divisors are refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,12 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "textgen/kernels/half.h"
 #include "textgen/kernels/paged_attention.h"
 
 namespace textgen::kernels {
 namespace {
 
-enum class BiasForm { kNone, kBloom, kMpt };
+enum class BiasForm { kNone, kBloom, kMpt, kFalcon };
+
+// Falcon's divisor in these tests: sqrt(head_dim 16).
+constexpr float kFalconDivisor = 4.0f;
 
 struct Case {
   int64_t numSeqs = 2, heads = 4, kvHeads = 2, headDim = 16, blockSize = 4, window = 0;
@@ -108,6 +113,10 @@ std::vector<float> naive(const Case& c, const Inputs& in, const std::vector<floa
           w[j] = dot * scale;
           if (form == BiasForm::kBloom) w[j] += slopes[h] * static_cast<double>(j);
           if (form == BiasForm::kMpt) w[j] += slopes[h] * static_cast<double>(j - (seqLen - 1));
+          if (form == BiasForm::kFalcon) {
+            const float product = bf16ToFloat(floatToBf16(slopes[h] * static_cast<float>(j)));
+            w[j] += double{product} / kFalconDivisor;
+          }
           maxW = std::max(maxW, w[j]);
         }
         double sum = 0.0;
@@ -194,6 +203,38 @@ TEST(PagedAttentionReferenceTest, RefusesNonFiniteSlopes) {
     const Status st = pagedAttentionReference(paramsFor(c, in, out, slopes.data()));
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("ALiBi slope of head 2"), std::string::npos) << st.message();
+  }
+}
+
+// Falcon: slopes 2^(-k/2) rounded to bfloat16 (inexact products), positions past 256 (products
+// with more than 8 significant bits even for power-of-two slopes).
+TEST(PagedAttentionReferenceTest, FalconAlibiRoundsTheProductToBfloat16) {
+  std::mt19937 rng(6);
+  Case c;
+  c.startPos = {250, 3};
+  c.newRows = {9, 6};
+  const Inputs in = makeInputs(c, rng);
+  std::vector<float> slopes;
+  for (int h = 1; h <= c.heads; ++h)
+    slopes.push_back(bf16ToFloat(floatToBf16(std::exp2(-0.5f * static_cast<float>(h)))));
+  std::vector<float> out;
+  PagedAttentionParams p = paramsFor(c, in, out, slopes.data());
+  p.alibiBf16Divisor = kFalconDivisor;
+  ASSERT_TRUE(pagedAttentionReference(p).ok());
+  expectNear(out, naive(c, in, slopes, BiasForm::kFalcon), 1e-5f);
+  // The rounding matters here: BLOOM's form with slope / divisor is measurably different.
+  std::vector<float> scaled;
+  for (float x : slopes) scaled.push_back(x / kFalconDivisor);
+  const std::vector<float> bloom = naive(c, in, scaled, BiasForm::kBloom);
+  float maxDiff = 0.0f;
+  for (size_t i = 0; i < out.size(); ++i) maxDiff = std::max(maxDiff, std::fabs(out[i] - bloom[i]));
+  EXPECT_GT(maxDiff, 1e-3f);
+  for (float bad :
+       {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    p.alibiBf16Divisor = bad;
+    const Status st = pagedAttentionReference(p);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("alibiBf16Divisor"), std::string::npos) << st.message();
   }
 }
 

@@ -295,22 +295,21 @@ const DType kDtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 const DType kDtypes[] = {DType::kF32};
 #endif
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
-                         ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear",
-                                                              "llama-dynamic", "mistral-sharded",
-                                                              "llama-hd128", "llama-rope-llama3",
-                                                              "llama-rope-yarn", "llama-bias-gelu",
-                                                              "opt-pre", "opt-post-proj",
-                                                              "codellama", "gptneox-parallel",
-                                                              "gptneox-sequential", "bigcode-mqa",
-                                                              "bigcode-mha", "bloom", "bloom-post-ln",
-                                                              "mpt-clip"),
-                                            ::testing::ValuesIn(kDtypes)),
-                         [](const ::testing::TestParamInfo<FixtureParam>& param) {
-                           std::string name = std::get<0>(param.param);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name + "_" + std::string(dtypeName(std::get<1>(param.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ModelFixtureTest,
+    ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear", "llama-dynamic",
+                                         "mistral-sharded", "llama-hd128", "llama-rope-llama3",
+                                         "llama-rope-yarn", "llama-bias-gelu", "opt-pre",
+                                         "opt-post-proj", "codellama", "gptneox-parallel",
+                                         "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
+                                         "bloom", "bloom-post-ln", "mpt-clip", "falcon-mqa-rotary",
+                                         "falcon-alibi", "falcon-new"),
+                       ::testing::ValuesIn(kDtypes)),
+    [](const ::testing::TestParamInfo<FixtureParam>& param) {
+      std::string name = std::get<0>(param.param);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + "_" + std::string(dtypeName(std::get<1>(param.param)));
+    });
 
 }  // namespace
 }  // namespace textgen::runtime

@@ -850,24 +850,22 @@ TEST(TensorParallelQkvLayouts, EqualOneRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixture,
-                         ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear",
-                                                              "llama-dynamic", "mistral-sharded",
-                                                              "llama-hd128", "llama-rope-llama3",
-                                                              "llama-rope-yarn", "llama-bias-gelu",
-                                                              "opt-pre", "opt-post-proj",
-                                                              "codellama", "gptneox-parallel",
-                                                              "gptneox-sequential", "bigcode-mqa",
-                                                              "bigcode-mha", "bloom", "bloom-post-ln",
-                                                              "mpt-clip"),
-                                            ::testing::ValuesIn(kWorlds),
-                                            ::testing::ValuesIn(kDtypes)),
-                         [](const auto& param) {
-                           std::string name = std::get<0>(param.param);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name + "_tp" + std::to_string(std::get<1>(param.param)) + "_" +
-                                  std::string(kernels::dtypeName(std::get<2>(param.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, TensorParallelFixture,
+    ::testing::Combine(::testing::Values("llama-gqa", "llama-tied-linear", "llama-dynamic",
+                                         "mistral-sharded", "llama-hd128", "llama-rope-llama3",
+                                         "llama-rope-yarn", "llama-bias-gelu", "opt-pre",
+                                         "opt-post-proj", "codellama", "gptneox-parallel",
+                                         "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
+                                         "bloom", "bloom-post-ln", "mpt-clip", "falcon-mqa-rotary",
+                                         "falcon-alibi", "falcon-new"),
+                       ::testing::ValuesIn(kWorlds), ::testing::ValuesIn(kDtypes)),
+    [](const auto& param) {
+      std::string name = std::get<0>(param.param);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + "_tp" + std::to_string(std::get<1>(param.param)) + "_" +
+             std::string(kernels::dtypeName(std::get<2>(param.param)));
+    });
 
 }  // namespace
 }  // namespace textgen::runtime

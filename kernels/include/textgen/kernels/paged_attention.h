@@ -10,6 +10,9 @@
 // slope * (j - i) by a constant per query row, which softmax cancels, so all three give the same
 // attention. The relative form keeps the bias small next to the scores at long contexts. A sliding
 // window still limits the keys (the bias applies to those left).
+// Falcon (alibiBf16Divisor > 0): the bias is bf16(slope[h] * j) / alibiBf16Divisor, j the key's
+// absolute position, the product rounded to bfloat16 as transformers' build_alibi_tensor rounds it
+// (then divided by sqrt(head_dim)): exact only in the absolute form, which softmax also accepts.
 //
 // On the device: a flash-attention kernel on tensor cores for prefill tiles (f16/bf16, head sizes
 // 64 and 128), and a split-K ("flash-decoding") kernel for decode rows and every other case, whose
@@ -42,6 +45,8 @@ struct PagedAttentionParams {
   // ALiBi slopes of this call's heads (this rank's, in the order of q's heads), [numHeads] fp32 in
   // the backend's memory; null: no bias.
   const float* alibiSlopes = nullptr;
+  // > 0: Falcon's bias bf16(slope * j) / alibiBf16Divisor (above); 0: slope * (j - i).
+  float alibiBf16Divisor = 0.0f;
   // Launch shape, known on the host: the most new rows of any sequence, and the longest context
   // (startPos + new rows). Both are upper bounds; larger values only cost idle blocks.
   int64_t maxNewRows = 0, maxContext = 0;
