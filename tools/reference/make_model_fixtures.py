@@ -17,12 +17,16 @@ Fixtures:
   llama-rope-yarn    YaRN RoPE scaling: blended frequencies and the attention factor on cos/sin
   llama-bias-gelu    attention_bias and mlp_bias (q/k/v/o and gate/up/down biases), hidden_act
                      gelu_pytorch_tanh
+  issue 15's families (family_jobs): GPT-NeoX, Falcon, BLOOM, OPT, MPT, GPT-BigCode and Code Llama
+                     variants, each with its family's tokenizer (tests/reference/tokenizers/<family>)
 
 reference.json also holds the model's RoPE inverse frequencies and attention scaling as transformers
 computes them ("rope"), to compare textgen's with before any logits.
 
-Run on the GPU machine (transformers, torch); NAMES (comma-separated) builds only those fixtures:
+Run where transformers and torch are: the GPU machine, or this CPU through Debian unstable's
+packages (float32 only); NAMES (comma-separated) builds only those fixtures:
     python3 tools/reference/make_model_fixtures.py TOKENIZER_DIR OUT_DIR [NAMES]
+    bash tools/reference/sid-python.sh tools/reference/make_model_fixtures.py TOKENIZER_DIR OUT_DIR [NAMES]
 """
 import json
 import math
@@ -255,7 +259,9 @@ def family_jobs(tokenizers_root):
             max_position_embeddings=256, do_layer_norm_before=False, word_embed_proj_dim=32,
             activation_function="relu", enable_bias=True, bos_token_id=2, eos_token_id=2, pad_token_id=1),
          28, None, tok("opt")),
-        # MPT-7B style: ALiBi with a non-default alibi_bias_max, clip_qkv, no biases, tied head.
+        # MPT-7B style: ALiBi, clip_qkv, no biases, tied head. transformers 5.12 ignores alibi_bias_max
+        # (slopes always use 8) and expansion_ratio (the MLP is always 4 x d_model): the non-default
+        # values here check that textgen ignores them as it does.
         ("mpt-clip", MptForCausalLM, lambda: MptConfig(
             vocab_size=vocab("gpt-neox", 64), d_model=64, n_heads=4, n_layers=2, expansion_ratio=2,
             max_seq_len=256, no_bias=True, layer_norm_epsilon=1e-5,
