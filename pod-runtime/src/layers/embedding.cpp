@@ -2,14 +2,12 @@
 
 namespace textgen::runtime {
 
-StatusOr<Embedding> Embedding::load(const WeightLoader& w, const std::string& name,
-                                    int64_t width) {
+StatusOr<Embedding> Embedding::load(const WeightLoader& w, const std::string& name, int64_t width) {
   const ModelConfig& c = w.config();
   if (width < 0) return invalidArgumentError("embedding '" + name + "': negative width");
   Embedding e;
   e.width_ = width == 0 ? c.hiddenSize : width;
-  TG_ASSIGN_OR_RETURN(e.table_,
-                      w.upload({{name, {c.vocabSize, e.width_}, w.partition().vocab()}}));
+  TG_ASSIGN_OR_RETURN(e.table_, w.upload({{name, {c.vocabSize, e.width_}, w.partition().vocab()}}));
   return e;
 }
 

@@ -11,11 +11,11 @@ StatusOr<LogitsHead> LogitsHead::load(const WeightLoader& w, std::optional<Norm>
   const ModelConfig& c = w.config();
   int64_t width = c.hiddenSize;  // the head's inputs
   if (projection) {
-    if (projection->in != c.hiddenSize || projection->out <= 0 ||
-        projection->out > c.hiddenSize || projection->split != SplitKind::kReplicated)
+    if (projection->in != c.hiddenSize || projection->out <= 0 || projection->out > c.hiddenSize ||
+        projection->split != SplitKind::kReplicated)
       return invalidArgumentError("the head's projection must be replicated, [width, " +
-                                  std::to_string(c.hiddenSize) + "] with width <= " +
-                                  std::to_string(c.hiddenSize));
+                                  std::to_string(c.hiddenSize) +
+                                  "] with width <= " + std::to_string(c.hiddenSize));
     width = projection->out;
     l.projection_ = std::move(projection);
   }

@@ -76,10 +76,10 @@ class OptGraph final : public ArchitectureGraph {
       TG_ASSIGN_OR_RETURN(projectIn_, w.linear({{name(kProjectIn), {c.hiddenSize, width}, {}}},
                                                SplitKind::kReplicated));
     }
-    TG_ASSIGN_OR_RETURN(positions_,
-                        PositionEmbedding::load(w, name(t.positionEmbed),
-                                                c.maxPositionEmbeddings + kPositionOffset,
-                                                kPositionOffset));
+    TG_ASSIGN_OR_RETURN(
+        positions_,
+        PositionEmbedding::load(w, name(t.positionEmbed), c.maxPositionEmbeddings + kPositionOffset,
+                                kPositionOffset));
     layers_.resize(c.numLayers);
     for (int64_t i = 0; i < c.numLayers; ++i) {
       Layer& l = layers_[i];

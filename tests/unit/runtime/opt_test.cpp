@@ -106,7 +106,8 @@ TEST(OptConfig, BadFieldsAreNamed) {
       {"_remove_final_layer_norm", true, StatusCode::kUnimplemented,
        "'_remove_final_layer_norm' true"},
       {"activation_function", "swiglu", StatusCode::kInvalidArgument, "'swiglu' is not supported"},
-      {"ffn_dim", -1, StatusCode::kInvalidArgument, "'intermediate_size' must be a positive integer"},
+      {"ffn_dim", -1, StatusCode::kInvalidArgument,
+       "'intermediate_size' must be a positive integer"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(k.key) + " = " + k.value.dump());
