@@ -9,9 +9,11 @@
 # the CUDA backend among them), then the kernel tests again under compute-sanitizer memcheck. With
 # --record, the half-precision references are first recorded again with transformers
 # (tools/reference/make_dtype_references.py) and the tests read those; they come back in
-# $OUT/recorded-references.tgz, to be committed under tests/reference/models. Benchmarks: bench_rms_norm, bench_tokenizer beside HF tokenizers,
+# $OUT/recorded-references.tgz, to be committed under tests/reference/models (TEXTGEN_RECORD_NAMES,
+# comma-separated, records only those fixtures). Benchmarks: bench_rms_norm, bench_tokenizer beside HF tokenizers,
 # and bench_cuda_model on a random-weight Llama-2-7B-shape checkpoint written by
-# tools/bench/make_random_model.py. --tp-bench: bench_tp (TP=1 beside TP=2) on random-weight
+# tools/bench/make_random_model.py, then on Falcon-7B and StarCoder-15B shapes (TEXTGEN_BENCH_SHAPES
+# overrides the list). --tp-bench: bench_tp (TP=1 beside TP=2) on random-weight
 # Llama-2-7B and Llama-2-13B-shape checkpoints (TEXTGEN_TP_SHAPES overrides the list);
 # TEXTGEN_CUSTOM_ALL_REDUCE=0 in the environment gives NCCL's all-reduce alone.
 set -uo pipefail
@@ -42,10 +44,10 @@ if [ $tests -eq 1 ]; then
   # (reference-*.json and any new fixture) to be committed under tests/reference/models.
   models=${TMPDIR:-/tmp}/textgen-models
   rm -rf "$models"
-  cp -r tests/reference/models "$models"
+  cp -rp tests/reference/models "$models"  # -p: only what is recorded here is newer than device.txt
   if [ $record -eq 1 ] && python3 -c "import transformers, torch" 2>/dev/null; then
     echo "== half-precision references (transformers)"
-    python3 tools/reference/make_dtype_references.py "$models" tests/reference/tokenizers/llama2 2>&1 |
+    python3 tools/reference/make_dtype_references.py "$models" tests/reference/tokenizers/llama2 ${TEXTGEN_RECORD_NAMES:-} 2>&1 |
       grep -v "Warning\|Loading weights\|Writing model" | tee "$out/dtype_references.log"
     (cd "$models" && find . -newer "$out/device.txt" -type f | tar -czf "$out/recorded-references.tgz" -T -)
   fi
@@ -57,9 +59,13 @@ if [ $tests -eq 1 ]; then
     "$t" --gtest_output="xml:$out/$name.xml" 2>&1 | tee "$out/$name.log" | grep -v "^\[       OK\|^\[ RUN"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
-  if [ -x "$here/bin/textgen-launcher" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
-    echo "== tp_fixtures (textgen-launcher --num-shard 2 on two GPUs, float32, against transformers)"
-    python3 tests/integration/tp_fixtures_test.py "$here/bin/textgen-launcher" "$models" cuda 2>&1 |
+  # Every fixture served by the launcher on the GPU: the whole model on one GPU, and --num-shard 2
+  # where there are two.
+  if [ -x "$here/bin/textgen-launcher" ]; then
+    worlds=1
+    [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && worlds=1,2
+    echo "== tp_fixtures (textgen-launcher --num-shard $worlds on the GPU, float32, against transformers)"
+    python3 tests/integration/tp_fixtures_test.py "$here/bin/textgen-launcher" "$models" cuda $worlds 2>&1 |
       tee "$out/tp_fixtures.log" | grep -v "^ok: "
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
@@ -89,6 +95,15 @@ if [ $bench -eq 1 ]; then
     for args in "--profile 1 --no-pdl" "--profile 64 --no-pdl"; do
       echo "== bench_cuda_model $args"
       "$here/bin/bench_cuda_model" --model "$model" $args 2>&1 | tee -a "$out/bench_cuda_profile.log" || true
+    done
+    # The other families' benchmark shapes (issue 15), each written, measured and removed in turn
+    # (StarCoder-15B alone is 31 GB of disk).
+    for shape in ${TEXTGEN_BENCH_SHAPES:-falcon-7b starcoder-15b}; do
+      fmodel=${TMPDIR:-/tmp}/textgen-$shape
+      python3 tools/bench/make_random_model.py "$fmodel" --shape "$shape" --dtype bfloat16 2>&1 | tail -n 1
+      echo "== bench_cuda_model ($shape shape, bfloat16)"
+      "$here/bin/bench_cuda_model" --model "$fmodel" 2>&1 | tee "$out/bench_cuda_model.$shape.log" || true
+      rm -rf "$fmodel"
     done
   fi
   # Tokenizer encode throughput beside Hugging Face tokenizers on the same documents and machine.

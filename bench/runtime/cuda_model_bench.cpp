@@ -24,6 +24,7 @@
 #include "textgen/kernels/launch.h"
 #include "textgen/runtime/model.h"
 #include "textgen/runtime/sampler.h"
+#include "textgen/runtime/weights.h"
 
 namespace {
 
@@ -85,12 +86,12 @@ double gemmPeakTflops(kernels::DType dtype) {
 // Decode-shaped GEMMs (the layer shapes of the model, `rows` rows): weight bytes streamed per
 // second by the backend's GEMM runner (the gemv kernel for one row, cuBLASLt otherwise) and by
 // cuBLASLt alone, to see how close each comes to the copy bandwidth.
-void gemvTable(const ModelConfig& c, kernels::DType dtype, double copyGBs) {
+void gemvTable(const ModelConfig& c, bool gated, kernels::DType dtype, double copyGBs) {
   const int64_t h = c.hiddenSize, qkv = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
   const std::pair<const char*, std::pair<int64_t, int64_t>> shapes[] = {
       {"qkv", {h, qkv}},
       {"o", {c.numHeads * c.headDim, h}},
-      {"gate_up", {h, 2 * c.intermediateSize}},
+      {gated ? "gate_up" : "up", {h, (gated ? 2 : 1) * c.intermediateSize}},
       {"down", {c.intermediateSize, h}},
       {"lm_head", {h, c.vocabSize}}};
   auto gemv = kernels::GemmRunner::create(nullptr, 32u << 20, true);
@@ -155,8 +156,18 @@ class Driver {
     nextBlock_ = 0;
   }
 
-  // Seconds for one forward of `rows` new tokens of each sequence in [first, first + count).
+  // Seconds for one forward of `rows` new tokens of each sequence in [first, first + count); a
+  // failed forward ends the benchmark.
   double step(int64_t first, int64_t count, int64_t rows) {
+    StatusOr<double> t = tryStep(first, count, rows);
+    if (!t.ok()) {
+      std::fprintf(stderr, "forward failed: %s\n", t.status().toString().c_str());
+      std::exit(1);
+    }
+    return *t;
+  }
+  // The same, the error returned (the batch sweep's largest batches may not fit in memory).
+  StatusOr<double> tryStep(int64_t first, int64_t count, int64_t rows) {
     const int64_t bs = cache_.blockSize();
     ForwardBatch fb;
     for (int64_t i = first; i < first + count; ++i) {
@@ -173,10 +184,7 @@ class Driver {
     const double t0 = now();
     const Status st = choose(fb);
     const double t = now() - t0;
-    if (!st.ok()) {
-      std::fprintf(stderr, "forward failed: %s\n", st.toString().c_str());
-      std::exit(1);
-    }
+    if (!st.ok()) return st;
     for (int64_t i = first; i < first + count; ++i) seqs_[i].len += rows;
     return t;
   }
@@ -202,6 +210,40 @@ class Driver {
   std::vector<Seq> seqs_;
   uint32_t nextBlock_ = 0;
 };
+
+// What the checkpoint's tensors say about a decode step, whatever the family: parameters in all,
+// those one step streams (every tensor but the token and position tables, whose one row per
+// token is left out; the head, or the token table where the head is tied to it), and whether the
+// MLP is gated.
+struct CheckpointParams {
+  double total = 0, streamed = 0;
+  bool gated = false;
+};
+
+StatusOr<CheckpointParams> checkpointParams(const std::string& dir) {
+  auto store = WeightStore::open(dir);
+  if (!store.ok()) return store.status();
+  auto endsWith = [](const std::string& s, std::string_view t) {
+    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+  };
+  const std::vector<std::string> names = (*store)->names();
+  bool separateHead = false;
+  for (const std::string& n : names)
+    separateHead |= endsWith(n, "lm_head.weight") || endsWith(n, "embed_out.weight");
+  CheckpointParams p;
+  for (const std::string& n : names) {
+    double count = 1;
+    for (int64_t d : (*store)->info(n)->shape) count *= static_cast<double>(d);
+    p.total += count;
+    const bool position = endsWith(n, "wpe.weight") || endsWith(n, "embed_positions.weight");
+    const bool tokens = endsWith(n, "embed_tokens.weight") ||
+                        endsWith(n, "word_embeddings.weight") || endsWith(n, "wte.weight") ||
+                        endsWith(n, "embed_in.weight");
+    if (!position && !(tokens && separateHead)) p.streamed += count;
+    p.gated |= n.find("gate_proj") != std::string::npos;
+  }
+  return p;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -277,16 +319,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = (*model)->config();
-  const int64_t h = c.hiddenSize, qkv = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
-  const int64_t layerParams = h * qkv + c.numHeads * c.headDim * h + 3 * h * c.intermediateSize;
-  const double weightBytes =
-      2.0 * static_cast<double>(c.numLayers * (layerParams + 2 * h) + 2 * c.vocabSize * h + h);
-  // Bytes a decode step streams: every layer weight, the head, one embedding row.
-  const double streamedBytes =
-      2.0 * static_cast<double>(c.numLayers * layerParams + c.vocabSize * h);
-  std::printf("loaded %s in %.1f s: %.2f GB of weights\n", modelDir.c_str(), now() - tLoad,
-              weightBytes / 1e9);
-  if (profileBatch == 0) gemvTable(c, dtype, copyGBs);
+  auto params = checkpointParams(modelDir);
+  if (!params.ok()) {
+    std::fprintf(stderr, "%s\n", params.status().toString().c_str());
+    return 1;
+  }
+  const int64_t h = c.hiddenSize;
+  const double weightBytes = 2.0 * params->total;
+  // Bytes a decode step streams: every layer weight and the head (plus a row per table, left out).
+  const double streamedBytes = 2.0 * params->streamed;
+  const double layerParams =
+      (params->streamed - static_cast<double>(c.vocabSize * h)) / static_cast<double>(c.numLayers);
+  std::printf("loaded %s (%s) in %.1f s: %.2f GB of weights\n", modelDir.c_str(),
+              c.architecture.c_str(), now() - tLoad, weightBytes / 1e9);
+  if (profileBatch == 0) gemvTable(c, params->gated, dtype, copyGBs);
 
   // One KV pool for every scenario: what the device has left, less 4 GiB for activations.
   size_t freeBytes = 0, total = 0;
@@ -321,6 +367,7 @@ int main(int argc, char** argv) {
   }
   json results = json::object();
   results["device"] = prop.name;
+  results["architecture"] = c.architecture;
   results["programmatic_launch"] = kernels::programmaticLaunch();
   results["copy_GBps"] = copyGBs;
   results["gemm_peak_TFLOPs"] = peak;
@@ -358,7 +405,7 @@ int main(int argc, char** argv) {
     t.erase(t.begin());  // the first run sizes the workspace and picks GEMM algorithms
     const double sec = median(t);
     const double flops = 2.0 * static_cast<double>(len) * c.numLayers * layerParams +
-                         2.0 * static_cast<double>(h) * c.vocabSize;
+                         2.0 * static_cast<double>(h) * c.vocabSize;  // the head: the last row
     std::printf("prompt %-21ld %12.2f %12.0f %9.0f%%\n", static_cast<long>(len), sec * 1e3,
                 len / sec, 100.0 * flops / sec / (peak * 1e12));
     results["prefill_" + std::to_string(len) + "_tokens_per_s"] = len / sec;
@@ -378,7 +425,13 @@ int main(int argc, char** argv) {
       continue;
     }
     for (int64_t i = 0; i < batch; ++i) d.add(prompt + steps + 8);
-    const double pre = d.step(0, batch, prompt);
+    const StatusOr<double> prefill = d.tryStep(0, batch, prompt);
+    if (!prefill.ok()) {  // the prefill's activations beside the KV pool
+      std::printf("%6ld  (%s)\n", static_cast<long>(batch), prefill.status().toString().c_str());
+      sweep.push_back({{"batch", batch}, {"error", prefill.status().toString()}});
+      continue;
+    }
+    const double pre = *prefill;
     d.step(0, batch, 1);  // warm
     std::vector<double> t;
     for (int64_t i = 0; i < steps - 1; ++i) t.push_back(d.step(0, batch, 1));

@@ -4,9 +4,10 @@ the router and gRPC: each reference prompt's greedy tokens equal transformers' (
 reference.json), and a fixture whose heads do not divide across the ranks is refused at start-up
 with a message naming the dimension.
 
-Usage: tp_fixtures_test.py LAUNCHER_BINARY MODELS_DIR [cuda]
-With `cuda` (the GPU machine, tools/gpu-run.sh): --num-shard 2 on two GPUs in float32 (NCCL and the
-one-shot all-reduce), with NCCL_DEBUG=INFO, printing the transport NCCL chose between the ranks.
+Usage: tp_fixtures_test.py LAUNCHER_BINARY MODELS_DIR [cuda [WORLDS]]
+With `cuda` (the GPU machine, tools/gpu-run.sh): in float32 on the GPUs, --num-shard of each of
+WORLDS (comma-separated, default 2: two GPUs, NCCL and the one-shot all-reduce, with NCCL_DEBUG=INFO,
+printing the transport NCCL chose between the ranks; 1: the whole model on one GPU).
 Prints "N passed, M failed" and exits non-zero on any failure.
 """
 import http.client
@@ -22,7 +23,8 @@ import threading
 LAUNCHER, MODELS = sys.argv[1:3]
 CUDA = len(sys.argv) > 3 and sys.argv[3] == "cuda"
 NCCL_LOGS = tempfile.mkdtemp(prefix="tgnccl-")  # NCCL_DEBUG_FILE: its stdout is buffered
-WORLDS = (2,) if CUDA else (2, 4)
+WORLDS = (tuple(int(w) for w in (sys.argv[4] if len(sys.argv) > 4 else "2").split(","))
+          if CUDA else (2, 4))
 FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded", "llama-hd128",
             "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "opt-pre", "opt-post-proj",
             "codellama", "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
@@ -130,7 +132,10 @@ def main():
                 if not url:
                     check(False, f"{what}: did not start: {''.join(lines)[-1500:]}")
                     continue
-                if CUDA:
+                if CUDA:  # every rank on the CUDA backend, not the CPU fallback
+                    check(sum("backend cuda, dtype float32" in l for l in lines) == world,
+                          f"{what}: {world} rank(s) on the CUDA backend")
+                if CUDA and world > 1:
                     log = "".join(lines)
                     check("one-shot peer-memory kernel" in log or "all-reduce through" in log,
                           f"{what}: " + next((l.strip() for l in lines if "all-reduce through" in l),
@@ -150,7 +155,7 @@ def main():
                     except subprocess.TimeoutExpired:
                         p.kill()
                         p.wait()
-    if CUDA:  # the transport NCCL chose between the ranks (P2P over NVLink expected)
+    if CUDA and max(WORLDS) > 1:  # the transport NCCL chose between the ranks (P2P over NVLink expected)
         vias = set()
         for f in os.listdir(NCCL_LOGS):
             for line in open(os.path.join(NCCL_LOGS, f), errors="replace"):

@@ -96,6 +96,13 @@ StatusOr<std::unique_ptr<WeightStore>> WeightStore::open(const std::string& mode
   return store;
 }
 
+std::vector<std::string> WeightStore::names() const {
+  std::vector<std::string> out;
+  out.reserve(where_.size());
+  for (const auto& [name, where] : where_) out.push_back(name);
+  return out;
+}
+
 const TensorInfo* WeightStore::info(const std::string& name) const {
   auto it = where_.find(name);
   return it == where_.end() ? nullptr : it->second.second;

@@ -30,6 +30,8 @@ class WeightStore {
 
   bool contains(const std::string& name) const { return where_.contains(name); }
   const TensorInfo* info(const std::string& name) const;
+  // Every tensor name of the checkpoint, sorted.
+  std::vector<std::string> names() const;
 
   // NOT_FOUND naming the tensor; INVALID_ARGUMENT for a shape other than `expectShape` (when given)
   // or a dtype other than F32/F16/BF16.
