@@ -2,7 +2,9 @@
 """Every model fixture served by textgen-launcher with --num-shard 2 and 4 on the CPU (Gloo), through
 the router and gRPC: each reference prompt's greedy tokens equal transformers' (the fixture's
 reference.json), and a fixture whose heads do not divide across the ranks is refused at start-up
-with a message naming the dimension.
+with a message naming the dimension. On the CPU also: a model whose padded vocabulary (MPT's and
+NeoX's config vocab_size rounds the tokenizer's up) makes it emit ids the tokenizer lacks is served
+as transformers' decode treats them (no text), with no error.
 
 Usage: tp_fixtures_test.py LAUNCHER_BINARY MODELS_DIR [cuda [WORLDS]]
 With `cuda` (the GPU machine, tools/gpu-run.sh): in float32 on the GPUs, --num-shard of each of
@@ -13,6 +15,7 @@ Prints "N passed, M failed" and exits non-zero on any failure.
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,7 +32,7 @@ FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded"
             "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "opt-pre", "opt-post-proj",
             "codellama", "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
             "bloom", "bloom-post-ln", "mpt-clip",
-            "falcon-mqa-rotary", "falcon-alibi", "falcon-new"]
+            "falcon-mqa-rotary", "falcon-alibi", "falcon-new", "falcon-new-one-norm"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 
@@ -113,7 +116,75 @@ def divides(config, world):
             (kv % world == 0 if kv >= world else world % kv == 0))
 
 
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = bytearray(f.read())
+    return header, data
+
+
+def f32_view(header, data, name):
+    begin, end = header[name]["data_offsets"]
+    return memoryview(data)[begin:end].cast("f")
+
+
+def padded_vocabulary_model(out):
+    """gptneox-parallel (vocab_size 768, tokenizer 700 ids) changed to emit id 760 at every step:
+    the final LayerNorm's weight 0 and bias b make every last hidden state b, and the head's row 760
+    is 50·b."""
+    src = os.path.join(MODELS, "gptneox-parallel")
+    shutil.copytree(src, out)
+    header, data = read_safetensors(os.path.join(src, "model.safetensors"))
+    weight = f32_view(header, data, "gpt_neox.final_layer_norm.weight")
+    bias = f32_view(header, data, "gpt_neox.final_layer_norm.bias")
+    head = f32_view(header, data, "embed_out.weight")
+    hidden = len(weight)
+    for i in range(hidden):
+        weight[i] = 0.0
+        bias[i] = 1.0 if i % 3 == 0 else -0.5
+        head[760 * hidden + i] = 50.0 * bias[i]
+    raw = json.dumps(header).encode()
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw + bytes(data))
+    return out
+
+
+def padded_vocabulary():
+    model = padded_vocabulary_model(os.path.join(tempfile.mkdtemp(prefix="tgpad-"), "model"))
+    p, url, lines = serve(model, 2)
+    try:
+        if not url:
+            check(False, f"padded vocabulary: did not start: {''.join(lines)[-1500:]}")
+            return
+        status, body = generate(url, "Hello world")
+        tokens = body.get("details", {}).get("tokens", [])
+        check(status == 200 and len(tokens) == NEW_TOKENS and all(t["id"] == 760 for t in tokens)
+              and all(t["text"] == "" for t in tokens) and body.get("generated_text") == "",
+              f"padded vocabulary: id 760 (past the tokenizer's 700) served as no text: {status} "
+              f"{json.dumps(body)[:400]}")
+        host, port = url.replace("http://", "").rsplit(":", 1)
+        c = http.client.HTTPConnection(host, int(port), timeout=120)
+        c.request("POST", "/generate_stream", json.dumps({"inputs": "Hello", "parameters": {
+            "max_new_tokens": 4}}), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        events = [json.loads(l[5:]) for l in r.read().decode().splitlines() if l.startswith("data:")]
+        check(r.status == 200 and len(events) == 4 and events[-1].get("generated_text") == ""
+              and all(e["token"]["id"] == 760 for e in events),
+              f"padded vocabulary: streamed, 4 events, the last with generated_text '': {r.status} "
+              f"{events[-1:] if events else events}")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def main():
+    if not CUDA:
+        padded_vocabulary()
     for name in FIXTURES:
         model = os.path.join(MODELS, name)
         ref = json.load(open(os.path.join(model, "reference.json")))

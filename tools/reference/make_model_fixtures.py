@@ -238,6 +238,13 @@ def family_jobs(tokenizers_root):
             bias=False, alibi=False,
             layer_norm_epsilon=1e-5, max_position_embeddings=256,
             bos_token_id=11, eos_token_id=11), 25, None, tok("falcon")),
+        # Falcon2-11B's variant: the new decoder with one input_layernorm for both branches.
+        ("falcon-new-one-norm", FalconForCausalLM, lambda: FalconConfig(
+            vocab_size=vocab("falcon"), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_kv_heads=2, new_decoder_architecture=True, num_ln_in_parallel_attn=1,
+            ffn_hidden_size=128, parallel_attn=True, bias=False, alibi=False,
+            layer_norm_epsilon=1e-5, max_position_embeddings=256,
+            bos_token_id=11, eos_token_id=11), 33, None, tok("falcon")),
         # BLOOM: ALiBi, LayerNorm on the word embeddings, GELU (tanh), tied head.
         ("bloom", BloomForCausalLM, lambda: BloomConfig(
             vocab_size=vocab("bloom"), hidden_size=64, n_layer=2, n_head=4, layer_norm_epsilon=1e-5,

@@ -858,7 +858,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          "opt-post-proj", "codellama", "gptneox-parallel",
                                          "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
                                          "bloom", "bloom-post-ln", "mpt-clip", "falcon-mqa-rotary",
-                                         "falcon-alibi", "falcon-new"),
+                                         "falcon-alibi", "falcon-new", "falcon-new-one-norm"),
                        ::testing::ValuesIn(kWorlds), ::testing::ValuesIn(kDtypes)),
     [](const auto& param) {
       std::string name = std::get<0>(param.param);
