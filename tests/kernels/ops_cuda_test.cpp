@@ -710,6 +710,17 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 6, 3, 80, 16, 0, 200, 1}, rng_);     // head size 80 (partial lanes)
     runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1}, rng_);       // tiny heads
     runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1}, rng_);  // a large decode batch
+    // Groups of 8 or more query heads per KV head, as Falcon-7B (71 over one), StarCoder (48 over
+    // one) and 20 over 2: with few rows one head a block; with rows x heads past 8 blocks per SM
+    // (32 x 71, 32 x 48, 64 x 20, 80 x 16, 64 x 21: any GPU up to 160 SMs) tiles of 8 heads sharing
+    // each key load, the last tile of a group short.
+    runAttention({dt, 1, 71, 1, 64, 16, 0, 2100, 1}, rng_);
+    runAttention({dt, 32, 71, 1, 64, 16, 0, 700, 1}, rng_);
+    runAttention({dt, 32, 48, 1, 128, 16, 0, 500, 1}, rng_);
+    runAttention({dt, 64, 20, 2, 64, 16, 0, 300, 1}, rng_);
+    runAttention({dt, 2, 6, 1, 32, 8, 0, 300, 1}, rng_);
+    runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1}, rng_);
+    runAttention({dt, 80, 16, 2, 64, 16, 50, 300, 1}, rng_);  // tiles, sliding window
   }
 }
 
@@ -734,6 +745,8 @@ TEST_F(OpsCudaTest, PagedAttentionAlibiDecodeSplitK) {
     runAttention({dt, 2, 6, 3, 80, 16, 0, 200, 1, true}, rng_);      // head size 80
     runAttention({dt, 2, 12, 4, 32, 8, 0, 120, 1, true}, rng_);      // 12 heads, tiny head size
     runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1, true}, rng_);   // a large decode batch
+    runAttention({dt, 2, 21, 1, 64, 16, 0, 500, 1, true},
+                 rng_);  // tiles of 8, 8, 5: each its slopes
   }
 }
 
