@@ -156,7 +156,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromGpt2Files(const Gpt2Files& f
     TG_ASSIGN_OR_RETURN(Json root, gpt2TokenizerJson(files));
     auto tok = load(root.dump(), files.tokenizerConfigJson);
     if (!tok.ok() && !tok.status().message().starts_with("tokenizer_config.json")) {
-      return invalidArgumentError("the tokenizer built from vocab.json + merges.txt: " +
+      return invalidArgumentError("vocab.json + merges.txt: the tokenizer built from them: " +
                                   std::string(tok.status().message()));
     }
     return tok;

@@ -124,6 +124,9 @@ TEST(SlowTokenizerTest, RefusesMalformedFilesNamingThem) {
       {R"({"a": 16777216})", m, c, "", "vocab.json: the id of 'a' is not an integer in [0, "},
       {R"({"a": 99999999999999999999})", m, c, "", "vocab.json: the id of 'a'"},
       {R"({"a": 4, "b": 4})", m, c, "", "vocab.json: id 4 is given twice"},
+      // A new token's id is one past the largest so far (bos "a"), here past the bound.
+      {R"({"a": 16777215})", "", R"({"bos_token": "a", "eos_token": "b"})", "",
+       "vocab.json + merges.txt: the tokenizer built from them: tokenizer.json /added_tokens/1"},
       {v, "a b c\n", c, "", "merges.txt: line 1: expected two tokens"},
       {v, "ab\n", c, "", "merges.txt: line 1: expected two tokens"},
       {v, "a  b\n", c, "", "merges.txt: line 1: expected two tokens"},
