@@ -129,11 +129,12 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromDirectory(const std::string&
   // GPT2Tokenizer (OPT's), the class AutoTokenizer picks from tokenizer_class, else model_type.
   TG_ASSIGN_OR_RETURN(std::string cls, slowTokenizerClass(dir, configText));
   if (cls != "GPT2Tokenizer" && cls != "GPT2TokenizerFast") {
-    return notFoundError(dir + "/tokenizer.json: not found, and " +
-                         (cls.empty() ? std::string("no tokenizer class is named")
-                                      : "tokenizer class '" + cls + "'") +
-                         " cannot be built from slow tokenizer files (textgen converts only "
-                         "GPT2Tokenizer's vocab.json + merges.txt)");
+    const std::string why =
+        cls.empty() ? "neither tokenizer_config.json's tokenizer_class nor config.json's "
+                      "model_type names a GPT2Tokenizer"
+                    : "tokenizer class '" + cls + "' cannot be built from slow tokenizer files";
+    return notFoundError(dir + "/tokenizer.json: not found, and " + why +
+                         " (textgen builds only GPT2Tokenizer from vocab.json + merges.txt)");
   }
   std::string files[3];  // vocab.json, merges.txt (required), special_tokens_map.json (optional)
   const char* names[3] = {"vocab.json", "merges.txt", "special_tokens_map.json"};
