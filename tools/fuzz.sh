@@ -17,10 +17,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 build=${FUZZ_BUILD:-build-fuzz}
-targets=(safetensors model_config shard_rpc tokenizer_encode tokenizer_json router_request
-         router_routes)
+targets=(safetensors model_config shard_rpc tokenizer_encode tokenizer_json tokenizer_slow
+         router_request router_routes)
 declare -A dicts=([safetensors]=safetensors.dict [model_config]=model_config.dict
-                  [tokenizer_json]=tokenizer_json.dict [router_request]=router.dict
+                  [tokenizer_json]=tokenizer_json.dict [tokenizer_slow]=tokenizer_slow.dict
+                  [router_request]=router.dict
                   [router_routes]=router.dict)
 
 die() { echo "fuzz.sh: $*" >&2; exit 1; }
@@ -179,6 +180,7 @@ cmd_pack() {
     tests/reference/models/llama-gqa/{tokenizer.json,tokenizer_config.json} \
     "$dest/fixtures/models/llama-gqa/"
   for t in tests/reference/tokenizers/*/; do
+    [ -f "$t"tokenizer.json ] || continue  # opt-slow: tokenizer_slow needs no fixture
     mkdir -p "$dest/fixtures/tokenizers/$(basename "$t")"
     cp "$t"tokenizer*.json "$dest/fixtures/tokenizers/$(basename "$t")/"
   done

@@ -220,6 +220,29 @@ def tokenizer_json_corpus():
     write("tokenizer_json", "{}", "empty-object")
 
 
+# ---- tokenizer_slow: vocab.json NUL merges.txt [NUL tokenizer_config.json [NUL special_tokens_map.json]] ----
+def tokenizer_slow_corpus():
+    d = os.path.join(REF, "tokenizers", "opt-slow")
+    read = lambda name: open(os.path.join(d, name), "rb").read()
+    vocab = json.loads(read("vocab.json"))
+    keep = {k: v for k, v in vocab.items() if v < 300}
+    merges = [line for line in read("merges.txt").decode().split("\n")[1:] if line]
+    kept = [m for m in merges if all(p in keep for p in (*m.split(" "), m.replace(" ", "")))]
+    v = json.dumps(keep, ensure_ascii=False, separators=(",", ":")).encode()
+    m = ("#version: 0.2\n" + "\n".join(kept) + "\n").encode()
+    cfg, smap = read("tokenizer_config.json"), read("special_tokens_map.json")
+    write("tokenizer_slow", v + b"\0" + m, "opt")
+    write("tokenizer_slow", v + b"\0" + m + b"\0" + compact(json.loads(cfg)).encode(), "opt-config")
+    write("tokenizer_slow", b"\0".join([v, m, compact(json.loads(cfg)).encode(),
+                                         compact(json.loads(smap)).encode()]), "opt-config-map")
+    extra = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": True, "add_eos_token": True,
+             "bos_token": "<s>", "mask_token": "<mask>", "additional_special_tokens": ["<|x|>"],
+             "added_tokens_decoder": {"5": {"content": "<|y|>", "lstrip": True, "special": False}}}
+    write("tokenizer_slow", v + b"\0" + m.replace(b"\n", b"\r\n") + b"\0" + compact(extra).encode(),
+          "opt-crlf-options")
+    write("tokenizer_slow", b'{"a":0,"b":1,"ab":2}\0a b\n', "tiny")
+
+
 # ---- router_request: request bodies ----
 REQUESTS = [
     {"inputs": "The quick brown fox"},
@@ -368,6 +391,7 @@ def main():
     model_config_corpus()
     tokenizer_encode_corpus()
     tokenizer_json_corpus()
+    tokenizer_slow_corpus()
     router_request_corpus()
     router_routes_corpus()
     shard_rpc_corpus()

@@ -24,7 +24,8 @@ if [ ${#targets[@]} -eq 0 ]; then
   for b in "$here"/bin/fuzz_*; do targets+=("$(basename "$b" | sed 's/^fuzz_//')"); done
 fi
 declare -A dicts=([safetensors]=safetensors.dict [model_config]=model_config.dict
-                  [tokenizer_json]=tokenizer_json.dict [router_request]=router.dict
+                  [tokenizer_json]=tokenizer_json.dict [tokenizer_slow]=tokenizer_slow.dict
+                  [router_request]=router.dict
                   [router_routes]=router.dict)
 export TEXTGEN_FUZZ_FIXTURES="$here/fixtures"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -2,6 +2,7 @@
 
 #include "added_vocabulary.h"
 #include "components.h"
+#include "slow_tokenizer.h"
 #include "textgen/base/file.h"
 #include "textgen/base/json.h"
 #include "unicode.h"
@@ -89,6 +90,27 @@ StatusOr<TokenizerConfig> parseConfig(std::string_view text) {
   return config;
 }
 
+// The class AutoTokenizer would pick for a directory without tokenizer.json:
+// tokenizer_config.json's tokenizer_class, else GPT2Tokenizer for config.json's model_type "opt" or
+// "gpt2" (Hub OPT checkpoints name no class). Empty when neither says.
+StatusOr<std::string> slowTokenizerClass(const std::string& dir, std::string_view configText) {
+  if (!configText.empty()) {
+    TG_ASSIGN_OR_RETURN(TokenizerConfig c, parseConfig(configText));
+    if (!c.tokenizerClass.empty()) return c.tokenizerClass;
+  }
+  auto model = readRegularFile(dir + "/config.json");
+  if (!model.ok()) {
+    if (model.status().code() == StatusCode::kNotFound) return std::string();
+    return model.status();
+  }
+  TG_ASSIGN_OR_RETURN(Json m, parseJson(*model, "config.json"));
+  if (!m.is_object()) return invalidArgumentError("config.json: not a JSON object");
+  auto type = m.find("model_type");
+  if (type != m.end() && type->is_string() && (*type == "opt" || *type == "gpt2"))
+    return std::string("GPT2Tokenizer");
+  return std::string();
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -96,10 +118,52 @@ Tokenizer::~Tokenizer() = default;
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromDirectory(const std::string& dir) {
   // Regular files only, of bounded size: a FIFO or a device in the directory is an error.
-  TG_ASSIGN_OR_RETURN(std::string json, readRegularFile(dir + "/tokenizer.json"));
+  auto json = readRegularFile(dir + "/tokenizer.json");
   auto config = readRegularFile(dir + "/tokenizer_config.json");  // optional
   if (!config.ok() && config.status().code() != StatusCode::kNotFound) return config.status();
-  return fromJson(json, config.ok() ? *config : std::string());
+  const std::string configText = config.ok() ? *config : std::string();
+  if (json.ok()) return fromJson(*json, configText);
+  if (json.status().code() != StatusCode::kNotFound) return json.status();
+
+  // No tokenizer.json: transformers converts the slow tokenizer's files; textgen does so for
+  // GPT2Tokenizer (OPT's), the class AutoTokenizer picks from tokenizer_class, else model_type.
+  TG_ASSIGN_OR_RETURN(std::string cls, slowTokenizerClass(dir, configText));
+  if (cls != "GPT2Tokenizer" && cls != "GPT2TokenizerFast") {
+    const std::string why =
+        cls.empty() ? "neither tokenizer_config.json's tokenizer_class nor config.json's "
+                      "model_type names a GPT2Tokenizer"
+                    : "tokenizer class '" + cls + "' cannot be built from slow tokenizer files";
+    return notFoundError(dir + "/tokenizer.json: not found, and " + why +
+                         " (textgen builds only GPT2Tokenizer from vocab.json + merges.txt)");
+  }
+  std::string files[3];  // vocab.json, merges.txt (required), special_tokens_map.json (optional)
+  const char* names[3] = {"vocab.json", "merges.txt", "special_tokens_map.json"};
+  for (int i = 0; i < 3; ++i) {
+    auto text = readRegularFile(dir + "/" + names[i]);
+    if (text.ok()) {
+      files[i] = std::move(*text);
+    } else if (text.status().code() != StatusCode::kNotFound) {
+      return text.status();
+    } else if (i < 2) {
+      return notFoundError(dir + "/" + names[i] + ": not found; a " + cls +
+                           " without tokenizer.json needs vocab.json and merges.txt");
+    }
+  }
+  return fromGpt2Files({files[0], files[1], configText, files[2]});
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromGpt2Files(const Gpt2Files& files) {
+  try {
+    TG_ASSIGN_OR_RETURN(Json root, gpt2TokenizerJson(files));
+    auto tok = load(root.dump(), files.tokenizerConfigJson);
+    if (!tok.ok() && !tok.status().message().starts_with("tokenizer_config.json")) {
+      return invalidArgumentError("vocab.json + merges.txt: the tokenizer built from them: " +
+                                  std::string(tok.status().message()));
+    }
+    return tok;
+  } catch (const std::exception& e) {
+    return invalidArgumentError(std::string("vocab.json + merges.txt: ") + e.what());
+  }
 }
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromJson(std::string_view tokenizerJson,

@@ -12,9 +12,14 @@ add_bos_token / add_eos_token (see llama_post_processor below).
 
 Run where `tokenizers` and `sentencepiece` are installed (the GPU machine):
     python3 tools/reference/make_tokenizer_fixtures.py OUT_DIR [FAMILIES]
+The "opt-slow" family (vocab.json + merges.txt without tokenizer.json, converted by transformers'
+AutoTokenizer) also needs transformers and the "opt" family's tokenizer.json in OUT_DIR; on this CPU:
+    bash tools/reference/sid-python.sh tools/reference/make_tokenizer_fixtures.py \
+        tests/reference/tokenizers opt-slow
 FAMILIES (comma-separated) rebuilds only those; meta.json keeps the other families' entries.
-Writes OUT_DIR/<family>/{tokenizer.json,tokenizer_config.json,cases.jsonl,decode_random.jsonl} and
-OUT_DIR/meta.json. Deterministic for a given tokenizers/sentencepiece version.
+Writes OUT_DIR/<family>/{tokenizer.json,tokenizer_config.json,cases.jsonl,decode_random.jsonl}
+(opt-slow: vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json, config.json
+instead of the first two) and OUT_DIR/meta.json. Deterministic for a given tokenizers/sentencepiece version.
 """
 import json
 import os
@@ -589,6 +594,12 @@ def record(name, tok, config, cases, outdir, rng):
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     if config.get("tokenizer_class") in ("LlamaTokenizer", "LlamaTokenizerFast"):
         tok.post_processor = llama_post_processor(tok, config)
+    return record_cases(d, tok, cases, rng)
+
+
+def record_cases(d, tok, cases, rng):
+    """Writes d/cases.jsonl and d/decode_random.jsonl from a `tokenizers` Tokenizer (what TGI's router
+    encodes and decodes with)."""
     with open(os.path.join(d, "cases.jsonl"), "w", encoding="utf-8") as f:
         for text in cases:
             enc = tok.encode(text, add_special_tokens=True)
@@ -612,6 +623,44 @@ def record(name, tok, config, cases, outdir, rng):
                    "decode_skip_special": tok.decode(ids, skip_special_tokens=True)}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return len(cases)
+
+
+def opt_slow_token(content):
+    return {"content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": True, "__type": "AddedToken"}
+
+
+def record_opt_slow(outdir, cases, rng):
+    """facebook/opt-*'s files without tokenizer.json: vocab.json + merges.txt (the trained "opt"
+    family's vocabulary and merges), tokenizer_config.json and special_tokens_map.json shaped as
+    facebook/opt-125m's (no tokenizer_class: AutoTokenizer picks GPT2Tokenizer from config.json's
+    model_type "opt"; </s> as bos, eos and unk, <pad>, add_bos_token). Recorded with the backend
+    tokenizer that transformers' AutoTokenizer builds from that directory. Needs transformers
+    (tools/reference/sid-python.sh) and OUT_DIR/opt/tokenizer.json."""
+    from transformers import AutoTokenizer
+    src = json.load(open(os.path.join(outdir, "opt", "tokenizer.json"), encoding="utf-8"))
+    d = os.path.join(outdir, "opt-slow")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(src["model"]["vocab"], f, ensure_ascii=False)
+    with open(os.path.join(d, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n")
+        for m in src["model"]["merges"]:
+            f.write((m if isinstance(m, str) else " ".join(m)) + "\n")
+    config = {"errors": "replace", "unk_token": opt_slow_token("</s>"),
+              "bos_token": opt_slow_token("</s>"), "eos_token": opt_slow_token("</s>"),
+              "pad_token": opt_slow_token("<pad>"), "add_prefix_space": False, "add_bos_token": True,
+              "special_tokens_map_file": None, "name_or_path": "patrickvonplaten/opt-30b"}
+    special_map = {k: {f: v for f, v in config[k].items() if f != "__type"}
+                   for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    for name, obj in (("tokenizer_config.json", config), ("special_tokens_map.json", special_map),
+                      ("config.json", {"architectures": ["OPTForCausalLM"], "model_type": "opt"})):
+        with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False, indent=2)
+    auto = AutoTokenizer.from_pretrained(d)
+    assert type(auto).__name__ == "GPT2Tokenizer", type(auto).__name__
+    tok = auto.backend_tokenizer
+    return record_cases(d, tok, cases, rng), tok.get_vocab_size(True)
 
 
 def main():
@@ -671,6 +720,16 @@ def main():
     family("falcon", lambda: train_falcon(corpus), falcon_config())
     family("opt", lambda: train_opt(corpus), opt_config())
     family("starcoder", lambda: train_starcoder(corpus), starcoder_config())
+    if only is None or "opt-slow" in only:
+        try:
+            import transformers
+            n, vocab = record_opt_slow(outdir, cases, random.Random(zlib.crc32(b"opt-slow") ^ SEED))
+            meta["families"]["opt-slow"] = {"cases": n, "vocab": vocab,
+                                            "transformers": transformers.__version__}
+            print(f"opt-slow: {n} cases, vocab {vocab}")
+        except Exception:
+            traceback.print_exc()
+            meta["families"]["opt-slow"] = {"error": traceback.format_exc(limit=3)}
 
     if only is not None:  # keep the families not rebuilt
         path = os.path.join(outdir, "meta.json")

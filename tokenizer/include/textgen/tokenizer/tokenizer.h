@@ -33,10 +33,23 @@ struct TokenizerConfig {
   std::optional<uint64_t> modelMaxLength;
 };
 
+// The files of a slow GPT2Tokenizer, which Hub OPT checkpoints ship instead of tokenizer.json.
+struct Gpt2Files {
+  std::string_view vocabJson;             // vocab.json
+  std::string_view mergesTxt;             // merges.txt
+  std::string_view tokenizerConfigJson;   // tokenizer_config.json; may be empty
+  std::string_view specialTokensMapJson;  // special_tokens_map.json; may be empty
+};
+
 class Tokenizer {
  public:
-  // Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json.
+  // Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. Without tokenizer.json,
+  // a GPT2Tokenizer (tokenizer_config.json's tokenizer_class, or config.json's model_type "opt" or
+  // "gpt2" when the config names no class) is built from DIR/vocab.json + DIR/merges.txt as
+  // transformers builds it; any other class is refused, naming the missing tokenizer.json.
   static StatusOr<std::unique_ptr<Tokenizer>> fromDirectory(const std::string& dir);
+  // From the contents of a slow GPT2Tokenizer's files (see fromDirectory).
+  static StatusOr<std::unique_ptr<Tokenizer>> fromGpt2Files(const Gpt2Files& files);
   // From the files' contents; configJson may be empty.
   static StatusOr<std::unique_ptr<Tokenizer>> fromJson(std::string_view tokenizerJson,
                                                        std::string_view configJson = {});
