@@ -4,7 +4,9 @@ the router and gRPC: each reference prompt's greedy tokens equal transformers' (
 reference.json), and a fixture whose heads do not divide across the ranks is refused at start-up
 with a message naming the dimension. On the CPU also: a model whose padded vocabulary (MPT's and
 NeoX's config vocab_size rounds the tokenizer's up) makes it emit ids the tokenizer lacks is served
-as transformers' decode treats them (no text), with no error.
+as transformers' decode treats them (no text), with no error; and opt-pre with hub OPT's tokenizer
+files (vocab.json + merges.txt, no tokenizer.json: the opt-slow tokenizer fixture) encodes each
+prompt as transformers did and generates its tokens.
 
 Usage: tp_fixtures_test.py LAUNCHER_BINARY MODELS_DIR [cuda [WORLDS]]
 With `cuda` (the GPU machine, tools/gpu-run.sh): in float32 on the GPUs, --num-shard of each of
@@ -182,9 +184,46 @@ def padded_vocabulary():
             p.wait()
 
 
+def slow_tokenizer_files():
+    model = os.path.join(tempfile.mkdtemp(prefix="tgslow-"), "opt-pre")
+    shutil.copytree(os.path.join(MODELS, "opt-pre"), model)
+    os.remove(os.path.join(model, "tokenizer.json"))
+    slow = os.path.join(os.path.dirname(os.path.abspath(MODELS)), "tokenizers", "opt-slow")
+    for f in ("vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(slow, f), model)
+    ref = json.load(open(os.path.join(model, "reference.json")))
+    p, url, lines = serve(model, 2)
+    try:
+        if not url:
+            check(False, f"opt-pre with vocab.json + merges.txt: did not start: {''.join(lines)[-1500:]}")
+            return
+        for prompt in ref["prompts"]:
+            host, port = url.replace("http://", "").rsplit(":", 1)
+            c = http.client.HTTPConnection(host, int(port), timeout=120)
+            c.request("POST", "/generate", json.dumps({"inputs": prompt["text"], "parameters": {
+                "max_new_tokens": NEW_TOKENS, "details": True, "decoder_input_details": True}}),
+                {"Content-Type": "application/json"})
+            r = c.getresponse()
+            body = json.loads(r.read())
+            ids = [t["id"] for t in body.get("details", {}).get("prefill", [])]
+            got = [t["id"] for t in body.get("details", {}).get("tokens", [])]
+            check(r.status == 200 and ids == prompt["input_ids"] and got == prompt["greedy"][:len(got)]
+                  and len(got) >= 1,
+                  f"opt-pre with vocab.json + merges.txt: '{prompt['text'][:24]}' encoded and "
+                  f"generated as transformers ({r.status}, {len(got)} tokens)")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def main():
     if not CUDA:
         padded_vocabulary()
+        slow_tokenizer_files()
     for name in FIXTURES:
         model = os.path.join(MODELS, name)
         ref = json.load(open(os.path.join(model, "reference.json")))
