@@ -133,7 +133,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::fromDirectory(const std::string&
         cls.empty() ? "neither tokenizer_config.json's tokenizer_class nor config.json's "
                       "model_type names a GPT2Tokenizer"
                     : "tokenizer class '" + cls + "' cannot be built from slow tokenizer files";
-    return notFoundError(dir + "/tokenizer.json: not found, and " + why +
+    return notFoundError(std::string(json.status().message()) + "; and " + why +
                          " (textgen builds only GPT2Tokenizer from vocab.json + merges.txt)");
   }
   std::string files[3];  // vocab.json, merges.txt (required), special_tokens_map.json (optional)
