@@ -61,7 +61,7 @@ const FlagSpec kFlags[] = {
     {"revision", Kind::kValue},
     {"sharded", Kind::kValue},
     {"num-shard", Kind::kValue},
-    {"quantize", Kind::kUnsupported, "quantization is not implemented yet"},
+    {"quantize", Kind::kValue},  // the shard checks it against the checkpoint's format
     {"dtype", Kind::kValue},
     {"max-concurrent-requests", Kind::kRouter},
     {"max-best-of", Kind::kRouter},
@@ -307,6 +307,15 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
         "--trust-remote-code is refused: textgen never runs code from a model repository; "
         "it serves the architectures it implements from their weights alone");
   }
+  // TGI's --quantize values: the pre-quantized formats are served (the shard checks the
+  // checkpoint's quantization_config), quantizing at load is not implemented yet.
+  if (p.values.contains("quantize")) {
+    const std::string q = p.get("quantize", "");
+    if (q != "gptq" && q != "awq")
+      return usage("--quantize " + q +
+                   " is not supported yet: pre-quantized gptq and awq checkpoints are served; "
+                   "quantizing at load (bitsandbytes, eetq, fp8, marlin) is not implemented");
+  }
   // --shards-only's flags need it; the router's flags are refused with it (it starts no router).
   const bool shardsOnly = p.switches.contains("shards-only");
   for (const std::string& name : p.onCommandLine) {
@@ -351,7 +360,7 @@ std::vector<std::string> shardArgs(const Parsed& p, const fs::path& modelDir,
   std::vector<std::string> args{(selfDir() / "textgen-shard").string(), "--model-id",
                                 modelDir.string(), "--log-level", p.get("log-level", "info")};
   // --dtype etc.: the shard checks them against its device.
-  for (const char* flag : {"dtype", "cuda-graphs", "cuda-memory-fraction"}) {
+  for (const char* flag : {"dtype", "quantize", "cuda-graphs", "cuda-memory-fraction"}) {
     if (p.values.contains(flag)) {
       args.push_back(std::string("--") + flag);
       args.push_back(p.get(flag, ""));

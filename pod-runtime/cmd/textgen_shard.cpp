@@ -2,6 +2,7 @@
 //
 //   textgen-shard --model-id DIR [--uds-path PATH | --port N] [--block-size 16]
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
+//                 [--quantize gptq|awq]
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
 //                 [--shard-urls ADDR,ADDR,...] [--collective-timeout SECONDS]
@@ -52,6 +53,7 @@ struct Flags {
   std::string modelId;
   std::string revision;
   std::string dtype;
+  std::string quantize;  // TGI's --quantize: only a pre-quantized checkpoint's own format today
   std::string udsPath;
   int port = -1;
   int64_t blockSize = 16;
@@ -105,6 +107,8 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       TG_ASSIGN_OR_RETURN(f.revision, value());
     } else if (a == "--dtype") {
       TG_ASSIGN_OR_RETURN(f.dtype, value());
+    } else if (a == "--quantize") {
+      TG_ASSIGN_OR_RETURN(f.quantize, value());
     } else if (a == "--uds-path") {
       TG_ASSIGN_OR_RETURN(f.udsPath, value());
     } else if (a == "--port") {
@@ -244,6 +248,27 @@ StatusOr<std::unique_ptr<runtime::Backend>> pickBackend(const Flags& f) {
   return runtime::makeCpuBackend(f.threads);
 }
 
+// --quantize names the checkpoint's own pre-quantized format (config.json's quantization_config),
+// which is recognised without the flag too; quantizing a dense checkpoint at load is not
+// implemented yet.
+Status checkQuantize(const Flags& f, const runtime::ModelConfig& c) {
+  if (f.quantize.empty()) return okStatus();
+  if (f.quantize != "gptq" && f.quantize != "awq")
+    return invalidArgumentError("--quantize " + f.quantize +
+                                ": not implemented yet (pre-quantized gptq and awq checkpoints "
+                                "are served)");
+  if (!c.quantization.quantized())
+    return invalidArgumentError("--quantize " + f.quantize +
+                                ": config.json has no quantization_config (a pre-quantized "
+                                "checkpoint is needed; quantizing at load is not implemented "
+                                "yet)");
+  if (f.quantize != toString(c.quantization.method))
+    return invalidArgumentError("--quantize " + f.quantize +
+                                " contradicts config.json's quantization_config.quant_method '" +
+                                std::string(toString(c.quantization.method)) + "'");
+  return okStatus();
+}
+
 StatusOr<kernels::DType> pickDtype(const Flags& f, const runtime::ModelConfig& c, bool cuda) {
   if (f.dtype == "float32") return kernels::DType::kF32;
   if (f.dtype == "float16" || f.dtype == "bfloat16") {
@@ -307,6 +332,7 @@ int run(int argc, char** argv) {
   const bool cuda = std::string((*backend)->name()) == "cuda";
   auto config = runtime::loadArchitectureConfig(f.modelId);
   if (!config.ok()) return fail(config.status().withContext("loading " + f.modelId));
+  if (auto s = checkQuantize(f, *config); !s.ok()) return fail(s);
   auto dtype = pickDtype(f, *config, cuda);
   if (!dtype.ok()) return fail(dtype.status());
   // CUDA: 0 sizes the pool from free device memory at Warmup.

@@ -135,6 +135,18 @@ def model_config_corpus():
         "negative": {"num_hidden_layers": -1},
         "float-sizes": {"hidden_size": 64.0},
         "unknown-arch": {"architectures": ["GPT2LMHeadModel"]},
+        # quantization_config (issue 16): accepted GPT-Q / AWQ, then each way to refuse one.
+        "gptq-v2-one-group": {"quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": -1,
+                                                      "desc_act": False, "sym": True,
+                                                      "checkpoint_format": "gptq_v2"}},
+        "awq-autoawq": {"quantization_config": {"quant_method": "awq", "w_bit": 4, "q_group_size": 128,
+                                                "zero_point": False, "version": "GEMM"}},
+        "gptq-3-bit": {"quantization_config": {"quant_method": "gptq", "bits": 3, "group_size": 128}},
+        "gptq-marlin-format": {"quantization_config": {"quant_method": "gptq", "bits": 4, "format": "marlin"}},
+        "awq-gemv": {"quantization_config": {"quant_method": "awq", "bits": 4, "version": "gemv"}},
+        "awq-bits-disagree": {"quantization_config": {"quant_method": "awq", "bits": 4, "w_bit": 8}},
+        "quant-bitsandbytes": {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+        "quant-not-object": {"quantization_config": "gptq"},
     }
     for name, change in variants.items():
         cfg = dict(base)

@@ -1,6 +1,7 @@
 // config.json (and generation_config.json) to typed hyper-parameters. The input is config.json,
 // optionally followed by a NUL byte and generation_config.json. An accepted config must give values
-// the model code can use: the derived sizes and RoPE's frequencies are computed from it.
+// the model code can use: the derived sizes and RoPE's frequencies are computed from it, and a
+// quantization_config a format the dequantizer reads (bits and group size in range).
 #include <cmath>
 
 #include "fuzz_util.h"
@@ -31,6 +32,16 @@ void checkAccepted(const textgen::runtime::ModelConfig* c) {
     for (float f : inv)
       FUZZ_CHECK(std::isfinite(f), "an inverse frequency of " + std::to_string(f));
   }
+  const QuantizationConfig& q = c->quantization;
+  switch (q.method) {
+    case QuantMethod::kNone: break;
+    case QuantMethod::kGptq:
+      FUZZ_CHECK(q.bits == 4 || q.bits == 8, "GPT-Q bits " + std::to_string(q.bits));
+      break;
+    case QuantMethod::kAwq: FUZZ_CHECK(q.bits == 4, "AWQ bits " + std::to_string(q.bits)); break;
+  }
+  FUZZ_CHECK(q.groupSize >= 0 && q.groupSize <= (int64_t{1} << 20),
+             "group size " + std::to_string(q.groupSize));
 }
 
 }  // namespace

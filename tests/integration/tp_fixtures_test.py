@@ -34,7 +34,8 @@ FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded"
             "llama-rope-llama3", "llama-rope-yarn", "llama-bias-gelu", "opt-pre", "opt-post-proj",
             "codellama", "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
             "bloom", "bloom-post-ln", "mpt-clip",
-            "falcon-mqa-rotary", "falcon-alibi", "falcon-new", "falcon-new-one-norm"]
+            "falcon-mqa-rotary", "falcon-alibi", "falcon-new", "falcon-new-one-norm",
+            "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 
@@ -66,6 +67,11 @@ def serve_once(model, world):
     cmd = [LAUNCHER, "--model-id", model, "--num-shard", str(world), "--port", str(free_port()),
            "--hostname", "127.0.0.1", "--master-port", str(free_port()),
            "--shard-uds-path", tempfile.mktemp(prefix="tgfx-"), "--kv-cache-memory", str(256 << 20)]
+    # A pre-quantized fixture is served with TGI's --quantize naming its format (accepted when it
+    # matches config.json's quantization_config).
+    quant = json.load(open(os.path.join(model, "config.json"))).get("quantization_config")
+    if quant:
+        cmd += ["--quantize", quant["quant_method"]]
     if CUDA:
         cmd += ["--dtype", "float32"]
         env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_NVLS_ENABLE="0",

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "loader/dequantize.h"
+
 namespace textgen::runtime {
 
 std::string biasName(const std::string& weight) {
@@ -65,12 +67,30 @@ StatusOr<Tensor> selectRows(const WeightLoader::Part& p, const Tensor& whole) {
 
 }  // namespace
 
+bool WeightLoader::quantized(const std::string& name) const {
+  return !store_.contains(name) && store_.contains(quantizedPrefix(name) + ".qweight");
+}
+
+StatusOr<Tensor> WeightLoader::dequantized(const Part& p) const {
+  if (p.shape.size() != 2)
+    return invalidArgumentError("weight '" + p.name + "': a quantized tensor must be 2-D");
+  TG_ASSIGN_OR_RETURN(Tensor whole,
+                      dequantizeLinear(store_, config_.quantization, quantizedPrefix(p.name),
+                                       p.shape[0], p.shape[1], dtype_));
+  // The dense path's slicing: every row selected when the part selects none.
+  Part all = p;
+  if (all.select.period <= 0) all.select = {p.shape[0], 0, p.shape[0]};
+  return selectRows(all, whole);
+}
+
 StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& parts) const {
   std::vector<Tensor> tensors;
   size_t total = 0;
   for (const Part& p : parts) {
     Tensor t;
-    if (p.select.period > 0) {
+    if (quantized(p.name)) {
+      TG_ASSIGN_OR_RETURN(t, dequantized(p));
+    } else if (p.select.period > 0) {
       TG_ASSIGN_OR_RETURN(Tensor whole, store_.load(p.name, dtype_, p.shape));
       TG_ASSIGN_OR_RETURN(t, selectRows(p, whole));
     } else {
@@ -104,8 +124,8 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
   l.dtype = dtype_;
   l.split = split;
   for (const Part& p : parts) {
-    const TensorInfo* info = store_.info(p.name);
-    if (!info) return notFoundError("weight '" + p.name + "' not found in the checkpoint");
+    if (!store_.contains(p.name) && !quantized(p.name))
+      return notFoundError("weight '" + p.name + "' not found in the checkpoint");
     if (p.shape.size() != 2)
       return invalidArgumentError("weight '" + p.name + "' of a linear layer must be 2-D");
     // This rank's share of the part: the split dimension divided (padded when the shard pads).

@@ -39,7 +39,8 @@ class WeightLoader {
       : store_(store), backend_(backend), dtype_(dtype), config_(config), partition_(partition) {}
 
   // The parts' slices stacked in order: NOT_FOUND / INVALID_ARGUMENT naming a missing or
-  // misshapen tensor.
+  // misshapen tensor. A part "x.weight" the checkpoint holds as a pre-quantized layer ("x.qweight",
+  // ...: loader/dequantize.h) is dequantized whole on the host, then sliced like a dense one.
   StatusOr<std::unique_ptr<Buffer>> upload(const std::vector<Part>& parts) const;
   // Values computed on the host at load (ALiBi slopes), fp32 whatever the compute dtype.
   StatusOr<std::unique_ptr<Buffer>> uploadF32(const std::vector<float>& values) const;
@@ -57,6 +58,10 @@ class WeightLoader {
   DType dtype() const { return dtype_; }
 
  private:
+  // `name` ("x.weight") is absent and "x.qweight" present.
+  bool quantized(const std::string& name) const;
+  StatusOr<Tensor> dequantized(const Part& p) const;
+
   const WeightStore& store_;
   Backend& backend_;
   DType dtype_;

@@ -336,6 +336,7 @@ Status parseFields(const json& j, const ConfigDialect& dialect, ModelConfig& c) 
     if (c.architecture == "MistralForCausalLM" || use) c.slidingWindow = window;
   }
   TG_ASSIGN_OR_RETURN(c.dtype, parseDtype(j));
+  TG_ASSIGN_OR_RETURN(c.quantization, parseQuantizationConfig(j));
   if (auto it = j.find("bos_token_id"); it != j.end() && !it->is_null()) {
     if (!it->is_number_unsigned() || it->get<uint64_t>() > UINT32_MAX)
       return fieldError("bos_token_id", "must be a token id");

@@ -1,5 +1,6 @@
 #include "textgen/runtime/weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -188,6 +189,38 @@ StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
     }
   }
   return t;
+}
+
+StatusOr<std::string_view> WeightStore::raw(const std::string& name,
+                                            const std::vector<std::string>& dtypes,
+                                            const std::vector<int64_t>& expectShape) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) return notFoundError("weight '" + name + "' not found in the checkpoint");
+  const auto& [file, info] = it->second;
+  if (std::find(dtypes.begin(), dtypes.end(), info->dtype) == dtypes.end()) {
+    std::string want;
+    for (const std::string& d : dtypes) want += (want.empty() ? "" : " or ") + d;
+    return invalidArgumentError("weight '" + name + "' has dtype " + info->dtype + " (expected " +
+                                want + ")");
+  }
+  if (info->shape != expectShape) {
+    return invalidArgumentError("weight '" + name + "' has shape " + shapeString(info->shape) +
+                                ", expected " + shapeString(expectShape));
+  }
+  const std::string_view bytes = file->bytes(*info);
+  const uint64_t es = info->dtype == "F32" || info->dtype == "I32"   ? 4
+                      : info->dtype == "I64" || info->dtype == "F64" ? 8
+                      : info->dtype == "I8" || info->dtype == "U8"   ? 1
+                                                                     : 2;
+  uint64_t total = es;
+  bool overflow = false;
+  for (int64_t d : expectShape)
+    overflow |= d < 0 || __builtin_mul_overflow(total, static_cast<uint64_t>(d), &total);
+  if (overflow || total != bytes.size()) {
+    return invalidArgumentError("weight '" + name + "': shape " + shapeString(info->shape) +
+                                " does not match its " + std::to_string(bytes.size()) + " bytes");
+  }
+  return bytes;
 }
 
 }  // namespace textgen::runtime

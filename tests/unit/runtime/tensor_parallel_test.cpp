@@ -858,7 +858,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          "opt-post-proj", "codellama", "gptneox-parallel",
                                          "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
                                          "bloom", "bloom-post-ln", "mpt-clip", "falcon-mqa-rotary",
-                                         "falcon-alibi", "falcon-new", "falcon-new-one-norm"),
+                                         "falcon-alibi", "falcon-new", "falcon-new-one-norm",
+                                         "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32"),
                        ::testing::ValuesIn(kWorlds), ::testing::ValuesIn(kDtypes)),
     [](const auto& param) {
       std::string name = std::get<0>(param.param);

@@ -16,6 +16,7 @@
 #include "textgen/base/status_or.h"
 #include "textgen/kernels/activation.h"
 #include "textgen/kernels/dtype.h"
+#include "textgen/runtime/quantization_config.h"
 
 namespace textgen::runtime {
 
@@ -79,6 +80,8 @@ struct ModelConfig {
   kernels::DType dtype = kernels::DType::kF32;  // the checkpoint's torch dtype
   std::optional<uint32_t> bosTokenId;
   std::vector<uint32_t> eosTokenIds;  // config.json and generation_config.json, merged
+  // A pre-quantized checkpoint's format (quantization_config; kNone for a dense checkpoint).
+  QuantizationConfig quantization;
   // config.json as parsed (aliases applied, the dialect's prepare run), for the fields only one
   // family reads (layers/config_fields.h reads them with errors that name them).
   std::shared_ptr<const nlohmann::json> json;

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "textgen/base/status_or.h"
@@ -42,6 +43,11 @@ class WeightStore {
   // The same, converted to `dtype` (round to nearest even, as torch's .to() does).
   StatusOr<Tensor> load(const std::string& name, DType dtype,
                         const std::vector<int64_t>& expectShape = {}, Shard shard = {}) const;
+  // A tensor's bytes as stored (a view of the mapping), for packed formats read element by
+  // element: NOT_FOUND naming the tensor; INVALID_ARGUMENT for a dtype not among `dtypes` ("I32",
+  // "F16", ...), a shape other than `expectShape`, or a byte size that does not match them.
+  StatusOr<std::string_view> raw(const std::string& name, const std::vector<std::string>& dtypes,
+                                 const std::vector<int64_t>& expectShape) const;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -1,0 +1,46 @@
+// config.json's quantization_config as a typed struct: how a pre-quantized checkpoint's linear
+// layers are stored. Recognised without any flag, as transformers does; anything unsupported or
+// contradictory is an error naming the field. The layers' tensors are read by loader/dequantize.h.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string_view>
+
+#include "textgen/base/status_or.h"
+
+namespace textgen::runtime {
+
+enum class QuantMethod {
+  kNone,  // a dense checkpoint
+  kGptq,  // AutoGPTQ / GPTQModel / optimum: qweight, qzeros, scales, g_idx
+  kAwq,   // AutoAWQ's GEMM layout: qweight, qzeros, scales
+};
+
+constexpr std::string_view toString(QuantMethod m) {
+  switch (m) {
+    case QuantMethod::kNone: return "none";
+    case QuantMethod::kGptq: return "gptq";
+    case QuantMethod::kAwq: return "awq";
+  }
+  return "?";
+}
+
+struct QuantizationConfig {
+  QuantMethod method = QuantMethod::kNone;
+  int bits = 0;           // GPT-Q: 4 or 8; AWQ: 4
+  int64_t groupSize = 0;  // inputs per group of scales and zeros; 0: one group (group_size -1)
+  bool descAct = false;   // GPT-Q act-order: each input's group given by g_idx
+  bool sym = true;        // GPT-Q: symmetric (zero 2^(bits-1), still read from qzeros)
+  // GPT-Q checkpoint_format "gptq" ("v1", AutoGPTQ's): qzeros hold zero - 1 (modulo 2^bits);
+  // "gptq_v2": the zeros themselves.
+  bool zerosMinusOne = true;
+  bool zeroPoint = true;  // AWQ zero_point: false reads no qzeros (zero 2^(bits-1))
+
+  bool quantized() const { return method != QuantMethod::kNone; }
+};
+
+// The quantization_config of a config.json object (kNone when absent or null).
+StatusOr<QuantizationConfig> parseQuantizationConfig(const nlohmann::json& config);
+
+}  // namespace textgen::runtime

@@ -1,0 +1,39 @@
+// Pre-quantized linear layers (config.json's quantization_config) dequantized on the host to the
+// dense [out, in] weight, exactly as the reference dequantizers compute it: w = (q - z) * s in
+// float32, with s read from its float16, rounded to the compute dtype once. The dense path then
+// slices it for the rank (dequantize-then-slice: any tensor-parallel split, act-order included).
+//
+// GPT-Q (AutoGPTQ / GPTQModel / optimum) "<prefix>.":
+//   qweight int32 [in * bits / 32, out]   packed along the inputs, low bits first
+//   qzeros  int32 [groups, out * bits / 32] packed along the outputs; checkpoint_format "gptq"
+//                                          ("v1") stores zero - 1, read back as (v + 1) mod 2^bits
+//   scales  fp16  [groups, out]
+//   g_idx   int32 [in]                      each input's group; absent: input / group_size
+//                                          (required with desc_act)
+// AWQ GEMM (AutoAWQ) "<prefix>.":
+//   qweight int32 [in, out / 8], qzeros int32 [groups, out / 8]: word c holds outputs c*8 .. c*8+7,
+//   output c*8 + j in nibble [0, 4, 1, 5, 2, 6, 3, 7][j] (AWQ's interleaved order)
+//   scales  fp16  [groups, out]; zero_point false: no qzeros, zero 8
+//
+// Every shape is checked against the layer's before anything is read, and every g_idx entry against
+// the groups: the memory used is the layer's dense size, which the checkpoint's bytes bound.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "textgen/base/status_or.h"
+#include "textgen/runtime/quantization_config.h"
+#include "textgen/runtime/tensor.h"
+#include "textgen/runtime/weights.h"
+
+namespace textgen::runtime {
+
+// "x.weight" -> "x" (the prefix of a layer's quantized tensors).
+std::string quantizedPrefix(const std::string& weightName);
+
+// [out, in] in `dtype`: INVALID_ARGUMENT / NOT_FOUND naming the tensor or field at fault.
+StatusOr<Tensor> dequantizeLinear(const WeightStore& store, const QuantizationConfig& config,
+                                  const std::string& prefix, int64_t out, int64_t in, DType dtype);
+
+}  // namespace textgen::runtime

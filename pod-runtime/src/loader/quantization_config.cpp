@@ -1,0 +1,146 @@
+#include "textgen/runtime/quantization_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace textgen::runtime {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kMaxGroupSize = int64_t{1} << 20;  // the largest intermediate_size allowed
+
+Status fieldError(std::string_view field, std::string_view what) {
+  return invalidArgumentError("config.json: 'quantization_config." + std::string(field) + "' " +
+                              std::string(what));
+}
+
+// A value for an error message: ASCII (non-ASCII escaped), cut short.
+std::string shortDump(const json& v) {
+  std::string s = v.dump(-1, ' ', true);
+  return s.size() > 48 ? s.substr(0, 48) + "..." : s;
+}
+
+// The value under `key`, else under `alias` (AutoAWQ's own spellings); both present and different
+// is an error naming both. Null counts as absent.
+StatusOr<std::optional<std::pair<std::string, json>>> find(const json& q, const char* key,
+                                                           const char* alias = nullptr) {
+  std::optional<std::pair<std::string, json>> found;
+  for (const char* k : {key, alias}) {
+    if (k == nullptr) continue;
+    auto it = q.find(k);
+    if (it == q.end() || it->is_null()) continue;
+    if (found && found->second != *it)
+      return fieldError(k, "and 'quantization_config." + found->first + "' disagree");
+    if (!found) found.emplace(k, *it);
+  }
+  return found;
+}
+
+StatusOr<bool> boolean(const json& q, const char* key, bool fallback) {
+  TG_ASSIGN_OR_RETURN(auto v, find(q, key));
+  if (!v) return fallback;
+  if (!v->second.is_boolean()) return fieldError(key, "must be true or false");
+  return v->second.get<bool>();
+}
+
+// A string, lower-cased (AutoAWQ writes "GEMM", transformers "gemm").
+StatusOr<std::optional<std::string>> lowerString(const json& q, const char* key,
+                                                 const char* alias = nullptr) {
+  TG_ASSIGN_OR_RETURN(auto v, find(q, key, alias));
+  if (!v) return std::optional<std::string>();
+  if (!v->second.is_string()) return fieldError(v->first, "must be a string");
+  std::string s = v->second.get<std::string>();
+  if (s.size() > 64) s = s.substr(0, 64) + "...";
+  // Lower-cased; bytes outside printable ASCII shown as '?' (the value is only compared and
+  // quoted).
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) {
+    return c < 0x20 || c > 0x7e ? '?' : static_cast<char>(std::tolower(c));
+  });
+  return std::optional<std::string>(std::move(s));
+}
+
+StatusOr<int> bits(const json& q, const char* alias) {
+  TG_ASSIGN_OR_RETURN(auto v, find(q, "bits", alias));
+  if (!v) return fieldError("bits", "is missing");
+  if (!v->second.is_number_unsigned() || v->second.get<uint64_t>() > 64)
+    return fieldError(v->first, "must be a bit width, not " + shortDump(v->second));
+  return static_cast<int>(v->second.get<uint64_t>());
+}
+
+// group_size: inputs per group, -1 for one group over all inputs (0 here); transformers' default
+// 128 when absent.
+StatusOr<int64_t> groupSize(const json& q, const char* alias) {
+  TG_ASSIGN_OR_RETURN(auto v, find(q, "group_size", alias));
+  if (!v) return 128;
+  const json& g = v->second;
+  if (g.is_number_integer() && !g.is_number_unsigned() && g.get<int64_t>() == -1) return 0;
+  if (!g.is_number_unsigned() || g.get<uint64_t>() == 0 ||
+      g.get<uint64_t>() > static_cast<uint64_t>(kMaxGroupSize))
+    return fieldError(v->first, "must be -1 (one group) or a positive integer up to " +
+                                    std::to_string(kMaxGroupSize) + ", not " + shortDump(g));
+  return g.get<int64_t>();
+}
+
+StatusOr<QuantizationConfig> parseGptq(const json& q) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kGptq;
+  TG_ASSIGN_OR_RETURN(c.bits, bits(q, nullptr));
+  if (c.bits != 4 && c.bits != 8)
+    return fieldError("bits", "is " + std::to_string(c.bits) +
+                                  ": GPT-Q checkpoints of 4 or 8 bits are supported");
+  TG_ASSIGN_OR_RETURN(c.groupSize, groupSize(q, nullptr));
+  TG_ASSIGN_OR_RETURN(c.descAct, boolean(q, "desc_act", false));
+  TG_ASSIGN_OR_RETURN(c.sym, boolean(q, "sym", true));
+  // GPTQModel writes checkpoint_format (older releases "format"); AutoGPTQ and optimum's v1 when
+  // absent.
+  TG_ASSIGN_OR_RETURN(auto format, lowerString(q, "checkpoint_format", "format"));
+  const std::string f = format.value_or("gptq");
+  if (f == "gptq_v2") {
+    c.zerosMinusOne = false;
+  } else if (f != "gptq") {
+    return fieldError(q.contains("checkpoint_format") ? "checkpoint_format" : "format",
+                      "'" + f + "' is not supported (gptq, gptq_v2)");
+  }
+  TG_ASSIGN_OR_RETURN(const bool lmHead, boolean(q, "lm_head", false));
+  if (lmHead) return fieldError("lm_head", "is true: a quantized lm_head is not supported");
+  return c;
+}
+
+StatusOr<QuantizationConfig> parseAwq(const json& q) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kAwq;
+  TG_ASSIGN_OR_RETURN(c.bits, bits(q, "w_bit"));
+  if (c.bits != 4)
+    return fieldError("bits", "is " + std::to_string(c.bits) + ": AWQ checkpoints are 4-bit");
+  TG_ASSIGN_OR_RETURN(c.groupSize, groupSize(q, "q_group_size"));
+  TG_ASSIGN_OR_RETURN(c.zeroPoint, boolean(q, "zero_point", true));
+  TG_ASSIGN_OR_RETURN(auto version, lowerString(q, "version"));
+  if (version.value_or("gemm") != "gemm")
+    return fieldError("version",
+                      "'" + *version + "' is not supported (gemm; gemv, exllama and ipex later)");
+  TG_ASSIGN_OR_RETURN(auto backend, lowerString(q, "backend"));
+  if (backend.value_or("autoawq") != "autoawq")
+    return fieldError("backend", "'" + *backend + "' is not supported (autoawq's GEMM packing)");
+  return c;
+}
+
+}  // namespace
+
+StatusOr<QuantizationConfig> parseQuantizationConfig(const json& config) {
+  auto it = config.find("quantization_config");
+  if (it == config.end() || it->is_null()) return QuantizationConfig{};
+  if (!it->is_object())
+    return invalidArgumentError("config.json: 'quantization_config' must be an object");
+  const json& q = *it;
+  TG_ASSIGN_OR_RETURN(auto method, lowerString(q, "quant_method"));
+  if (!method) return fieldError("quant_method", "is missing");
+  if (*method == "gptq") return parseGptq(q);
+  if (*method == "awq") return parseAwq(q);
+  return fieldError("quant_method", "'" + *method + "' is not supported (gptq, awq)");
+}
+
+}  // namespace textgen::runtime
