@@ -307,14 +307,22 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
         "--trust-remote-code is refused: textgen never runs code from a model repository; "
         "it serves the architectures it implements from their weights alone");
   }
-  // TGI's --quantize values: the pre-quantized formats are served (the shard checks the
-  // checkpoint's quantization_config), quantizing at load is not implemented yet.
+  // TGI's --quantize values: the pre-quantized formats are read from the checkpoint (the shard
+  // checks its quantization_config), the load-time ones quantize a dense checkpoint.
   if (p.values.contains("quantize")) {
     const std::string q = p.get("quantize", "");
-    if (q != "gptq" && q != "awq")
+    static constexpr std::string_view kServed[] = {
+        "gptq", "awq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "eetq", "fp8"};
+    if (std::find(std::begin(kServed), std::end(kServed), q) == std::end(kServed)) {
+      if (q == "marlin")
+        return usage(
+            "--quantize marlin is not supported yet: Marlin-format checkpoints are not "
+            "read (gptq, awq, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, eetq "
+            "and fp8 are)");
       return usage("--quantize " + q +
-                   " is not supported yet: pre-quantized gptq and awq checkpoints are served; "
-                   "quantizing at load (bitsandbytes, eetq, fp8, marlin) is not implemented");
+                   ": expected one of gptq, awq, bitsandbytes, bitsandbytes-nf4, "
+                   "bitsandbytes-fp4, eetq, fp8");
+    }
   }
   // --shards-only's flags need it; the router's flags are refused with it (it starts no router).
   const bool shardsOnly = p.switches.contains("shards-only");

@@ -2,7 +2,7 @@
 //
 //   textgen-shard --model-id DIR [--uds-path PATH | --port N] [--block-size 16]
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
-//                 [--quantize gptq|awq]
+//                 [--quantize gptq|awq|bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|fp8]
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
 //                 [--shard-urls ADDR,ADDR,...] [--collective-timeout SECONDS]
@@ -248,25 +248,36 @@ StatusOr<std::unique_ptr<runtime::Backend>> pickBackend(const Flags& f) {
   return runtime::makeCpuBackend(f.threads);
 }
 
-// --quantize names the checkpoint's own pre-quantized format (config.json's quantization_config),
-// which is recognised without the flag too; quantizing a dense checkpoint at load is not
-// implemented yet.
-Status checkQuantize(const Flags& f, const runtime::ModelConfig& c) {
-  if (f.quantize.empty()) return okStatus();
+// --quantize: a pre-quantized format names the checkpoint's own (config.json's
+// quantization_config, recognised without the flag too); a load-time format quantizes a dense
+// checkpoint as it loads.
+StatusOr<runtime::LoadQuantization> checkQuantize(const Flags& f, const runtime::ModelConfig& c) {
+  using runtime::LoadQuantization;
+  if (f.quantize.empty()) return LoadQuantization::kNone;
+  const LoadQuantization atLoad = runtime::loadQuantizationOf(f.quantize);
+  if (atLoad != LoadQuantization::kNone) {
+    if (c.quantization.quantized())
+      return invalidArgumentError("--quantize " + f.quantize +
+                                  ": the checkpoint is already quantized (config.json's "
+                                  "quantization_config.quant_method '" +
+                                  std::string(toString(c.quantization.method)) +
+                                  "'); drop the flag to serve it as it is");
+    return atLoad;
+  }
   if (f.quantize != "gptq" && f.quantize != "awq")
-    return invalidArgumentError("--quantize " + f.quantize +
-                                ": not implemented yet (pre-quantized gptq and awq checkpoints "
-                                "are served)");
+    return invalidArgumentError(
+        "--quantize " + f.quantize +
+        ": expected one of gptq, awq (pre-quantized checkpoints), bitsandbytes, "
+        "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8 (quantized at load)");
   if (!c.quantization.quantized())
     return invalidArgumentError("--quantize " + f.quantize +
-                                ": config.json has no quantization_config (a pre-quantized "
-                                "checkpoint is needed; quantizing at load is not implemented "
-                                "yet)");
+                                ": config.json has no quantization_config (a pre-quantized " +
+                                f.quantize + " checkpoint is needed)");
   if (f.quantize != toString(c.quantization.method))
     return invalidArgumentError("--quantize " + f.quantize +
                                 " contradicts config.json's quantization_config.quant_method '" +
                                 std::string(toString(c.quantization.method)) + "'");
-  return okStatus();
+  return LoadQuantization::kNone;
 }
 
 StatusOr<kernels::DType> pickDtype(const Flags& f, const runtime::ModelConfig& c, bool cuda) {
@@ -291,7 +302,7 @@ std::string fingerprint(const Flags& f, runtime::Backend& backend, kernels::DTyp
          " dtype=" + std::string(kernels::dtypeName(dtype)) +
          " block-size=" + std::to_string(f.blockSize) + " cuda-graphs=" + graphs +
          " config.json=" + std::to_string(std::hash<std::string>{}(config)) +
-         " TEXTGEN_CUSTOM_ALL_REDUCE=" + (custom ? custom : "");
+         " TEXTGEN_CUSTOM_ALL_REDUCE=" + (custom ? custom : "") + " quantize=" + f.quantize;
 }
 
 Status checkSameStart(runtime::Rendezvous& r, const std::string& mine) {
@@ -332,7 +343,8 @@ int run(int argc, char** argv) {
   const bool cuda = std::string((*backend)->name()) == "cuda";
   auto config = runtime::loadArchitectureConfig(f.modelId);
   if (!config.ok()) return fail(config.status().withContext("loading " + f.modelId));
-  if (auto s = checkQuantize(f, *config); !s.ok()) return fail(s);
+  auto quantize = checkQuantize(f, *config);
+  if (!quantize.ok()) return fail(quantize.status());
   auto dtype = pickDtype(f, *config, cuda);
   if (!dtype.ok()) return fail(dtype.status());
   // CUDA: 0 sizes the pool from free device memory at Warmup.
@@ -370,11 +382,11 @@ int run(int argc, char** argv) {
     });
     spdlog::info("rank {} of {}: {} connected", f.rank, f.worldSize, comm->name());
   }
-  auto model =
-      runtime::loadModel(f.modelId, **backend,
-                         {.comm = comm.get(),
-                          .dtype = *dtype,
-                          .graphBatchSizes = cuda ? f.cudaGraphs : std::vector<int64_t>{}});
+  auto model = runtime::loadModel(f.modelId, **backend,
+                                  {.comm = comm.get(),
+                                   .dtype = *dtype,
+                                   .graphBatchSizes = cuda ? f.cudaGraphs : std::vector<int64_t>{},
+                                   .quantize = *quantize});
   if (!model.ok()) return fail(model.status().withContext("loading " + f.modelId));
   auto tok = tokenizer::Tokenizer::fromDirectory(f.modelId);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer of " + f.modelId));

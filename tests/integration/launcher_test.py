@@ -165,9 +165,10 @@ def refused(args, words, env=None, code=2):
 
 def test_refused_flags():
     refused(["--trust-remote-code"], "never runs code")
-    # Quantizing at load is not implemented; a pre-quantized format is checked by the shard against
-    # the checkpoint's quantization_config (the demo model has none).
-    refused(["--quantize", "bitsandbytes"], "--quantize bitsandbytes is not supported yet")
+    # A value TGI does not have, and Marlin (not read yet); a pre-quantized format is checked by the
+    # shard against the checkpoint's quantization_config (the demo model has none).
+    refused(["--quantize", "int3"], "--quantize int3: expected one of gptq, awq, bitsandbytes")
+    refused(["--quantize", "marlin"], "--quantize marlin is not supported yet")
     refused(["--quantize", "gptq"], "--quantize gptq: config.json has no quantization_config", env={"CUDA_VISIBLE_DEVICES": ""}, code=1)
     # A path that does not exist is not taken for a hub id (hub downloads: hub_test.py).
     refused(["--model-id", "/no/such/model"], "neither a local directory nor a hub id", code=1)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "textgen/runtime/backend.h"
 
@@ -104,6 +105,18 @@ class CpuBackend final : public Backend {
                 static_cast<const float*>(p.weight), static_cast<blasint>(p.in), 0.0f,
                 static_cast<float*>(p.y), static_cast<blasint>(p.out));
     return okStatus();
+  }
+
+  // Dequantized weights and transformed activations (kernels/quant_gemm.h's definitions), then
+  // one float32 GEMM.
+  Status quantGemm(const kernels::QuantGemmParams& p) override {
+    TG_RETURN_IF_ERROR(f32Only(p.dtype));
+    TG_RETURN_IF_ERROR(kernels::validateQuantGemm(p));
+    if (p.rows == 0) return okStatus();
+    std::vector<float> w(static_cast<size_t>(p.out * p.in)), x(static_cast<size_t>(p.rows * p.in));
+    TG_RETURN_IF_ERROR(kernels::dequantizeWeightReference(p.w, p.out, p.in, w.data()));
+    TG_RETURN_IF_ERROR(kernels::quantizeActivationsReference(p, x.data()));
+    return gemm({x.data(), w.data(), p.y, p.rows, p.in, p.out, p.dtype});
   }
 
   Status rope(const kernels::RopeParams& p) override {

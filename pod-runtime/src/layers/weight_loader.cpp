@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "loader/dequantize.h"
+#include "loader/quantized_tensor.h"
 
 namespace textgen::runtime {
 
@@ -22,10 +23,16 @@ std::vector<int64_t> selectedShape(const WeightLoader::Part& p) {
   return shape;
 }
 
-// The rows `p.select` names of the whole tensor, then this rank's shard of them.
-StatusOr<Tensor> selectRows(const WeightLoader::Part& p, const Tensor& whole) {
+// Which rows and columns of the whole tensor this rank takes: the rows `p.select` names, then
+// this rank's shard of them.
+struct Slice {
+  std::vector<int64_t> rows;  // source rows, in order
+  int64_t c0 = 0, cols = 0;   // columns [c0, c0 + cols) of each
+};
+
+StatusOr<Slice> sliceOf(const WeightLoader::Part& p, const std::vector<int64_t>& shape,
+                        int64_t inner) {
   const RowSelect& s = p.select;
-  const std::vector<int64_t>& shape = whole.shape();
   if (shape.empty() || s.period <= 0 || shape[0] % s.period != 0 || s.offset < 0 || s.take <= 0 ||
       s.offset + s.take > s.period)
     return invalidArgumentError("weight '" + p.name + "': rows " + std::to_string(s.offset) + "+" +
@@ -34,8 +41,6 @@ StatusOr<Tensor> selectRows(const WeightLoader::Part& p, const Tensor& whole) {
                                 " rows");
   const Shard& sh = p.shard;
   const std::vector<int64_t> sel = selectedShape(p);
-  const int64_t inner = whole.numel() / shape[0];  // elements per row
-  const size_t es = kernels::dtypeSize(whole.dtype());
   if (sh.pad ||
       (sh.worldSize > 1 && (sh.dim < 0 || sh.dim > 1 || static_cast<size_t>(sh.dim) >= sel.size() ||
                             sel[sh.dim] % sh.worldSize != 0)))
@@ -43,25 +48,43 @@ StatusOr<Tensor> selectRows(const WeightLoader::Part& p, const Tensor& whole) {
                                 std::to_string(sel[0]) + ") do not split across " +
                                 std::to_string(sh.worldSize) + " ranks");
   // Rows [r0, r0 + rows) of the selection, columns [c0, c0 + cols) of each.
-  int64_t r0 = 0, rows = sel[0], c0 = 0, cols = inner;
+  int64_t r0 = 0, rows = sel[0];
+  Slice out;
+  out.cols = inner;
   if (sh.worldSize > 1 && sh.dim == 0) {
     rows = sel[0] / sh.worldSize;
     r0 = sh.rank * rows;
   } else if (sh.worldSize > 1) {
-    cols = inner / sh.worldSize;
-    c0 = sh.rank * cols;
+    out.cols = inner / sh.worldSize;
+    out.c0 = sh.rank * out.cols;
   }
-  std::vector<int64_t> outShape = sel;
-  outShape[0] = rows;
-  if (outShape.size() > 1) outShape[1] = outShape[1] / (inner / cols);
+  out.rows.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r0 + r;  // index among the selected rows
+    out.rows[r] = i / s.take * s.period + s.offset + i % s.take;
+  }
+  return out;
+}
+
+// Every row selected when the part selects none.
+WeightLoader::Part selectingAll(WeightLoader::Part p) {
+  if (p.select.period <= 0 && !p.shape.empty()) p.select = {p.shape[0], 0, p.shape[0]};
+  return p;
+}
+
+StatusOr<Tensor> selectRows(const WeightLoader::Part& p, const Tensor& whole) {
+  const std::vector<int64_t>& shape = whole.shape();
+  const int64_t inner = shape.empty() || shape[0] == 0 ? 0 : whole.numel() / shape[0];
+  TG_ASSIGN_OR_RETURN(const Slice sl, sliceOf(p, shape, inner));
+  const size_t es = kernels::dtypeSize(whole.dtype());
+  std::vector<int64_t> outShape = shape;
+  outShape[0] = static_cast<int64_t>(sl.rows.size());
+  if (outShape.size() > 1) outShape[1] = outShape[1] / (inner / sl.cols);
   Tensor out(whole.dtype(), outShape);
   const auto* src = static_cast<const unsigned char*>(whole.data());
   auto* dst = static_cast<unsigned char*>(out.data());
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r0 + r;  // index among the selected rows
-    const int64_t srcRow = i / s.take * s.period + s.offset + i % s.take;
-    std::memcpy(dst + r * cols * es, src + (srcRow * inner + c0) * es, cols * es);
-  }
+  for (size_t r = 0; r < sl.rows.size(); ++r)
+    std::memcpy(dst + r * sl.cols * es, src + (sl.rows[r] * inner + sl.c0) * es, sl.cols * es);
   return out;
 }
 
@@ -77,25 +100,39 @@ StatusOr<Tensor> WeightLoader::dequantized(const Part& p) const {
   TG_ASSIGN_OR_RETURN(Tensor whole,
                       dequantizeLinear(store_, config_.quantization, quantizedPrefix(p.name),
                                        p.shape[0], p.shape[1], dtype_));
-  // The dense path's slicing: every row selected when the part selects none.
-  Part all = p;
-  if (all.select.period <= 0) all.select = {p.shape[0], 0, p.shape[0]};
-  return selectRows(all, whole);
+  return selectRows(selectingAll(p), whole);
+}
+
+StatusOr<QuantizedTensor> WeightLoader::quantizedSlice(const Part& p) const {
+  if (p.shape.size() != 2)
+    return invalidArgumentError("weight '" + p.name + "': a quantized tensor must be 2-D");
+  TG_ASSIGN_OR_RETURN(QuantizedTensor q,
+                      readQuantizedLinear(store_, config_.quantization, quantizedPrefix(p.name),
+                                          p.shape[0], p.shape[1]));
+  TG_RETURN_IF_ERROR(validate(q, quantizedPrefix(p.name)));
+  TG_ASSIGN_OR_RETURN(const Slice sl, sliceOf(selectingAll(p), p.shape, p.shape[1]));
+  q = takeRows(q, sl.rows);
+  if (sl.cols != q.in) q = takeColumns(q, sl.c0, sl.cols);
+  return q;
+}
+
+StatusOr<Tensor> WeightLoader::hostSlice(const Part& p, DType dtype) const {
+  if (quantized(p.name)) {
+    if (dtype == dtype_) return dequantized(p);
+    return invalidArgumentError("weight '" + p.name + "': a pre-quantized layer is not re-read");
+  }
+  if (p.select.period > 0) {
+    TG_ASSIGN_OR_RETURN(Tensor whole, store_.load(p.name, dtype, p.shape));
+    return selectRows(p, whole);
+  }
+  return store_.load(p.name, dtype, p.shape, p.shard);
 }
 
 StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& parts) const {
   std::vector<Tensor> tensors;
   size_t total = 0;
   for (const Part& p : parts) {
-    Tensor t;
-    if (quantized(p.name)) {
-      TG_ASSIGN_OR_RETURN(t, dequantized(p));
-    } else if (p.select.period > 0) {
-      TG_ASSIGN_OR_RETURN(Tensor whole, store_.load(p.name, dtype_, p.shape));
-      TG_ASSIGN_OR_RETURN(t, selectRows(p, whole));
-    } else {
-      TG_ASSIGN_OR_RETURN(t, store_.load(p.name, dtype_, p.shape, p.shard));
-    }
+    TG_ASSIGN_OR_RETURN(Tensor t, hostSlice(p, dtype_));
     total += t.bytes();
     tensors.push_back(std::move(t));
   }
@@ -140,11 +177,19 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
     l.in = in;
     l.out += part(shape[0], 0);
   }
-  TG_ASSIGN_OR_RETURN(l.owned, upload(parts));
-  l.weight = l.owned.get();
-  if (l.owned->bytes() != static_cast<size_t>(l.in * l.out) * kernels::dtypeSize(dtype_))
-    return internalError("'" + parts[0].name +
-                         "': the loaded slices do not match the layer's shape");
+  TG_ASSIGN_OR_RETURN(std::optional<QuantizedTensor> q, quantizedLinear(parts, split));
+  if (q) {
+    if (q->out != l.out || q->in != l.in)
+      return internalError("'" + parts[0].name +
+                           "': the quantized slices do not match the layer's shape");
+    TG_RETURN_IF_ERROR(uploadQuantized(pack(*q), l));
+  } else {
+    TG_ASSIGN_OR_RETURN(l.owned, upload(parts));
+    l.weight = l.owned.get();
+    if (l.owned->bytes() != static_cast<size_t>(l.in * l.out) * kernels::dtypeSize(dtype_))
+      return internalError("'" + parts[0].name +
+                           "': the loaded slices do not match the layer's shape");
+  }
   if (!withBias) return l;
   std::vector<Part> bias;
   for (const Part& p : parts) {
@@ -157,6 +202,102 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
     return internalError("'" + bias[0].name + "': the loaded slices do not match the outputs");
   if (split != SplitKind::kRow || partition_.rank == 0) l.bias = std::move(b);
   return l;
+}
+
+}  // namespace textgen::runtime
+
+namespace textgen::runtime {
+
+StatusOr<std::optional<QuantizedTensor>> WeightLoader::quantizedLinear(
+    const std::vector<Part>& parts, SplitKind split) const {
+  size_t preQuantized = 0;
+  for (const Part& p : parts) preQuantized += quantized(p.name) ? 1 : 0;
+  if (preQuantized > 0) {
+    // The checkpoint's own format, sliced and stacked; parts that differ (a dense one beside
+    // quantized ones, act-order parts with different g_idx) are dequantized instead.
+    if (preQuantized != parts.size()) return std::optional<QuantizedTensor>();
+    std::vector<QuantizedTensor> qs;
+    for (const Part& p : parts) {
+      TG_ASSIGN_OR_RETURN(QuantizedTensor q, quantizedSlice(p));
+      qs.push_back(std::move(q));
+    }
+    auto stacked = stackOutputs(std::move(qs));
+    if (!stacked.ok()) return std::optional<QuantizedTensor>();
+    return std::optional<QuantizedTensor>(std::move(*stacked));
+  }
+  if (quantize_ == LoadQuantization::kNone || split == SplitKind::kVocab)
+    return std::optional<QuantizedTensor>();
+  // --quantize: this rank's stacked slice, quantized as one tensor (as TGI quantizes the weight
+  // it loads for its rank).
+  std::vector<Tensor> slices;
+  int64_t out = 0, in = 0;
+  for (const Part& p : parts) {
+    TG_ASSIGN_OR_RETURN(Tensor t, hostSlice(p, DType::kF32));
+    out += t.dim(0);
+    in = t.dim(1);
+    slices.push_back(std::move(t));
+  }
+  std::vector<float> w;
+  w.reserve(static_cast<size_t>(out * in));
+  for (const Tensor& t : slices) w.insert(w.end(), t.f32(), t.f32() + t.numel());
+  slices.clear();
+  const std::string what = std::string(toString(quantize_)) + " '" + parts[0].name + "'";
+  switch (quantize_) {
+    case LoadQuantization::kBitsandbytesNf4:
+    case LoadQuantization::kBitsandbytesFp4: {
+      auto q =
+          quantizeBnb4(w.data(), out, in,
+                       quantize_ == LoadQuantization::kBitsandbytesNf4 ? kernels::QuantCode::kNf4
+                                                                       : kernels::QuantCode::kFp4);
+      if (!q.ok()) return q.status().withContext(what);
+      return std::optional<QuantizedTensor>(std::move(*q));
+    }
+    case LoadQuantization::kBitsandbytes:
+      return std::optional<QuantizedTensor>(
+          quantizeInt8Rowwise(w.data(), out, in, kernels::ActQuant::kLlmInt8));
+    case LoadQuantization::kEetq:
+      return std::optional<QuantizedTensor>(
+          quantizeInt8Rowwise(w.data(), out, in, kernels::ActQuant::kNone));
+    case LoadQuantization::kFp8:
+      return std::optional<QuantizedTensor>(quantizeFp8PerTensor(w.data(), out, in));
+    case LoadQuantization::kNone: break;
+  }
+  return std::optional<QuantizedTensor>();
+}
+
+Status WeightLoader::uploadQuantized(const PackedQuantized& q, Linear& l) const {
+  l.format = WeightFormat::kQuantized;
+  auto put = [&](const void* data, size_t bytes) -> StatusOr<std::unique_ptr<Buffer>> {
+    TG_ASSIGN_OR_RETURN(auto buf, backend_.allocate(bytes));
+    TG_RETURN_IF_ERROR(backend_.upload(*buf, data, bytes));
+    return buf;
+  };
+  TG_ASSIGN_OR_RETURN(l.owned, put(q.packed.data(), q.packed.size()));
+  l.weight = l.owned.get();
+  TG_ASSIGN_OR_RETURN(l.scales, put(q.scales.data(), q.scales.size() * sizeof(float)));
+  kernels::QuantWeight& w = l.quant;
+  w = {};
+  w.code = q.code;
+  w.packed = l.owned->data();
+  w.scales = l.scales->as<float>();
+  w.groupSize = q.groupSize;
+  w.act = q.act;
+  w.threshold = q.threshold;
+  if (!q.zeros.empty()) {
+    TG_ASSIGN_OR_RETURN(l.zeros, put(q.zeros.data(), q.zeros.size()));
+    w.zeros = l.zeros->as<uint8_t>();
+  }
+  if (!q.perm.empty()) {
+    TG_ASSIGN_OR_RETURN(l.perm, put(q.perm.data(), q.perm.size() * sizeof(int32_t)));
+    w.perm = l.perm->as<int32_t>();
+  }
+  if (q.inputScale || q.tensorScale) {
+    const float s[2] = {q.inputScale.value_or(0.0f), q.tensorScale.value_or(0.0f)};
+    TG_ASSIGN_OR_RETURN(l.fp8Scales, put(s, sizeof s));
+    if (q.inputScale) w.inputScale = l.fp8Scales->as<float>();
+    if (q.tensorScale) w.tensorScale = l.fp8Scales->as<float>() + 1;
+  }
+  return okStatus();
 }
 
 }  // namespace textgen::runtime

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "layers/partition.h"
+#include "loader/quantized_tensor.h"
 #include "textgen/runtime/backend.h"
 #include "textgen/runtime/model_config.h"
 #include "textgen/runtime/weights.h"
@@ -35,8 +37,13 @@ class WeightLoader {
   };
 
   WeightLoader(const WeightStore& store, Backend& backend, DType dtype, const ModelConfig& config,
-               const Partition& partition)
-      : store_(store), backend_(backend), dtype_(dtype), config_(config), partition_(partition) {}
+               const Partition& partition, LoadQuantization quantize = LoadQuantization::kNone)
+      : store_(store),
+        backend_(backend),
+        dtype_(dtype),
+        config_(config),
+        partition_(partition),
+        quantize_(quantize) {}
 
   // The parts' slices stacked in order: NOT_FOUND / INVALID_ARGUMENT naming a missing or
   // misshapen tensor. A part "x.weight" the checkpoint holds as a pre-quantized layer ("x.qweight",
@@ -45,7 +52,10 @@ class WeightLoader {
   // Values computed on the host at load (ALiBi slopes), fp32 whatever the compute dtype.
   StatusOr<std::unique_ptr<Buffer>> uploadF32(const std::vector<float>& values) const;
   // A dense linear layer from `parts` stacked along the outputs (each part's slice [out_i, in]),
-  // split as `split`. With `withBias`, each part's bias (biasName: [out_i]) is stacked the same
+  // split as `split`. A layer the checkpoint stores pre-quantized keeps its format (packed into the
+  // kernels' runtime layout: WeightFormat::kQuantized), as does every layer but the logits head
+  // under a load-time --quantize; pre-quantized parts that cannot stack into one layout are
+  // dequantized. With `withBias`, each part's bias (biasName: [out_i]) is stacked the same
   // way: a column-parallel layer's sliced like its rows; a row-parallel layer's outputs are summed
   // over ranks, so its whole bias is held by rank 0 alone (added once, before the all-reduce).
   // Every rank checks the bias tensors: a missing or misshapen one is an error naming it.
@@ -61,12 +71,21 @@ class WeightLoader {
   // `name` ("x.weight") is absent and "x.qweight" present.
   bool quantized(const std::string& name) const;
   StatusOr<Tensor> dequantized(const Part& p) const;
+  // The part's slice for this rank on the host in `dtype` (dequantized when pre-quantized).
+  StatusOr<Tensor> hostSlice(const Part& p, DType dtype) const;
+  // A pre-quantized part's slice for this rank, in its own format.
+  StatusOr<QuantizedTensor> quantizedSlice(const Part& p) const;
+  // The layer quantized (pre-quantized or --quantize), or nullopt: dense.
+  StatusOr<std::optional<QuantizedTensor>> quantizedLinear(const std::vector<Part>& parts,
+                                                           SplitKind split) const;
+  Status uploadQuantized(const PackedQuantized& q, Linear& l) const;
 
   const WeightStore& store_;
   Backend& backend_;
   DType dtype_;
   const ModelConfig& config_;
   const Partition& partition_;
+  LoadQuantization quantize_;
 };
 
 }  // namespace textgen::runtime

@@ -108,50 +108,65 @@ StatusOr<Packed> readAwq(const WeightStore& store, const QuantizationConfig& c,
   return p;
 }
 
-// w[o, i] = (q - z) * s into an [out, in] float32 tensor.
-Tensor dequantizeGptq(const QuantizationConfig& c, const Packed& p, int64_t out, int64_t in) {
+// The layer's codes, zeros and scales per output ([out, groups]); g_idx kept when it is not the
+// plain i / group_size.
+QuantizedTensor unpackGptq(const QuantizationConfig& c, Packed p, int64_t out, int64_t in) {
   const int bits = c.bits, pack = 32 / bits;
   const uint32_t mask = (1u << bits) - 1;
-  Tensor w(DType::kF32, {out, in});
-  float* dst = w.f32();
-  for (int64_t i = 0; i < in; ++i) {
-    const int64_t g = p.gIdx[i];
+  QuantizedTensor q;
+  q.code = bits == 4 ? kernels::QuantCode::kUint4 : kernels::QuantCode::kUint8;
+  q.out = out;
+  q.in = in;
+  q.groups = p.groups;
+  q.groupSize = in / p.groups;
+  q.codes.resize(static_cast<size_t>(out * in));
+  q.scales.resize(static_cast<size_t>(out * p.groups));
+  q.zeros.resize(q.scales.size());
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t o = 0; o < out; ++o)
+      q.codes[o * in + i] =
+          static_cast<uint8_t>(field(wordAt(p.qweight, (i / pack) * out + o), i % pack, bits));
+  for (int64_t g = 0; g < p.groups; ++g) {
     for (int64_t o = 0; o < out; ++o) {
-      const uint32_t q = field(wordAt(p.qweight, (i / pack) * out + o), i % pack, bits);
       uint32_t z = field(wordAt(p.qzeros, g * (out / pack) + o / pack), o % pack, bits);
       if (c.zerosMinusOne) z = (z + 1) & mask;
-      dst[o * in + i] = (static_cast<float>(q) - static_cast<float>(z)) * p.scales[g * out + o];
+      q.zeros[o * p.groups + g] = static_cast<uint8_t>(z);
+      q.scales[o * p.groups + g] = p.scales[g * out + o];
     }
   }
-  return w;
-}
-
-Tensor dequantizeAwq(const QuantizationConfig& c, const Packed& p, int64_t out, int64_t in) {
-  const int64_t perGroup = in / p.groups, words = out / 8;
-  Tensor w(DType::kF32, {out, in});
-  float* dst = w.f32();
   for (int64_t i = 0; i < in; ++i) {
-    const int64_t g = i / perGroup;
-    for (int64_t o = 0; o < out; ++o) {
-      const int nibble = kAwqNibble[o % 8];
-      const uint32_t q = field(wordAt(p.qweight, i * words + o / 8), nibble, 4);
-      const uint32_t z =
-          c.zeroPoint ? field(wordAt(p.qzeros, g * words + o / 8), nibble, 4) : 1u << (c.bits - 1);
-      dst[o * in + i] = (static_cast<float>(q) - static_cast<float>(z)) * p.scales[g * out + o];
+    if (p.gIdx[i] != i / q.groupSize) {
+      q.gIdx = std::move(p.gIdx);
+      break;
     }
   }
-  return w;
+  return q;
 }
 
-// The float32 tensor in `dtype` (round to nearest even).
-Tensor convert(Tensor w, DType dtype) {
-  if (dtype == DType::kF32) return w;
-  Tensor t(dtype, w.shape());
-  auto* dst = static_cast<uint16_t*>(t.data());
-  const float* src = w.f32();
-  for (int64_t i = 0; i < w.numel(); ++i)
-    dst[i] = dtype == DType::kF16 ? kernels::floatToF16(src[i]) : kernels::floatToBf16(src[i]);
-  return t;
+QuantizedTensor unpackAwq(const QuantizationConfig& c, const Packed& p, int64_t out, int64_t in) {
+  const int64_t words = out / 8;
+  QuantizedTensor q;
+  q.code = kernels::QuantCode::kUint4;
+  q.out = out;
+  q.in = in;
+  q.groups = p.groups;
+  q.groupSize = in / p.groups;
+  q.codes.resize(static_cast<size_t>(out * in));
+  q.scales.resize(static_cast<size_t>(out * p.groups));
+  q.zeros.resize(q.scales.size());
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t o = 0; o < out; ++o)
+      q.codes[o * in + i] =
+          static_cast<uint8_t>(field(wordAt(p.qweight, i * words + o / 8), kAwqNibble[o % 8], 4));
+  for (int64_t g = 0; g < p.groups; ++g) {
+    for (int64_t o = 0; o < out; ++o) {
+      q.zeros[o * p.groups + g] = static_cast<uint8_t>(
+          c.zeroPoint ? field(wordAt(p.qzeros, g * words + o / 8), kAwqNibble[o % 8], 4)
+                      : 1u << (c.bits - 1));
+      q.scales[o * p.groups + g] = p.scales[g * out + o];
+    }
+  }
+  return q;
 }
 
 }  // namespace
@@ -163,23 +178,30 @@ std::string quantizedPrefix(const std::string& weightName) {
   return weightName;
 }
 
-StatusOr<Tensor> dequantizeLinear(const WeightStore& store, const QuantizationConfig& config,
-                                  const std::string& prefix, int64_t out, int64_t in, DType dtype) {
+StatusOr<QuantizedTensor> readQuantizedLinear(const WeightStore& store,
+                                              const QuantizationConfig& config,
+                                              const std::string& prefix, int64_t out, int64_t in) {
   if (out <= 0 || in <= 0)
     return invalidArgumentError("'" + prefix + "': a quantized layer needs a positive shape");
   switch (config.method) {
     case QuantMethod::kGptq: {
       TG_ASSIGN_OR_RETURN(Packed p, readGptq(store, config, prefix, out, in));
-      return convert(dequantizeGptq(config, p, out, in), dtype);
+      return unpackGptq(config, std::move(p), out, in);
     }
     case QuantMethod::kAwq: {
       TG_ASSIGN_OR_RETURN(Packed p, readAwq(store, config, prefix, out, in));
-      return convert(dequantizeAwq(config, p, out, in), dtype);
+      return unpackAwq(config, p, out, in);
     }
     case QuantMethod::kNone: break;
   }
   return invalidArgumentError("weight '" + prefix + ".qweight' is a pre-quantized layer, but " +
                               "config.json has no quantization_config");
+}
+
+StatusOr<Tensor> dequantizeLinear(const WeightStore& store, const QuantizationConfig& config,
+                                  const std::string& prefix, int64_t out, int64_t in, DType dtype) {
+  TG_ASSIGN_OR_RETURN(QuantizedTensor q, readQuantizedLinear(store, config, prefix, out, in));
+  return dequantize(q, dtype);
 }
 
 }  // namespace textgen::runtime

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "loader/quantized_tensor.h"
 #include "textgen/base/status_or.h"
 #include "textgen/runtime/quantization_config.h"
 #include "textgen/runtime/tensor.h"
@@ -31,6 +32,11 @@ namespace textgen::runtime {
 
 // "x.weight" -> "x" (the prefix of a layer's quantized tensors).
 std::string quantizedPrefix(const std::string& weightName);
+
+// The layer's codes, scales and zero points as stored (no dequantization).
+StatusOr<QuantizedTensor> readQuantizedLinear(const WeightStore& store,
+                                              const QuantizationConfig& config,
+                                              const std::string& prefix, int64_t out, int64_t in);
 
 // [out, in] in `dtype`: INVALID_ARGUMENT / NOT_FOUND naming the tensor or field at fault.
 StatusOr<Tensor> dequantizeLinear(const WeightStore& store, const QuantizationConfig& config,

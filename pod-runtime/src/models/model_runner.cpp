@@ -25,7 +25,7 @@ StatusOr<std::unique_ptr<Model>> ModelRunner::load(const ModelConfig& config,
   if (!r->graphSizes_.empty() && r->graphSizes_.front() <= 0)
     return invalidArgumentError("graph batch sizes must be positive");
   r->graphContext_ = r->config_.maxContext();
-  const WeightLoader loader(weights, backend, r->dtype_, r->config_, r->part_);
+  const WeightLoader loader(weights, backend, r->dtype_, r->config_, r->part_, options.quantize);
   TG_RETURN_IF_ERROR(r->graph_->load(loader));
   TG_RETURN_IF_ERROR(backend.synchronize());
   return std::unique_ptr<Model>(std::move(r));

@@ -24,6 +24,7 @@
 #include "textgen/kernels/layer_norm.h"
 #include "textgen/kernels/paged_attention.h"
 #include "textgen/kernels/position_embedding.h"
+#include "textgen/kernels/quant_gemm.h"
 #include "textgen/kernels/rms_norm.h"
 #include "textgen/kernels/rope.h"
 #include "textgen/kernels/rope_kv_write.h"
@@ -104,6 +105,11 @@ class Backend {
   // A linear layer: x [rows, w.in] -> y [rows, w.out], bias added. The format picks the kernels;
   // UNIMPLEMENTED naming a format or part (scales, zero points) this backend cannot run.
   virtual Status linear(const Linear& w, const void* x, void* y, int64_t rows);
+  // y = act(x) · deq(W)ᵀ for quantized weights (textgen/kernels/quant_gemm.h).
+  virtual Status quantGemm(const kernels::QuantGemmParams& p) {
+    (void)p;
+    return unimplementedError(std::string(name()) + ": quantized weights are not implemented");
+  }
   virtual Status rope(const kernels::RopeParams& p) = 0;
   virtual Status writeKv(const kernels::KvWriteParams& p) = 0;
   // rope then writeKv in one pass where the backend has a fused kernel.
@@ -119,6 +125,9 @@ class Backend {
   virtual Status gatedActivation(const kernels::GatedActivationParams& p) = 0;
   virtual Status argmax(const kernels::ArgmaxParams& p) = 0;
   virtual Status sample(const kernels::SampleParams& p) = 0;
+
+ private:
+  Status dense(const Linear& w, const void* x, void* y, int64_t rows);
 };
 
 // Threads: 0 uses every core.

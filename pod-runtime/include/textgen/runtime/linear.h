@@ -10,18 +10,21 @@
 #include <string_view>
 
 #include "textgen/kernels/dtype.h"
+#include "textgen/kernels/quant_gemm.h"
 
 namespace textgen::runtime {
 
 class Buffer;
 
 enum class WeightFormat {
-  kDense,  // [out, in] in the compute dtype
+  kDense,      // [out, in] in the compute dtype
+  kQuantized,  // codes, scales and zero points in the kernels' runtime layout (quant_gemm.h)
 };
 
 constexpr std::string_view toString(WeightFormat f) {
   switch (f) {
     case WeightFormat::kDense: return "dense";
+    case WeightFormat::kQuantized: return "quantized";
   }
   return "?";
 }
@@ -43,9 +46,11 @@ struct Linear {
   std::unique_ptr<Buffer> owned;
   Buffer* weight = nullptr;
   std::unique_ptr<Buffer> bias;  // [out] or none
-  // Quantized formats: scales and zero points per group of `groupSize` inputs.
-  std::unique_ptr<Buffer> scales, zeros;
-  int64_t groupSize = 0;
+  // kQuantized: `weight` holds the packed codes; `quant` the kernels' view, its pointers into
+  // these buffers (scales and zero points per group of quant.groupSize inputs, the act-order
+  // permutation, the static fp8 scales).
+  std::unique_ptr<Buffer> scales, zeros, perm, fp8Scales;
+  kernels::QuantWeight quant;
 };
 
 }  // namespace textgen::runtime

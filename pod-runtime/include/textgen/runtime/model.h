@@ -12,6 +12,7 @@
 #include "textgen/runtime/backend.h"
 #include "textgen/runtime/communicator.h"
 #include "textgen/runtime/model_config.h"
+#include "textgen/runtime/quantization_config.h"
 
 namespace textgen::runtime {
 
@@ -73,6 +74,9 @@ struct ModelOptions {
   // Decode steps of up to these many sequences replay a captured graph (padded to the next
   // size), on backends with graphs; empty: never (TGI's --cuda-graphs).
   std::vector<int64_t> graphBatchSizes;
+  // --quantize's load-time formats: the dense checkpoint's linear layers quantized as they load
+  // (a pre-quantized checkpoint's layers are read in their own format, without any option).
+  LoadQuantization quantize = LoadQuantization::kNone;
 };
 
 class Model {

@@ -40,6 +40,38 @@ struct QuantizationConfig {
   bool quantized() const { return method != QuantMethod::kNone; }
 };
 
+// --quantize values that quantize a dense float16/bfloat16/float32 checkpoint as it is loaded
+// (TGI's names): every linear layer but the logits head.
+enum class LoadQuantization {
+  kNone,
+  kBitsandbytes,     // LLM.int8: int8 weights per output, outlier decomposition at 6.0
+  kBitsandbytesNf4,  // NF4, absmax per block of 64
+  kBitsandbytesFp4,  // FP4, absmax per block of 64
+  kEetq,             // int8 weights per output, 16-bit activations
+  kFp8,              // float8 e4m3fn weights, one scale per tensor; fp8 activations
+};
+
+constexpr std::string_view toString(LoadQuantization q) {
+  switch (q) {
+    case LoadQuantization::kNone: return "none";
+    case LoadQuantization::kBitsandbytes: return "bitsandbytes";
+    case LoadQuantization::kBitsandbytesNf4: return "bitsandbytes-nf4";
+    case LoadQuantization::kBitsandbytesFp4: return "bitsandbytes-fp4";
+    case LoadQuantization::kEetq: return "eetq";
+    case LoadQuantization::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+// The load-time format a --quantize value names; kNone for the others (pre-quantized formats).
+constexpr LoadQuantization loadQuantizationOf(std::string_view flag) {
+  for (auto q :
+       {LoadQuantization::kBitsandbytes, LoadQuantization::kBitsandbytesNf4,
+        LoadQuantization::kBitsandbytesFp4, LoadQuantization::kEetq, LoadQuantization::kFp8})
+    if (flag == toString(q)) return q;
+  return LoadQuantization::kNone;
+}
+
 // The quantization_config of a config.json object (kNone when absent or null).
 StatusOr<QuantizationConfig> parseQuantizationConfig(const nlohmann::json& config);
 

@@ -1,0 +1,82 @@
+// One linear layer's quantized weight on the host, between the checkpoint (or the load-time
+// quantizer) and the device: one code per byte, per-group scales and zero points, and each input's
+// group. The loader slices it for the rank, stacks parts (q/k/v, gate/up) and packs it into the
+// kernels' runtime layout (textgen/kernels/quant_gemm.h); a layer that cannot take that layout is
+// dequantized instead (dense).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "textgen/base/status_or.h"
+#include "textgen/kernels/quant_gemm.h"
+#include "textgen/runtime/tensor.h"
+
+namespace textgen::runtime {
+
+struct QuantizedTensor {
+  kernels::QuantCode code = kernels::QuantCode::kUint4;
+  kernels::ActQuant act = kernels::ActQuant::kNone;
+  float threshold = 6.0f;  // kLlmInt8
+  int64_t out = 0, in = 0;
+  int64_t groupSize = 0;            // inputs per group when gIdx is empty (a divisor of in)
+  int64_t groups = 0;               // scales per output
+  std::vector<uint8_t> codes;       // [out, in]
+  std::vector<float> scales;        // [out, groups]
+  std::vector<uint8_t> zeros;       // [out, groups] (codes with zero points), else empty
+  std::vector<int32_t> gIdx;        // [in]: input i's group; empty: i / groupSize
+  std::optional<float> inputScale;  // kFp8: the checkpoint's static activation scale
+  bool perTensorScale = false;      // one scale for the whole tensor (fp8)
+
+  int64_t groupOf(int64_t i) const { return gIdx.empty() ? i / groupSize : gIdx[i]; }
+};
+
+// Shapes and values checked: codes within the code's range, groups in range, sizes consistent.
+Status validate(const QuantizedTensor& q, const std::string& name);
+
+// The dense [out, in] weight: (value(code) - zero) * scale in float32, rounded once to `dtype`.
+Tensor dequantize(const QuantizedTensor& q, DType dtype);
+
+// Output rows [r0, r0 + rows), as a row selection keeps them: `rowOf(k)` is the source row of
+// the result's row k.
+QuantizedTensor takeRows(const QuantizedTensor& q, const std::vector<int64_t>& rowsKept);
+// Input columns [c0, c0 + cols): whole groups when they align, else every group kept and each
+// column's group carried in gIdx (a row-parallel split of an act-order layer).
+QuantizedTensor takeColumns(const QuantizedTensor& q, int64_t c0, int64_t cols);
+// Parts stacked along the outputs: INVALID_ARGUMENT when their formats or input groups differ.
+StatusOr<QuantizedTensor> stackOutputs(std::vector<QuantizedTensor> parts);
+
+// The runtime layout's host bytes (textgen/kernels/quant_gemm.h's QuantWeight).
+struct PackedQuantized {
+  kernels::QuantCode code = kernels::QuantCode::kUint4;
+  kernels::ActQuant act = kernels::ActQuant::kNone;
+  float threshold = 6.0f;
+  int64_t out = 0, in = 0, groupSize = 0;
+  std::vector<uint8_t> packed;  // [out, quantRowBytes(code, in)]
+  std::vector<float> scales;    // [out, in / groupSize]
+  std::vector<uint8_t> zeros;   // [out, in / groupSize] or empty
+  std::vector<int32_t> perm;    // [in] or empty (identity)
+  std::optional<float> inputScale;
+  std::optional<float> tensorScale;
+};
+
+// Columns sorted by group when groups are not contiguous (act-order): the permutation then makes
+// every runtime group a run of equal size, the largest that divides every run.
+PackedQuantized pack(const QuantizedTensor& q);
+
+// Load-time quantizers of a dense float32 [out, in] weight (--quantize).
+// bitsandbytes 4-bit (nf4 / fp4): absmax per block of 64 inputs (the largest even divisor of `in`
+// below 64 when 64 does not divide it), each value the nearest code of w / absmax (bitsandbytes'
+// decision thresholds). INVALID_ARGUMENT for an odd `in`.
+StatusOr<QuantizedTensor> quantizeBnb4(const float* w, int64_t out, int64_t in,
+                                       kernels::QuantCode code);
+// int8 per output channel, symmetric: q = rint(w * 127 / absmax), scale absmax / 127
+// (bitsandbytes' LLM.int8 weights with kLlmInt8 activations, EETQ's with none).
+QuantizedTensor quantizeInt8Rowwise(const float* w, int64_t out, int64_t in, kernels::ActQuant act);
+// float8 e4m3fn with one scale for the tensor, as TGI's fp8_quantize: w * (448 / absmax), its
+// reciprocal the scale; dynamic per-tensor fp8 activations.
+QuantizedTensor quantizeFp8PerTensor(const float* w, int64_t out, int64_t in);
+
+}  // namespace textgen::runtime
