@@ -258,6 +258,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
   int64_t profileBatch = 0;  // > 0: a short prefill and a traced decode step of this batch
   bool gemv = true, hostLogits = false;
+  std::string quantize;  // --quantize: a load-time format (a pre-quantized checkpoint needs none)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -270,6 +271,8 @@ int main(int argc, char** argv) {
       steps = std::atol(argv[++i]);
     } else if (a == "--profile" && i + 1 < argc) {
       profileBatch = std::atol(argv[++i]);
+    } else if (a == "--quantize" && i + 1 < argc) {
+      quantize = argv[++i];
     } else if (a == "--host-logits") {
       hostLogits = true;
     } else if (a == "--no-gemv") {
@@ -289,7 +292,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
                    "[--steps N] [--cuda-graphs 1,2,4,...|0] [--host-logits] [--no-gemv] [--no-pdl] "
-                   "[--profile B]\n");
+                   "[--profile B] [--quantize bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|"
+                   "fp8]\n");
       return 2;
     }
   }
@@ -312,8 +316,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
     return 1;
   }
+  const LoadQuantization atLoad = loadQuantizationOf(quantize);
+  if (!quantize.empty() && atLoad == LoadQuantization::kNone) {
+    std::fprintf(stderr, "bench_cuda_model: --quantize %s is not a load-time format\n",
+                 quantize.c_str());
+    return 2;
+  }
+  size_t freeStart = 0, totalMem = 0;
+  cudaMemGetInfo(&freeStart, &totalMem);
   const double tLoad = now();
-  auto model = loadModel(modelDir, **backend, {.dtype = dtype, .graphBatchSizes = graphs});
+  auto model = loadModel(modelDir, **backend,
+                         {.dtype = dtype, .graphBatchSizes = graphs, .quantize = atLoad});
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().toString().c_str());
     return 1;
@@ -325,14 +338,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int64_t h = c.hiddenSize;
-  const double weightBytes = 2.0 * params->total;
-  // Bytes a decode step streams: every layer weight and the head (plus a row per table, left out).
-  const double streamedBytes = 2.0 * params->streamed;
+  size_t freeLoaded = 0;
+  cudaMemGetInfo(&freeLoaded, &totalMem);
+  const bool quantized = atLoad != LoadQuantization::kNone || c.quantization.quantized();
+  // Quantized: the device bytes the weights took; dense: the checkpoint's 16-bit parameters.
+  const double weightBytes =
+      quantized ? static_cast<double>(freeStart - freeLoaded) : 2.0 * params->total;
+  // Bytes a decode step streams: every layer weight and the head (plus a row per table, left
+  // out); quantized, the weights less the token table where the head is separate.
+  const double streamedBytes =
+      quantized ? weightBytes - 2.0 * (params->total - params->streamed) : 2.0 * params->streamed;
   const double layerParams =
       (params->streamed - static_cast<double>(c.vocabSize * h)) / static_cast<double>(c.numLayers);
   std::printf("loaded %s (%s) in %.1f s: %.2f GB of weights\n", modelDir.c_str(),
               c.architecture.c_str(), now() - tLoad, weightBytes / 1e9);
-  if (profileBatch == 0) gemvTable(c, params->gated, dtype, copyGBs);
+  if (profileBatch == 0 && !quantized) gemvTable(c, params->gated, dtype, copyGBs);
 
   // One KV pool for every scenario: what the device has left, less 4 GiB for activations.
   size_t freeBytes = 0, total = 0;
@@ -372,6 +392,9 @@ int main(int argc, char** argv) {
   results["copy_GBps"] = copyGBs;
   results["gemm_peak_TFLOPs"] = peak;
   results["weight_GB"] = weightBytes / 1e9;
+  results["quantize"] =
+      quantized ? (quantize.empty() ? std::string(toString(c.quantization.method)) : quantize)
+                : "none";
 
   // Batch-1 decode at a context.
   const double rooflineMs = streamedBytes / (copyGBs * 1e9) * 1e3;
@@ -410,6 +433,18 @@ int main(int argc, char** argv) {
                 len / sec, 100.0 * flops / sec / (peak * 1e12));
     results["prefill_" + std::to_string(len) + "_tokens_per_s"] = len / sec;
     results["prefill_" + std::to_string(len) + "_gemm_fraction"] = flops / sec / (peak * 1e12);
+  }
+
+  // Device memory beside the KV pool after the 2048-token prefill: the CUDA context, weights and
+  // workspaces (what a server needs before its KV cache).
+  {
+    size_t freeNow = 0;
+    cudaMemGetInfo(&freeNow, &totalMem);
+    const double used = static_cast<double>(totalMem - freeNow);
+    const double kv = static_cast<double>(numBlocks * perBlock);
+    std::printf("\ndevice memory: %.2f GB in use less the KV pool (%.2f GB of weights)\n",
+                (used - kv) / 1e9, weightBytes / 1e9);
+    results["memory_without_kv_GB"] = (used - kv) / 1e9;
   }
 
   // TGI-benchmark-style: a batch of prompts prefilled together, then decode steps.

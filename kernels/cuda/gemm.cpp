@@ -63,7 +63,25 @@ class LtRunner final : public GemmRunner {
     TG_RETURN_IF_ERROR(validateGemm(p));
     if (p.rows == 0) return okStatus();
     if (gemv_ && gemvApplies(p)) return invokeGemv(p, stream_);
-    TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p));
+    TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p, false));
+    const float alpha = 1.0f, beta = 0.0f;
+    TG_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
+                             plan->c, p.y, plan->c, &plan->algo, workspace_, workspaceBytes_,
+                             stream_));
+    return okStatus();
+  }
+
+  Status runFp8(const GemmParams& p, const float* scaleW, const float* scaleX) override {
+    TG_RETURN_IF_ERROR(validateGemm(p));
+    if (p.dtype == DType::kF32 || p.in % 16 != 0 || p.out % 16 != 0)
+      return invalidArgumentError("gemm: FP8 needs a 16-bit output and in, out multiples of 16");
+    if (p.rows == 0) return okStatus();
+    TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p, true));
+    // The scales are read on the device when the GEMM runs (graph replays see new values).
+    TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                             &scaleW, sizeof scaleW));
+    TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                             &scaleX, sizeof scaleX));
     const float alpha = 1.0f, beta = 0.0f;
     TG_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
                              plan->c, p.y, plan->c, &plan->algo, workspace_, workspaceBytes_,
@@ -72,11 +90,12 @@ class LtRunner final : public GemmRunner {
   }
 
  private:
-  StatusOr<const Plan*> planFor(const GemmParams& p) {
-    const auto key = std::make_tuple(p.rows, p.in, p.out, p.dtype);
+  StatusOr<const Plan*> planFor(const GemmParams& p, bool fp8) {
+    const auto key = std::make_tuple(p.rows, p.in, p.out, p.dtype, fp8);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
     auto plan = std::make_unique<Plan>();
     const cudaDataType_t t = cudaType(p.dtype);
+    const cudaDataType_t ab = fp8 ? CUDA_R_8F_E4M3 : t;
     TG_CUBLAS(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transA = CUBLAS_OP_T, transB = CUBLAS_OP_N;
     TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &transA,
@@ -85,8 +104,8 @@ class LtRunner final : public GemmRunner {
                                              sizeof transB));
     const auto rows = static_cast<uint64_t>(p.rows), in = static_cast<uint64_t>(p.in),
                out = static_cast<uint64_t>(p.out);
-    TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->a, t, in, out, p.in));
-    TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->b, t, in, rows, p.in));
+    TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, p.in));
+    TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->b, ab, in, rows, p.in));
     TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->c, t, out, rows, p.out));
     cublasLtMatmulPreference_t pref = nullptr;
     TG_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -118,7 +137,7 @@ class LtRunner final : public GemmRunner {
   size_t workspaceBytes_;
   cudaStream_t stream_;
   bool gemv_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, DType, bool>, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace

@@ -8,6 +8,11 @@ Llama shapes are written from a table of their tensors; the other families (FAMI
 their tensor names and shapes from transformers' own class, built on the meta device (no memory).
 
     python3 tools/bench/make_random_model.py OUT_DIR [--shape llama-2-7b] [--dtype bfloat16]
+                                             [--gptq-bits 4|8]
+
+--gptq-bits (Llama shapes) writes the decoder layers' linear weights as a GPT-Q checkpoint
+(AutoGPTQ's v1 layout: qweight, qzeros holding zero - 1, float16 scales, g_idx; group 128,
+symmetric) with random codes, as a pre-quantized hub checkpoint would be stored.
 """
 import argparse
 import json
@@ -76,6 +81,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES) + sorted(FAMILY_SHAPES))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--gptq-bits", type=int, choices=[4, 8])
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     os.makedirs(args.out, exist_ok=True)
@@ -99,8 +105,32 @@ def main():
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "torch_dtype": args.dtype,
         "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
     }
+    bits, group = args.gptq_bits, 128
+    if bits:
+        config["quantization_config"] = {
+            "quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False,
+            "sym": True, "checkpoint_format": "gptq"}
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
+
+    def linear(name, out, inp):
+        """(name, make) pairs of one linear layer: dense, or GPT-Q's four tensors."""
+        if not bits:
+            return [(name + ".weight", lambda: rand(out, inp))]
+        pack = 32 // bits
+        zero = (1 << (bits - 1)) - 1  # v1 stores zero - 1
+        word = 0
+        for k in range(pack):
+            word |= zero << (bits * k)
+        word = word - (1 << 32) if word >= 1 << 31 else word
+        code_std = (1 << bits) / 12.0 ** 0.5  # uniform codes about the zero point
+        return [
+            (name + ".qweight", lambda: torch.randint(-(1 << 31), (1 << 31) - 1, (inp // pack, out),
+                                                      generator=gen, device=dev, dtype=torch.int32).cpu()),
+            (name + ".qzeros", lambda: torch.full((inp // group, out // pack), word, dtype=torch.int32)),
+            (name + ".scales", lambda: torch.full((inp // group, out), 0.02 / code_std, dtype=torch.float16)),
+            (name + ".g_idx", lambda: torch.arange(inp, dtype=torch.int32) // group),
+        ]
 
     def ones(n):
         return torch.ones(n, dtype=dtype)
@@ -108,17 +138,15 @@ def main():
     tensors = [("model.embed_tokens.weight", lambda: rand(vocab, h))]
     for i in range(layers):
         p = f"model.layers.{i}."
-        tensors += [
-            (p + "input_layernorm.weight", lambda: ones(h)),
-            (p + "self_attn.q_proj.weight", lambda: rand(heads * hd, h)),
-            (p + "self_attn.k_proj.weight", lambda: rand(kv * hd, h)),
-            (p + "self_attn.v_proj.weight", lambda: rand(kv * hd, h)),
-            (p + "self_attn.o_proj.weight", lambda: rand(h, heads * hd)),
-            (p + "post_attention_layernorm.weight", lambda: ones(h)),
-            (p + "mlp.gate_proj.weight", lambda: rand(inter, h)),
-            (p + "mlp.up_proj.weight", lambda: rand(inter, h)),
-            (p + "mlp.down_proj.weight", lambda: rand(h, inter)),
-        ]
+        tensors += [(p + "input_layernorm.weight", lambda: ones(h))]
+        tensors += linear(p + "self_attn.q_proj", heads * hd, h)
+        tensors += linear(p + "self_attn.k_proj", kv * hd, h)
+        tensors += linear(p + "self_attn.v_proj", kv * hd, h)
+        tensors += linear(p + "self_attn.o_proj", h, heads * hd)
+        tensors += [(p + "post_attention_layernorm.weight", lambda: ones(h))]
+        tensors += linear(p + "mlp.gate_proj", inter, h)
+        tensors += linear(p + "mlp.up_proj", inter, h)
+        tensors += linear(p + "mlp.down_proj", h, inter)
     tensors += [("model.norm.weight", lambda: ones(h)), ("lm_head.weight", lambda: rand(vocab, h))]
     return write_shards(args, tensors)
 

@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     gemm_.reset();
     attentionWorkspace_.reset();
+    quantWorkspace_.reset();
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -155,6 +156,12 @@ class CudaBackend final : public Backend {
     return kernels::invokePositionEmbedding(p, stream_);
   }
   Status gemm(const kernels::GemmParams& p) override { return gemm_->run(p); }
+  Status quantGemm(const kernels::QuantGemmParams& p) override {
+    TG_RETURN_IF_ERROR(kernels::validateQuantGemm(p));
+    TG_RETURN_IF_ERROR(reserveQuantWorkspace(kernels::quantGemmWorkspaceBytes(p)));
+    return kernels::invokeQuantGemm(p, quantWorkspace_->data(), quantWorkspace_->bytes(), *gemm_,
+                                    stream_);
+  }
   Status biasAdd(const kernels::BiasAddParams& p) override {
     return kernels::invokeBiasAdd(p, stream_);
   }
@@ -195,6 +202,22 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kernels::GemmRunner> gemm_;
   std::unique_ptr<Buffer> attentionWorkspace_;
+  // Quantized GEMMs' dequantized weights and transformed activations: grown to the largest need,
+  // which Warmup's largest prefill reaches before any graph is captured (a capture cannot
+  // allocate).
+  std::unique_ptr<Buffer> quantWorkspace_;
+
+  Status reserveQuantWorkspace(size_t bytes) {
+    if (quantWorkspace_ && quantWorkspace_->bytes() >= bytes) return okStatus();
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    TG_RETURN_IF_ERROR(cudaStatus(cudaStreamIsCapturing(stream_, &capturing), "capture status"));
+    if (capturing != cudaStreamCaptureStatusNone)
+      return failedPreconditionError("quantized GEMM: the workspace needs " + mib(bytes) +
+                                     " inside a graph capture; run a larger batch first");
+    quantWorkspace_.reset();  // cudaFree waits for the work that uses it
+    TG_ASSIGN_OR_RETURN(quantWorkspace_, allocate(bytes));
+    return okStatus();
+  }
 };
 
 }  // namespace

@@ -122,10 +122,12 @@ QuantizedTensor unpackGptq(const QuantizationConfig& c, Packed p, int64_t out, i
   q.codes.resize(static_cast<size_t>(out * in));
   q.scales.resize(static_cast<size_t>(out * p.groups));
   q.zeros.resize(q.scales.size());
-  for (int64_t i = 0; i < in; ++i)
-    for (int64_t o = 0; o < out; ++o)
-      q.codes[o * in + i] =
-          static_cast<uint8_t>(field(wordAt(p.qweight, (i / pack) * out + o), i % pack, bits));
+  parallelFor(in, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t o = 0; o < out; ++o)
+        q.codes[o * in + i] =
+            static_cast<uint8_t>(field(wordAt(p.qweight, (i / pack) * out + o), i % pack, bits));
+  });
   for (int64_t g = 0; g < p.groups; ++g) {
     for (int64_t o = 0; o < out; ++o) {
       uint32_t z = field(wordAt(p.qzeros, g * (out / pack) + o / pack), o % pack, bits);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +33,10 @@ struct QuantizedTensor {
 
   int64_t groupOf(int64_t i) const { return gIdx.empty() ? i / groupSize : gIdx[i]; }
 };
+
+// fn(begin, end) over [0, n) split across the machine's cores (load-time loops over a layer's
+// billions of weights); runs inline for small n.
+void parallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
 // Shapes and values checked: codes within the code's range, groups in range, sizes consistent.
 Status validate(const QuantizedTensor& q, const std::string& name);

@@ -19,6 +19,10 @@ class GemmRunner {
                                                       bool smallBatchGemv = true);
   virtual ~GemmRunner() = default;
   virtual Status run(const GemmParams& p) = 0;
+  // y[rows, out] = sx * sw * x8[rows, in] · w8[out, in]ᵀ with float8 e4m3 operands (cuBLASLt FP8,
+  // sm_89 and later), y in p.dtype (float16 or bfloat16); the scales are device pointers to one
+  // float each. in and out must be multiples of 16.
+  virtual Status runFp8(const GemmParams& p, const float* scaleW, const float* scaleX) = 0;
 };
 
 }  // namespace textgen::kernels

@@ -29,6 +29,7 @@
 
 #include "textgen/base/status.h"
 #include "textgen/kernels/dtype.h"
+#include "textgen/kernels/stream.h"
 
 namespace textgen::kernels {
 
@@ -95,5 +96,16 @@ Status quantGemmReference(const QuantGemmParams& p);
 Status dequantizeWeightReference(const QuantWeight& w, int64_t out, int64_t in, float* dense);
 // act(x) of p (host memory): [rows, in] float32.
 Status quantizeActivationsReference(const QuantGemmParams& p, float* xq);
+
+// CUDA (defined only in builds with CUDA). Decode-sized batches (rows <= kMaxQuantGemvRows, 16-bit
+// dtypes, a layout whose 16-byte code vectors stay within one group) run a GEMV that decodes the
+// codes in registers; larger ones dequantize the weight into the workspace and run cuBLASLt, or,
+// for fp8 with one tensor scale, quantize the activations to e4m3 and run cuBLASLt's FP8 GEMM.
+constexpr int64_t kMaxQuantGemvRows = 8;
+class GemmRunner;
+// Workspace bytes invokeQuantGemm needs for p.
+size_t quantGemmWorkspaceBytes(const QuantGemmParams& p);
+Status invokeQuantGemm(const QuantGemmParams& p, void* workspace, size_t workspaceBytes,
+                       GemmRunner& gemm, Stream stream);
 
 }  // namespace textgen::kernels
