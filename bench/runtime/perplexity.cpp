@@ -14,7 +14,9 @@
 // without the flag too) and `none` (the checkpoint as it is), comma-separated; `all` is none and
 // every load-time format. --documents reads FILE as the demo model's corpus format: documents
 // after form-feed lines ("\f name"), each tokenized alone as <s> text </s>, as
-// tools/demo_model/train.py scored its held-out documents. Window default: the model's context.
+// tools/demo_model/train.py scored its held-out documents. Window default: the model's context;
+// compare formats at one window, and one the model was trained at (the demo model: 256 of its 512).
+// docs/quantization.md has the formats and the demo model's figures.
 #include <cerrno>
 #include <chrono>
 #include <cmath>
