@@ -233,60 +233,29 @@ struct Row {
   double perplexity = 0;
 };
 
-int run(const Flags& f) {
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "bench_perplexity: %s\n", s.toString().c_str());
-    return 1;
-  };
-  auto config = loadArchitectureConfig(f.model);
-  if (!config.ok()) return fail(config.status());
-  auto tok = tokenizer::Tokenizer::fromDirectory(f.model);
-  if (!tok.ok()) return fail(tok.status());
-  int64_t documents = 0;
-  auto tokens = readTokens(f, **tok, &documents);
-  if (!tokens.ok()) return fail(tokens.status());
-  for (uint32_t id : *tokens)
-    if (id >= config->vocabSize)
-      return fail(invalidArgumentError("token id " + std::to_string(id) +
-                                       " is outside the model's vocabulary"));
-  const int64_t window = f.window > 0 ? f.window : config->maxContext();
-  if (window < 2 || window > config->maxContext())
-    return fail(invalidArgumentError("--window " + std::to_string(window) +
-                                     ": the model's context is " +
-                                     std::to_string(config->maxContext()) + " tokens"));
-  StatusOr<std::unique_ptr<Backend>> backend =
-      f.device == "cuda" ? makeCudaBackend(0)
-                         : StatusOr<std::unique_ptr<Backend>>(makeCpuBackend(f.threads));
-  if (!backend.ok()) return fail(backend.status());
-  const kernels::DType dtype = dtypeOf(f);
-
+// What was measured, for the report.
+struct Report {
+  const Flags* flags = nullptr;
+  size_t tokens = 0;
+  int64_t documents = 0, window = 0;
+  kernels::DType dtype = kernels::DType::kF32;
   std::vector<Row> rows;
-  for (const std::string& q : f.quantize) {
-    auto lq = loadQuantization(q, *config);
-    if (!lq.ok()) return fail(lq.status());
-    ModelOptions options;
-    options.dtype = dtype;
-    options.quantize = *lq;
-    auto model = loadModel(f.model, **backend, options);
-    if (!model.ok()) return fail(model.status().withContext("--quantize " + q));
-    auto score = scoreWindows(**model, **backend, *tokens, window);
-    if (!score.ok()) return fail(score.status().withContext("--quantize " + q));
-    rows.push_back({q, *score, std::exp(score->nll / static_cast<double>(score->predictions))});
-    std::fprintf(stderr, "%s: perplexity %.4f (%.1f s)\n", q.c_str(), rows.back().perplexity,
-                 score->seconds);
-  }
-  std::optional<double> baseline;
-  for (const Row& r : rows)
-    if (r.quantize == "none") baseline = r.perplexity;
+};
 
+// The table, then one JSON line.
+void print(const Report& rep) {
+  const Flags& f = *rep.flags;
+  std::optional<double> baseline;
+  for (const Row& r : rep.rows)
+    if (r.quantize == "none") baseline = r.perplexity;
   std::printf("Perplexity of %s on %s: %zu tokens (%lld %s), windows of %lld, %s %s\n",
-              f.model.c_str(), f.text.c_str(), tokens->size(), static_cast<long long>(documents),
-              documents == 1 ? "text" : "documents", static_cast<long long>(window),
-              f.device.c_str(), std::string(kernels::dtypeName(dtype)).c_str());
+              f.model.c_str(), f.text.c_str(), rep.tokens, static_cast<long long>(rep.documents),
+              rep.documents == 1 ? "text" : "documents", static_cast<long long>(rep.window),
+              f.device.c_str(), std::string(kernels::dtypeName(rep.dtype)).c_str());
   std::printf("%-18s %11s %9s %7s %9s %11s %8s %8s\n", "quantize", "perplexity", "vs none",
               "budget", "mean NLL", "predictions", "windows", "seconds");
   json results = json::array();
-  for (const Row& r : rows) {
+  for (const Row& r : rep.rows) {
     const std::optional<double> budget = budgetPercent(r.quantize);
     std::optional<double> delta;
     if (baseline && r.quantize != "none") delta = 100.0 * (r.perplexity / *baseline - 1.0);
@@ -309,15 +278,54 @@ int run(const Flags& f) {
   std::printf("%s\n", json{{"bench", "perplexity"},
                            {"model", f.model},
                            {"text", f.text},
-                           {"tokens", tokens->size()},
-                           {"documents", documents},
-                           {"window", window},
+                           {"tokens", rep.tokens},
+                           {"documents", rep.documents},
+                           {"window", rep.window},
                            {"device", f.device},
-                           {"dtype", kernels::dtypeName(dtype)},
+                           {"dtype", kernels::dtypeName(rep.dtype)},
                            {"results", results}}
                           .dump()
                           .c_str());
-  return 0;
+}
+
+// Loads the model once per --quantize value and scores the text with each.
+StatusOr<Report> measure(const Flags& f) {
+  TG_ASSIGN_OR_RETURN(ModelConfig config, loadArchitectureConfig(f.model));
+  TG_ASSIGN_OR_RETURN(auto tok, tokenizer::Tokenizer::fromDirectory(f.model));
+  Report rep;
+  rep.flags = &f;
+  rep.dtype = dtypeOf(f);
+  TG_ASSIGN_OR_RETURN(std::vector<uint32_t> tokens, readTokens(f, *tok, &rep.documents));
+  rep.tokens = tokens.size();
+  for (uint32_t id : tokens)
+    if (id >= config.vocabSize)
+      return invalidArgumentError("token id " + std::to_string(id) +
+                                  " is outside the model's vocabulary");
+  rep.window = f.window > 0 ? f.window : config.maxContext();
+  if (rep.window < 2 || rep.window > config.maxContext())
+    return invalidArgumentError("--window " + std::to_string(rep.window) +
+                                ": the model's context is " + std::to_string(config.maxContext()) +
+                                " tokens");
+  std::unique_ptr<Backend> backend;
+  if (f.device == "cuda") {
+    TG_ASSIGN_OR_RETURN(backend, makeCudaBackend(0));
+  } else {
+    backend = makeCpuBackend(f.threads);
+  }
+  for (const std::string& q : f.quantize) {
+    TG_ASSIGN_OR_RETURN(LoadQuantization lq, loadQuantization(q, config));
+    ModelOptions options;
+    options.dtype = rep.dtype;
+    options.quantize = lq;
+    auto model = loadModel(f.model, *backend, options);
+    if (!model.ok()) return model.status().withContext("--quantize " + q);
+    auto score = scoreWindows(**model, *backend, tokens, rep.window);
+    if (!score.ok()) return score.status().withContext("--quantize " + q);
+    rep.rows.push_back({q, *score, std::exp(score->nll / static_cast<double>(score->predictions))});
+    std::fprintf(stderr, "%s: perplexity %.4f (%.1f s)\n", q.c_str(), rep.rows.back().perplexity,
+                 score->seconds);
+  }
+  return rep;
 }
 
 }  // namespace
@@ -329,5 +337,11 @@ int main(int argc, char** argv) {
                  kUsage);
     return 2;
   }
-  return run(*flags);
+  auto report = measure(*flags);
+  if (!report.ok()) {
+    std::fprintf(stderr, "bench_perplexity: %s\n", report.status().toString().c_str());
+    return 1;
+  }
+  print(*report);
+  return 0;
 }
