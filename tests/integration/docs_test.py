@@ -516,6 +516,13 @@ COMMANDS = {
     ("launcher.md", "build/textgen-launcher --model-id /path/to/model"): run_launcher,
     ("launcher.md", "build/textgen-launcher --model-id org/name --revision main"): HUB,
     ("launcher.md", "build/textgen-launcher download-weights org/name"): HUB,
+    # docs/quantization.md
+    ("quantization.md", "cmake --build build --target bench_perplexity"):
+        skip("builds the benchmark, which the suite's build already holds"),
+    ("quantization.md", "build/bench/bench_perplexity --model models/demo --text "
+                        "bench/data/python-3.11-docs-heldout.txt --documents --window 256 --quantize all "
+                        "--threads 1"):
+        skip("a benchmark (about 5 minutes on 2 cores); integration.perplexity_cli runs it on a short text"),
     # docs/router.md (one block: shard in the background, router, curl)
     ("router.md", "build/textgen-shard  --model-id tests/reference/models/llama-gqa --uds-path /tmp/tg &"):
         run_router_doc,
