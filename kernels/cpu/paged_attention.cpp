@@ -29,17 +29,13 @@ Status validatePagedAttention(const PagedAttentionParams& p) {
   return okStatus();
 }
 
-Status pagedAttentionReference(const PagedAttentionParams& p) {
-  TG_RETURN_IF_ERROR(validatePagedAttention(p));
-  if (p.alibiSlopes) {
-    for (int64_t h = 0; h < p.numHeads; ++h) {
-      if (!std::isfinite(p.alibiSlopes[h]))
-        return invalidArgumentError("paged_attention: ALiBi slope of head " + std::to_string(h) +
-                                    " is not finite");
-    }
-  }
+namespace {
+
+// The reference with the cache read through `cache` (Elements, or CacheElements for fp8: the
+// compute-dtype cache keeps the loop it had).
+template <typename CacheLoad>
+Status attend(const PagedAttentionParams& p, const CacheLoad& cache) {
   const Elements e{p.dtype};
-  const CacheElements cache{p.dtype, p.cacheDtype};
   const int64_t group = p.numHeads / p.numKvHeads;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   std::vector<float> scores, acc(p.headDim);
@@ -90,6 +86,21 @@ Status pagedAttentionReference(const PagedAttentionParams& p) {
     }
   }
   return okStatus();
+}
+
+}  // namespace
+
+Status pagedAttentionReference(const PagedAttentionParams& p) {
+  TG_RETURN_IF_ERROR(validatePagedAttention(p));
+  if (p.alibiSlopes) {
+    for (int64_t h = 0; h < p.numHeads; ++h) {
+      if (!std::isfinite(p.alibiSlopes[h]))
+        return invalidArgumentError("paged_attention: ALiBi slope of head " + std::to_string(h) +
+                                    " is not finite");
+    }
+  }
+  if (p.cacheDtype == KvCacheDType::kAuto) return attend(p, Elements{p.dtype});
+  return attend(p, CacheElements{p.dtype, p.cacheDtype});
 }
 
 }  // namespace textgen::kernels
