@@ -8,6 +8,7 @@
 // greedy requests; --host-logits downloads every logit row instead, the path of requests that
 // sample on the host). Prints a table and one JSON line. Usage:
 //   bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt 128] [--steps 32]
+//                    [--kv-cache-dtype fp8_e4m3fn|fp8_e5m2]   (an fp8 KV cache; default: the dtype)
 //   bench_cuda_model --model DIR --profile B   (the kernels of one decode step of B sequences)
 #include <cuda_runtime.h>
 
@@ -254,6 +255,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::string modelDir, dtypeName = "bfloat16";
+  kernels::KvCacheDType cacheDtype = kernels::KvCacheDType::kAuto;
   int64_t prompt = 128, steps = 32;
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
   int64_t profileBatch = 0;  // > 0: a short prefill and a traced decode step of this batch
@@ -265,6 +267,13 @@ int main(int argc, char** argv) {
       modelDir = argv[++i];
     } else if (a == "--dtype" && i + 1 < argc) {
       dtypeName = argv[++i];
+    } else if (a == "--kv-cache-dtype" && i + 1 < argc) {
+      const auto fp8 = kernels::fp8KvCacheDTypeOf(argv[++i]);
+      if (!fp8) {
+        std::fprintf(stderr, "bench_cuda_model: --kv-cache-dtype must be fp8_e4m3fn or fp8_e5m2\n");
+        return 2;
+      }
+      cacheDtype = *fp8;
     } else if (a == "--prompt" && i + 1 < argc) {
       prompt = std::atol(argv[++i]);
     } else if (a == "--steps" && i + 1 < argc) {
@@ -290,7 +299,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] [--prompt N] "
+                   "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] "
+                   "[--kv-cache-dtype fp8_e4m3fn|fp8_e5m2] [--prompt N] "
                    "[--steps N] [--cuda-graphs 1,2,4,...|0] [--host-logits] [--no-gemv] [--no-pdl] "
                    "[--profile B] [--quantize bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|"
                    "fp8]\n");
@@ -358,16 +368,19 @@ int main(int argc, char** argv) {
   size_t freeBytes = 0, total = 0;
   cudaMemGetInfo(&freeBytes, &total);
   const int64_t bs = 16;
-  const int64_t perBlock = KvCache::bytesPerBlock((*model)->kvShape(), bs, dtype);
+  const int64_t perBlock = KvCache::bytesPerBlock((*model)->kvShape(), bs, dtype, cacheDtype);
   const int64_t numBlocks =
       static_cast<int64_t>((static_cast<double>(freeBytes) - (6.0 * (1 << 30))) / perBlock);
-  auto cache = KvCache::create(**backend, (*model)->kvShape(), numBlocks, bs, dtype);
+  auto cache = KvCache::create(**backend, (*model)->kvShape(), numBlocks, bs, dtype, cacheDtype);
   if (!cache.ok()) {
     std::fprintf(stderr, "%s\n", cache.status().toString().c_str());
     return 1;
   }
-  std::printf("KV pool: %ld blocks of %ld tokens (%.1f GB)\n", static_cast<long>(numBlocks),
-              static_cast<long>(bs), static_cast<double>(numBlocks * perBlock) / 1e9);
+  std::printf("KV pool: %ld blocks of %ld tokens (%.1f GB, %s)\n", static_cast<long>(numBlocks),
+              static_cast<long>(bs), static_cast<double>(numBlocks * perBlock) / 1e9,
+              cacheDtype == kernels::KvCacheDType::kAuto
+                  ? dtypeName.c_str()
+                  : std::string(kernels::kvCacheDTypeName(cacheDtype)).c_str());
   Driver d(**model, **cache, **backend, hostLogits);
   if (profileBatch > 0) {
     // A short prefill, warm decode steps, then one traced decode step: the kernel table, and the
@@ -395,6 +408,7 @@ int main(int argc, char** argv) {
   results["quantize"] =
       quantized ? (quantize.empty() ? std::string(toString(c.quantization.method)) : quantize)
                 : "none";
+  results["kv_cache_dtype"] = std::string(kernels::kvCacheDTypeName(cacheDtype));
 
   // Batch-1 decode at a context.
   const double rooflineMs = streamedBytes / (copyGBs * 1e9) * 1e3;

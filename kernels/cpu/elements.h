@@ -5,7 +5,9 @@
 #include <cstdint>
 
 #include "textgen/kernels/dtype.h"
+#include "textgen/kernels/fp8.h"
 #include "textgen/kernels/half.h"
+#include "textgen/kernels/kv_cache_dtype.h"
 
 namespace textgen::kernels {
 
@@ -35,6 +37,32 @@ struct Elements {
       case DType::kBF16: return bf16ToFloat(floatToBf16(v));
     }
     return v;
+  }
+};
+
+// One element of a KV cache as float: the compute dtype's element under kAuto, else an fp8 code
+// (kv_cache_dtype.h), rounded on store (saturating, fp8.h).
+struct CacheElements {
+  DType dtype;
+  KvCacheDType cache;
+
+  float load(const void* base, int64_t i) const {
+    const auto* codes = static_cast<const uint8_t*>(base);
+    switch (cache) {
+      case KvCacheDType::kAuto: break;
+      case KvCacheDType::kFp8E4M3: return fp8E4M3ToFloat(codes[i]);
+      case KvCacheDType::kFp8E5M2: return fp8E5M2ToFloat(codes[i]);
+    }
+    return Elements{dtype}.load(base, i);
+  }
+  void store(void* base, int64_t i, float v) const {
+    auto* codes = static_cast<uint8_t*>(base);
+    switch (cache) {
+      case KvCacheDType::kAuto: break;
+      case KvCacheDType::kFp8E4M3: codes[i] = floatToFp8E4M3(v); return;
+      case KvCacheDType::kFp8E5M2: codes[i] = floatToFp8E5M2(v); return;
+    }
+    Elements{dtype}.store(base, i, v);
   }
 };
 

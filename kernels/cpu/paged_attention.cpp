@@ -25,18 +25,16 @@ Status validatePagedAttention(const PagedAttentionParams& p) {
     return invalidArgumentError("paged_attention: maxNewRows and maxContext are required");
   if (!std::isfinite(p.alibiBf16Divisor) || p.alibiBf16Divisor < 0.0f)
     return invalidArgumentError("paged_attention: alibiBf16Divisor must be finite and >= 0");
+  if (!isValid(p.cacheDtype)) return invalidArgumentError("paged_attention: unknown cache dtype");
   return okStatus();
 }
 
-Status pagedAttentionReference(const PagedAttentionParams& p) {
-  TG_RETURN_IF_ERROR(validatePagedAttention(p));
-  if (p.alibiSlopes) {
-    for (int64_t h = 0; h < p.numHeads; ++h) {
-      if (!std::isfinite(p.alibiSlopes[h]))
-        return invalidArgumentError("paged_attention: ALiBi slope of head " + std::to_string(h) +
-                                    " is not finite");
-    }
-  }
+namespace {
+
+// The reference with the cache read through `cache` (Elements, or CacheElements for fp8: the
+// compute-dtype cache keeps the loop it had).
+template <typename CacheLoad>
+Status attend(const PagedAttentionParams& p, const CacheLoad& cache) {
   const Elements e{p.dtype};
   const int64_t group = p.numHeads / p.numKvHeads;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
@@ -60,7 +58,7 @@ Status pagedAttentionReference(const PagedAttentionParams& p) {
           const int64_t kOff = slot * kvWidth + kvh * p.headDim;
           float dot = 0.0f;
           for (int64_t d = 0; d < p.headDim; ++d)
-            dot += e.load(p.q, qOff + d) * e.load(p.kCache, kOff + d);
+            dot += e.load(p.q, qOff + d) * cache.load(p.kCache, kOff + d);
           scores[j] = dot * p.scale;
           if (p.alibiSlopes && p.alibiBf16Divisor > 0.0f) {
             const float product = bf16ToFloat(floatToBf16(slope * static_cast<float>(j)));
@@ -79,7 +77,8 @@ Status pagedAttentionReference(const PagedAttentionParams& p) {
         for (int64_t j = lo; j <= pos; ++j) {
           const int64_t slot = int64_t{blocks[j / p.blockSize]} * p.blockSize + j % p.blockSize;
           const int64_t vOff = slot * kvWidth + kvh * p.headDim;
-          for (int64_t d = 0; d < p.headDim; ++d) acc[d] += scores[j] * e.load(p.vCache, vOff + d);
+          for (int64_t d = 0; d < p.headDim; ++d)
+            acc[d] += scores[j] * cache.load(p.vCache, vOff + d);
         }
         for (int64_t d = 0; d < p.headDim; ++d)
           e.store(p.out, (row * p.numHeads + h) * p.headDim + d, acc[d] / sum);
@@ -87,6 +86,21 @@ Status pagedAttentionReference(const PagedAttentionParams& p) {
     }
   }
   return okStatus();
+}
+
+}  // namespace
+
+Status pagedAttentionReference(const PagedAttentionParams& p) {
+  TG_RETURN_IF_ERROR(validatePagedAttention(p));
+  if (p.alibiSlopes) {
+    for (int64_t h = 0; h < p.numHeads; ++h) {
+      if (!std::isfinite(p.alibiSlopes[h]))
+        return invalidArgumentError("paged_attention: ALiBi slope of head " + std::to_string(h) +
+                                    " is not finite");
+    }
+  }
+  if (p.cacheDtype == KvCacheDType::kAuto) return attend(p, Elements{p.dtype});
+  return attend(p, CacheElements{p.dtype, p.cacheDtype});
 }
 
 }  // namespace textgen::kernels

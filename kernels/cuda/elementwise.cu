@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "kv_cache.cuh"
 #include "textgen/kernels/bias_add.h"
 #include "textgen/kernels/gated_activation.h"
 #include "textgen/kernels/gather_rows.h"
@@ -15,6 +16,7 @@
 namespace textgen::kernels {
 namespace {
 
+using cuda::CacheOf;
 using cuda::Convert;
 using cuda::roundTo;
 
@@ -101,10 +103,13 @@ __global__ void ropeKernel(RopeParams p) {
 // Block (row, group of heads): rotates the group's q and k heads in place, one thread per rotary
 // pair, writing rotated keys to the cache at the row's slot straight from registers; the value
 // rows and the non-rotary part of the keys of the group go to the cache as they are. Decode steps
-// are one row: spreading its heads over blocks keeps each thread to a single round trip.
-template <typename T>
+// are one row: spreading its heads over blocks keeps each thread to a single round trip. Cache
+// elements are kv_cache.cuh's (T, or the fp8 codes of the T values).
+template <typename T, KvCacheDType kCache>
 __global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv, int headsPerBlock) {
   using C = Convert<T>;
+  using K = CacheOf<T, kCache>;
+  using E = typename K::Elem;
   cuda::waitForPrimary();
   cuda::allowDependents();
   const int64_t r = blockIdx.x;
@@ -118,7 +123,7 @@ __global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv, int headsPerBl
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   T* q = static_cast<T*>(p.q) + r * p.qRowStride;
   T* k = static_cast<T*>(p.k) + r * p.kRowStride;
-  T* kc = static_cast<T*>(kv.kCache) + static_cast<int64_t>(slot) * kvWidth;
+  E* kc = static_cast<E*>(kv.kCache) + static_cast<int64_t>(slot) * kvWidth;
   for (int idx = threadIdx.x; idx < (hEnd - h0) * half; idx += blockDim.x) {
     const int h = h0 + idx / half, i = idx % half;
     const bool isKey = h >= nh;
@@ -132,9 +137,9 @@ __global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv, int headsPerBl
     head[i] = o1;
     head[i + half] = o2;
     if (isKey && write) {
-      T* dst = kc + (h - nh) * hd;
-      dst[i] = o1;
-      dst[i + half] = o2;
+      E* dst = kc + (h - nh) * hd;
+      dst[i] = K::store(o1);
+      dst[i + half] = K::store(o2);
     }
   }
   if (!write) return;
@@ -143,12 +148,12 @@ __global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv, int headsPerBl
   const int kFirst = max(h0, nh);
   if (kFirst >= hEnd) return;
   const T* v = static_cast<const T*>(kv.v) + r * kv.kvRowStride + (kFirst - nh) * hd;
-  T* vc = static_cast<T*>(kv.vCache) + static_cast<int64_t>(slot) * kvWidth + (kFirst - nh) * hd;
+  E* vc = static_cast<E*>(kv.vCache) + static_cast<int64_t>(slot) * kvWidth + (kFirst - nh) * hd;
   const T* kRest = k + (kFirst - nh) * hd;
-  T* kcRest = kc + (kFirst - nh) * hd;
+  E* kcRest = kc + (kFirst - nh) * hd;
   for (int idx = threadIdx.x; idx < (hEnd - kFirst) * hd; idx += blockDim.x) {
-    vc[idx] = v[idx];
-    if (idx % hd >= p.rotaryDim) kcRest[idx] = kRest[idx];
+    vc[idx] = K::store(v[idx]);
+    if (idx % hd >= p.rotaryDim) kcRest[idx] = K::store(kRest[idx]);
   }
 }
 
@@ -163,6 +168,27 @@ __global__ void kvWriteKernel(const U* k, const U* v, int64_t rowStride, U* kCac
   for (int64_t i = threadIdx.x; i < units; i += blockDim.x) {
     kCache[slot * units + i] = k[r * rowStride + i];
     vCache[slot * units + i] = v[r * rowStride + i];
+  }
+}
+
+// Into an fp8 cache: one block per row, each element converted (kv_cache.cuh).
+template <typename T, KvCacheDType kCache>
+__global__ void kvWriteConvertKernel(KvWriteParams p) {
+  using K = CacheOf<T, kCache>;
+  using E = typename K::Elem;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  const int64_t r = blockIdx.x;
+  const int32_t slot = p.slots[r];
+  if (slot < 0 || slot >= p.numSlots) return;
+  const int64_t width = p.numKvHeads * p.headDim;
+  const T* k = static_cast<const T*>(p.k) + r * p.kvRowStride;
+  const T* v = static_cast<const T*>(p.v) + r * p.kvRowStride;
+  E* kc = static_cast<E*>(p.kCache) + slot * width;
+  E* vc = static_cast<E*>(p.vCache) + slot * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    kc[i] = K::store(k[i]);
+    vc[i] = K::store(v[i]);
   }
 }
 
@@ -268,15 +294,32 @@ Status launchGatedActivation(const GatedActivationParams& p, cudaStream_t stream
   return invalidArgumentError("gated_activation: unknown activation");
 }
 
-template <typename T>
-Status launchRopeKvWrite(const RopeKvWriteParams& p, cudaStream_t stream) {
+template <typename T, KvCacheDType kCache>
+Status launchRopeKvWriteAs(const RopeKvWriteParams& p, cudaStream_t stream) {
   // Heads per block: about 256 rotary pairs.
   const int64_t half = p.rope.rotaryDim / 2, heads = p.rope.numHeads + p.rope.numKvHeads;
   const int64_t perBlock = std::clamp<int64_t>(256 / half, 1, heads);
   const dim3 grid(static_cast<unsigned>(p.rope.rows),
                   static_cast<unsigned>((heads + perBlock - 1) / perBlock));
-  return cuda::launch("rope_kv_write", ropeKvWriteKernel<T>, grid, threadsFor(perBlock * half), 0,
-                      stream, p.rope, p.kv, static_cast<int>(perBlock));
+  return cuda::launch("rope_kv_write", ropeKvWriteKernel<T, kCache>, grid,
+                      threadsFor(perBlock * half), 0, stream, p.rope, p.kv,
+                      static_cast<int>(perBlock));
+}
+
+template <typename T>
+Status launchRopeKvWrite(const RopeKvWriteParams& p, cudaStream_t stream) {
+  TG_DISPATCH_KV_CACHE(p.kv.cacheDtype, launchRopeKvWriteAs, T, p, stream);
+}
+
+template <typename T, KvCacheDType kCache>
+Status launchKvWriteConvertAs(const KvWriteParams& p, cudaStream_t stream) {
+  return cuda::launch("kv_write", kvWriteConvertKernel<T, kCache>, static_cast<unsigned>(p.rows),
+                      threadsFor(p.numKvHeads * p.headDim), 0, stream, p);
+}
+
+template <typename T>
+Status launchKvWriteConvert(const KvWriteParams& p, cudaStream_t stream) {
+  TG_DISPATCH_KV_CACHE(p.cacheDtype, launchKvWriteConvertAs, T, p, stream);
 }
 
 template <typename T>
@@ -332,6 +375,8 @@ Status invokeRopeKvWrite(const RopeKvWriteParams& p, Stream stream) {
 Status invokeKvWrite(const KvWriteParams& p, Stream stream) {
   TG_RETURN_IF_ERROR(validateKvWrite(p));
   if (p.rows == 0) return okStatus();
+  if (p.cacheDtype != KvCacheDType::kAuto)
+    TG_DISPATCH_DTYPE(p.dtype, launchKvWriteConvert, p, stream);
   const int64_t es = static_cast<int64_t>(dtypeSize(p.dtype));
   const int64_t rowBytes = p.numKvHeads * p.headDim * es, strideBytes = p.kvRowStride * es;
   const auto grid = static_cast<unsigned>(p.rows);

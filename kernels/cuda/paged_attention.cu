@@ -8,7 +8,9 @@
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
 // Both are templated on kAlibi: the ALiBi bias slope[h] * (j - i) joins the scores only in the
-// instantiations launched with slopes, so the kernels without them are the same code as before.
+// instantiations launched with slopes, so the kernels without them are the same code as before;
+// and on kCache, the cache's element type (kv_cache.cuh): T, or fp8 codes widened to float as they
+// are loaded (into T for the tensor cores, exactly).
 #include <mma.h>
 
 #include <algorithm>
@@ -17,11 +19,13 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "kv_cache.cuh"
 #include "textgen/kernels/paged_attention.h"
 
 namespace textgen::kernels {
 namespace {
 
+using cuda::CacheOf;
 using cuda::Convert;
 
 constexpr int kWarps = 4;
@@ -60,10 +64,12 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // grouped- and multi-query attention load each key and value once for all of them: Falcon-7B's 71
 // heads over one KV head read it 71 times from L2 with one head per block. Each head's arithmetic
 // is the same, in the same order, as with kHeads = 1.
-template <typename T, int kEpl, int kHeads, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kEpl, int kHeads, bool kAlibi>
 __global__ void __launch_bounds__(kWarps * 32)
     splitKernel(PagedAttentionParams p, int partition, int numSplits, int tilesPerKv) {
   using C = Convert<T>;
+  using K = CacheOf<T, kCache>;
+  using E = typename K::Elem;
   cuda::waitForPrimary();
   cuda::allowDependents();
   const int row = blockIdx.x, split = blockIdx.z;
@@ -102,8 +108,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     m[t] = -INFINITY;
     l[t] = 0.0f;
   }
-  const T* kBase = static_cast<const T*>(p.kCache) + kvh * p.headDim;
-  const T* vBase = static_cast<const T*>(p.vCache) + kvh * p.headDim;
+  const E* kBase = static_cast<const E*>(p.kCache) + kvh * p.headDim;
+  const E* vBase = static_cast<const E*>(p.vCache) + kvh * p.headDim;
   constexpr int kKeys = 4;  // keys in flight per warp
   for (int j0 = begin + warp * kKeys; j0 < end; j0 += kWarps * kKeys) {
     // Keys and values of kKeys positions loaded together: one memory round trip per iteration.
@@ -116,8 +122,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) {
         const bool in = j < end && d0 + e < hd;
-        kv[u][e] = in ? C::toFloat(kBase[off + e]) : 0.0f;
-        vv[u][e] = in ? C::toFloat(vBase[off + e]) : 0.0f;
+        kv[u][e] = in ? K::toFloat(kBase[off + e]) : 0.0f;
+        vv[u][e] = in ? K::toFloat(vBase[off + e]) : 0.0f;
       }
     }
 #pragma unroll
@@ -255,23 +261,23 @@ int headsPerBlock(int64_t group, int64_t headDim, int64_t rowHeads, int64_t targ
   return group >= 8 && headDim > 32 && headDim <= 128 && rowHeads >= target ? 8 : 1;
 }
 
-template <typename T, int kEpl, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kEpl, bool kAlibi>
 auto splitKernelHeads(int heads) {
   if constexpr (kEpl == 2 || kEpl == 4) {
-    if (heads == 8) return splitKernel<T, kEpl, 8, kAlibi>;
+    if (heads == 8) return splitKernel<T, kCache, kEpl, 8, kAlibi>;
   }
-  return splitKernel<T, kEpl, 1, kAlibi>;
+  return splitKernel<T, kCache, kEpl, 1, kAlibi>;
 }
 
-template <typename T, bool kAlibi>
+template <typename T, KvCacheDType kCache, bool kAlibi>
 auto splitKernelFor(int64_t headDim, int heads) {
-  return headDim <= 32    ? splitKernelHeads<T, 1, kAlibi>(heads)
-         : headDim <= 64  ? splitKernelHeads<T, 2, kAlibi>(heads)
-         : headDim <= 128 ? splitKernelHeads<T, 4, kAlibi>(heads)
-                          : splitKernelHeads<T, 8, kAlibi>(heads);
+  return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kAlibi>(heads)
+         : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kAlibi>(heads)
+         : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kAlibi>(heads)
+                          : splitKernelHeads<T, kCache, 8, kAlibi>(heads);
 }
 
-template <typename T>
+template <typename T, KvCacheDType kCache>
 Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   // With (rows x heads) blocks too few to keep eight per SM busy (decode is bound by the loads
   // in flight), split every context into partitions of kMinPartition keys: a block per split
@@ -304,8 +310,8 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numKvHeads * tilesPerKv),
                   static_cast<unsigned>(splits));
   const int s = static_cast<int>(splits), part = static_cast<int>(partition);
-  auto* kernel = p.alibiSlopes ? splitKernelFor<T, true>(p.headDim, heads)
-                               : splitKernelFor<T, false>(p.headDim, heads);
+  auto* kernel = p.alibiSlopes ? splitKernelFor<T, kCache, true>(p.headDim, heads)
+                               : splitKernelFor<T, kCache, false>(p.headDim, heads);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, part, s,
                       static_cast<int>(tilesPerKv));
 }
@@ -331,13 +337,16 @@ struct FlashSmem {
   static constexpr size_t kBytes = kSlots + sizeof(int64_t) * kTileKeys;
 };
 
-template <typename T, int kD, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
 __global__ void __launch_bounds__(kWarps * 32)
     flashKernel(PagedAttentionParams p, int tilesPerSeq) {
   namespace wmma = nvcuda::wmma;
   using L = FlashSmem<T, kD>;
   using C = Convert<T>;
+  using K = CacheOf<T, kCache>;
+  using E = typename K::Elem;
   using V8 = cuda::Vec<T, 8>;
+  using E8 = cuda::Vec<E, 8>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);
   T* sK = reinterpret_cast<T*>(smem + L::kK);
@@ -400,12 +409,23 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = threadIdx.x; i < kTileKeys * kVecsPerRow; i += blockDim.x) {
       const int c = i / kVecsPerRow, v = i % kVecsPerRow;
       const int64_t slot = sSlot[c];
-      V8 kv{}, vv{};
+      E8 ke{}, ve{};
       if (slot >= 0) {
-        kv = reinterpret_cast<const V8*>(static_cast<const T*>(p.kCache) + slot * kvWidth +
+        ke = reinterpret_cast<const E8*>(static_cast<const E*>(p.kCache) + slot * kvWidth +
                                          kvh * kD)[v];
-        vv = reinterpret_cast<const V8*>(static_cast<const T*>(p.vCache) + slot * kvWidth +
+        ve = reinterpret_cast<const E8*>(static_cast<const E*>(p.vCache) + slot * kvWidth +
                                          kvh * kD)[v];
+      }
+      V8 kv, vv;
+      if constexpr (kCache == KvCacheDType::kAuto) {
+        kv = ke;
+        vv = ve;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {  // fp8 -> float -> T: exact (kv_cache.cuh)
+          kv.v[e] = C::fromFloat(K::toFloat(ke.v[e]));
+          vv.v[e] = C::fromFloat(K::toFloat(ve.v[e]));
+        }
       }
       reinterpret_cast<V8*>(sK + c * L::kDp)[v] = kv;
       reinterpret_cast<V8*>(sV + c * L::kDp)[v] = vv;
@@ -509,7 +529,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <typename T, int kD, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
 Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   using L = FlashSmem<T, kD>;
   // The opt-in is a property of the kernel on each device: once per device (tensor-parallel ranks
@@ -519,7 +539,7 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(optedIn.load(std::memory_order_acquire) & bit)) {
-    const cudaError_t attr = cudaFuncSetAttribute(flashKernel<T, kD, kAlibi>,
+    const cudaError_t attr = cudaFuncSetAttribute(flashKernel<T, kCache, kD, kAlibi>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   static_cast<int>(L::kBytes));
     if (attr != cudaSuccess) {
@@ -531,27 +551,32 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t tilesPerSeq = (p.maxNewRows + kTileRows - 1) / kTileRows;
   const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq),
                   static_cast<unsigned>(p.numHeads));
-  return cuda::launch("paged_attention (flash)", flashKernel<T, kD, kAlibi>, grid, kWarps * 32,
-                      L::kBytes, stream, p, static_cast<int>(tilesPerSeq));
+  return cuda::launch("paged_attention (flash)", flashKernel<T, kCache, kD, kAlibi>, grid,
+                      kWarps * 32, L::kBytes, stream, p, static_cast<int>(tilesPerSeq));
 }
 
-template <typename T>
+template <typename T, KvCacheDType kCache>
 Status launchFlash(const PagedAttentionParams& p, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
-    return launchSplit<T>(p, stream);
+    return launchSplit<T, kCache>(p, stream);
   } else {
     if (p.alibiSlopes) {
-      return p.headDim == 64 ? launchFlashD<T, 64, true>(p, stream)
-                             : launchFlashD<T, 128, true>(p, stream);
+      return p.headDim == 64 ? launchFlashD<T, kCache, 64, true>(p, stream)
+                             : launchFlashD<T, kCache, 128, true>(p, stream);
     }
-    return p.headDim == 64 ? launchFlashD<T, 64, false>(p, stream)
-                           : launchFlashD<T, 128, false>(p, stream);
+    return p.headDim == 64 ? launchFlashD<T, kCache, 64, false>(p, stream)
+                           : launchFlashD<T, kCache, 128, false>(p, stream);
   }
+}
+
+template <typename T, KvCacheDType kCache>
+Status launchAs(const PagedAttentionParams& p, cudaStream_t stream, bool flash) {
+  return flash ? launchFlash<T, kCache>(p, stream) : launchSplit<T, kCache>(p, stream);
 }
 
 template <typename T>
 Status launch(const PagedAttentionParams& p, cudaStream_t stream, bool flash) {
-  return flash ? launchFlash<T>(p, stream) : launchSplit<T>(p, stream);
+  TG_DISPATCH_KV_CACHE(p.cacheDtype, launchAs, T, p, stream, flash);
 }
 
 }  // namespace

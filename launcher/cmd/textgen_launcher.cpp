@@ -63,6 +63,7 @@ const FlagSpec kFlags[] = {
     {"num-shard", Kind::kValue},
     {"quantize", Kind::kValue},  // the shard checks it against the checkpoint's format
     {"dtype", Kind::kValue},
+    {"kv-cache-dtype", Kind::kValue},  // fp8_e4m3fn | fp8_e5m2; absent: the model's dtype
     {"max-concurrent-requests", Kind::kRouter},
     {"max-best-of", Kind::kRouter},
     {"max-stop-sequences", Kind::kRouter},
@@ -324,6 +325,14 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
                    "bitsandbytes-fp4, eetq, fp8");
     }
   }
+  // TGI's --kv-cache-dtype: the KV cache in fp8 (without it, in the model's dtype).
+  if (p.values.contains("kv-cache-dtype")) {
+    const std::string kv = p.get("kv-cache-dtype", "");
+    if (kv != "fp8_e4m3fn" && kv != "fp8_e5m2")
+      return usage("--kv-cache-dtype " + kv +
+                   ": expected fp8_e4m3fn or fp8_e5m2 (without the flag the KV cache takes the "
+                   "model's dtype)");
+  }
   // --shards-only's flags need it; the router's flags are refused with it (it starts no router).
   const bool shardsOnly = p.switches.contains("shards-only");
   for (const std::string& name : p.onCommandLine) {
@@ -368,7 +377,8 @@ std::vector<std::string> shardArgs(const Parsed& p, const fs::path& modelDir,
   std::vector<std::string> args{(selfDir() / "textgen-shard").string(), "--model-id",
                                 modelDir.string(), "--log-level", p.get("log-level", "info")};
   // --dtype etc.: the shard checks them against its device.
-  for (const char* flag : {"dtype", "quantize", "cuda-graphs", "cuda-memory-fraction"}) {
+  for (const char* flag :
+       {"dtype", "quantize", "kv-cache-dtype", "cuda-graphs", "cuda-memory-fraction"}) {
     if (p.values.contains(flag)) {
       args.push_back(std::string("--") + flag);
       args.push_back(p.get(flag, ""));

@@ -3,13 +3,16 @@
 //   textgen-shard --model-id DIR [--uds-path PATH | --port N] [--block-size 16]
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
 //                 [--quantize gptq|awq|bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|fp8]
+//                 [--kv-cache-dtype fp8_e4m3fn|fp8_e5m2]
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
 //                 [--shard-urls ADDR,ADDR,...] [--collective-timeout SECONDS]
 //                 [--json-output] [--log-level info]
 // The device defaults to CUDA where there is one. On CUDA the dtype defaults to the checkpoint's
 // (float16 for a float32 checkpoint, as TGI does) and the KV pool is sized at Warmup from free
-// device memory; on the CPU it is float32 and the pool a fraction of MemAvailable.
+// device memory; on the CPU it is float32 and the pool a fraction of MemAvailable. The KV cache is
+// kept in the dtype, or with --kv-cache-dtype as fp8 codes (one byte an element: twice the blocks
+// of a 16-bit cache in the same memory).
 // Rank and world size come from RANK / WORLD_SIZE (MASTER_ADDR / MASTER_PORT for the collective),
 // as in TGI. With WORLD_SIZE > 1 the ranks meet through rank 0's rendezvous store, connect NCCL
 // (CUDA) or Gloo (CPU), and each loads its Megatron share of the weights; a rank whose peer dies,
@@ -54,6 +57,7 @@ struct Flags {
   std::string revision;
   std::string dtype;
   std::string quantize;  // TGI's --quantize: only a pre-quantized checkpoint's own format today
+  kernels::KvCacheDType kvCacheDtype = kernels::KvCacheDType::kAuto;  // TGI's --kv-cache-dtype
   std::string udsPath;
   int port = -1;
   int64_t blockSize = 16;
@@ -109,6 +113,14 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       TG_ASSIGN_OR_RETURN(f.dtype, value());
     } else if (a == "--quantize") {
       TG_ASSIGN_OR_RETURN(f.quantize, value());
+    } else if (a == "--kv-cache-dtype") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      const auto fp8 = kernels::fp8KvCacheDTypeOf(v);
+      if (!fp8) {
+        return invalidArgumentError("--kv-cache-dtype must be fp8_e4m3fn or fp8_e5m2, not '" + v +
+                                    "' (without the flag the KV cache takes the model's dtype)");
+      }
+      f.kvCacheDtype = *fp8;
     } else if (a == "--uds-path") {
       TG_ASSIGN_OR_RETURN(f.udsPath, value());
     } else if (a == "--port") {
@@ -302,7 +314,8 @@ std::string fingerprint(const Flags& f, runtime::Backend& backend, kernels::DTyp
          " dtype=" + std::string(kernels::dtypeName(dtype)) +
          " block-size=" + std::to_string(f.blockSize) + " cuda-graphs=" + graphs +
          " config.json=" + std::to_string(std::hash<std::string>{}(config)) +
-         " TEXTGEN_CUSTOM_ALL_REDUCE=" + (custom ? custom : "") + " quantize=" + f.quantize;
+         " TEXTGEN_CUSTOM_ALL_REDUCE=" + (custom ? custom : "") + " quantize=" + f.quantize +
+         " kv-cache-dtype=" + std::string(kernels::kvCacheDTypeName(f.kvCacheDtype));
 }
 
 Status checkSameStart(runtime::Rendezvous& r, const std::string& mine) {
@@ -366,7 +379,8 @@ int run(int argc, char** argv) {
     if (!r.ok()) return fail(r.status());
     rendezvous = std::move(*r);
     // Every rank must have been started alike, or the collectives would not match (a rank that
-    // fell back to the CPU beside GPU ranks, another dtype, model, block size or graph sizes).
+    // fell back to the CPU beside GPU ranks, another dtype, KV cache dtype, model, block size or
+    // graph sizes).
     if (auto s = checkSameStart(*rendezvous, fingerprint(f, **backend, *dtype)); !s.ok())
       return fail(s);
     const auto timeout = std::chrono::seconds(f.collectiveTimeoutS);
@@ -390,12 +404,16 @@ int run(int argc, char** argv) {
   if (!model.ok()) return fail(model.status().withContext("loading " + f.modelId));
   auto tok = tokenizer::Tokenizer::fromDirectory(f.modelId);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer of " + f.modelId));
-  spdlog::info("backend {}, dtype {}", (*backend)->name(), kernels::dtypeName(*dtype));
+  spdlog::info("backend {}, dtype {}, KV cache {}", (*backend)->name(), kernels::dtypeName(*dtype),
+               f.kvCacheDtype == kernels::KvCacheDType::kAuto
+                   ? kernels::dtypeName(*dtype)
+                   : kernels::kvCacheDTypeName(f.kvCacheDtype));
   runtime::Engine engine(**model, **tok, **backend,
                          {.blockSize = f.blockSize,
                           .kvCacheBytes = *budget,
                           .memoryFraction = f.cudaMemoryFraction,
-                          .comm = comm.get()});
+                          .comm = comm.get(),
+                          .kvCacheDtype = f.kvCacheDtype});
 
   runtime::ShardServiceOptions options;
   options.dtype = std::string(kernels::dtypeName(*dtype));

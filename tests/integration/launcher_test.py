@@ -170,8 +170,28 @@ def test_refused_flags():
     refused(["--quantize", "int3"], "--quantize int3: expected one of gptq, awq, bitsandbytes")
     refused(["--quantize", "marlin"], "--quantize marlin is not supported yet")
     refused(["--quantize", "gptq"], "--quantize gptq: config.json has no quantization_config", env={"CUDA_VISIBLE_DEVICES": ""}, code=1)
+    # TGI's two fp8 KV cache formats only (no flag: the model's dtype).
+    for kv in ("fp8", "auto", "float16", "FP8_E4M3FN", ""):
+        refused(["--kv-cache-dtype", kv], f"--kv-cache-dtype {kv}: expected fp8_e4m3fn or fp8_e5m2")
+    refused([], "--kv-cache-dtype int8: expected fp8_e4m3fn or fp8_e5m2", env={"KV_CACHE_DTYPE": "int8"})
     # A path that does not exist is not taken for a hub id (hub downloads: hub_test.py).
     refused(["--model-id", "/no/such/model"], "neither a local directory nor a hub id", code=1)
+
+
+def test_kv_cache_fp8_serves():
+    """--kv-cache-dtype reaches the shard, which serves the demo model with an fp8 KV cache (CPU)."""
+    la = Launcher("kv-fp8", ["--kv-cache-dtype", "fp8_e5m2"], env={"CUDA_VISIBLE_DEVICES": ""})
+    try:
+        if not check(la.port, f"launcher with --kv-cache-dtype ready: {la.stderr()[-2000:]}"):
+            return
+        shards = [k for k in la.kids() if "textgen-shard" in open(f"/proc/{k}/cmdline").read()]
+        args = open(f"/proc/{shards[0]}/cmdline").read().split("\0") if shards else []
+        check("--kv-cache-dtype" in args and args[args.index("--kv-cache-dtype") + 1] == "fp8_e5m2",
+              f"the shard got --kv-cache-dtype fp8_e5m2: {args}")
+        status, body = generate(la.port)
+        check(status == 200 and body.get("generated_text"), f"generates with an fp8 KV cache: {status} {body}")
+    finally:
+        check(la.stop() == 0, "SIGTERM stops it cleanly")
 
 
 def test_bad_shard_flags():
@@ -566,6 +586,7 @@ def main():
     test_start_generate_sigterm()
     test_crashed_shard()
     test_refused_flags()
+    test_kv_cache_fp8_serves()
     test_bad_shard_flags()
     test_bad_shards_only_flags()
     fake_launcher = fake_install()

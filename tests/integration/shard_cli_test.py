@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """textgen-shard's device and dtype flags on a machine without a GPU: bad values exit non-zero naming
 the flag; float16/bfloat16 on the CPU is refused with the reason; --device cuda without a device says
-so; --device auto falls back to the CPU and serves. Usage: shard_cli_test.py TEXTGEN_SHARD MODEL_DIR"""
+so; --device auto falls back to the CPU and serves, with --kv-cache-dtype fp8_e4m3fn too. Usage: shard_cli_test.py TEXTGEN_SHARD MODEL_DIR"""
 import shutil
 import subprocess
 import sys
@@ -33,6 +33,9 @@ for flags, want in [
     (["--cuda-memory-fraction", "half"], "--cuda-memory-fraction must be a number in (0, 1]"),
     (["--device", "cpu", "--dtype", "bfloat16"], "the CPU backend computes in float32"),
     (["--shard-urls", "a:1,b:2"], "--shard-urls lists 2 addresses for WORLD_SIZE 1"),
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype must be fp8_e4m3fn or fp8_e5m2, not 'fp8'"),
+    (["--kv-cache-dtype", "auto"], "--kv-cache-dtype must be fp8_e4m3fn or fp8_e5m2, not 'auto'"),
+    (["--kv-cache-dtype"], "--kv-cache-dtype needs a value"),
 ]:
     rc, err = run(*flags)
     check(rc != 0 and want in err, f"{flags}: exit {rc}, stderr {err.strip()[-300:]!r}")
@@ -48,6 +51,13 @@ if shutil.which("nvidia-smi") is None:
                               "--cuda-graphs", "0"], stdout=subprocess.PIPE, text=True)
         line = p.stdout.readline()
         check(line.startswith("textgen-shard ready "), f"auto serves on the CPU: {line!r}")
+        p.terminate()
+        check(p.wait(timeout=30) == 0, "SIGTERM exits 0")
+        # An fp8 KV cache on the CPU (engine and kernels: runtime_test's KvCacheFp8Test).
+        p = subprocess.Popen([binary, "--model-id", model, "--uds-path", f"{d}/fp8", "--log-level", "warn",
+                              "--kv-cache-dtype", "fp8_e4m3fn"], stdout=subprocess.PIPE, text=True)
+        line = p.stdout.readline()
+        check(line.startswith("textgen-shard ready "), f"--kv-cache-dtype fp8_e4m3fn serves on the CPU: {line!r}")
         p.terminate()
         check(p.wait(timeout=30) == 0, "SIGTERM exits 0")
 

@@ -6,8 +6,8 @@ in time:
   3. a rank frozen (SIGSTOP) while a request runs: rank 0 waits in a collective for at most
      --collective-timeout, then exits 3 saying so; the request gets an error answer (no hang);
   4. a rank that joins with another WORLD_SIZE is refused, naming the mismatch;
-  5. a rank started unlike rank 0 (another --block-size) is refused naming both, and rank 0 stops
-     waiting for it at once.
+  5. a rank started unlike rank 0 (another --block-size, another --kv-cache-dtype) is refused naming
+     both, and rank 0 stops waiting for it at once.
 
 Usage: tp_fault_test.py ROUTER_BINARY SHARD_BINARY MODEL_DIR
 Prints "N passed, M failed" and exits non-zero on any failure.
@@ -162,16 +162,15 @@ def test_world_size_mismatch():
     zero.stop()
 
 
-def test_started_unlike_rank_zero():
+def test_started_unlike_rank_zero(flags=("--block-size", "32"), words=("block-size=32",)):
     port = free_port()
     uds = tempfile.mktemp(prefix="tgtp-")
     zero = Rank(0, 2, port, uds)
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    odd = subprocess.run([SHARD, "--model-id", MODEL, "--uds-path", uds, "--device", "cpu",
-                          "--block-size", "32"], env=env, capture_output=True, text=True, timeout=60)
-    check(odd.returncode != 0 and "started unlike rank 0" in odd.stderr and "block-size=32" in odd.stderr,
-          "a rank started with another --block-size is refused, naming both: " +
-          odd.stderr.strip()[-160:])
+    odd = subprocess.run([SHARD, "--model-id", MODEL, "--uds-path", uds, "--device", "cpu", *flags],
+                         env=env, capture_output=True, text=True, timeout=60)
+    check(odd.returncode != 0 and "started unlike rank 0" in odd.stderr and all(w in odd.stderr for w in words),
+          f"a rank started with {flags} is refused, naming both: " + odd.stderr.strip()[-300:])
     code = zero.wait_exit(20)
     check(code is not None and code != 0,
           f"rank 0 does not wait out its timeout for the refused rank (exit {code})")
@@ -181,7 +180,9 @@ def test_started_unlike_rank_zero():
 def main():
     for test in (lambda: test_lost_rank(1), lambda: test_lost_rank(0),
                  test_frozen_rank_in_a_collective, test_world_size_mismatch,
-                 test_started_unlike_rank_zero):
+                 test_started_unlike_rank_zero,
+                 lambda: test_started_unlike_rank_zero(
+                     ("--kv-cache-dtype", "fp8_e4m3fn"), ("kv-cache-dtype=fp8_e4m3fn", "kv-cache-dtype=auto"))):
         try:
             test()
         except Exception as e:  # noqa: BLE001 - a crashed test is a failure, the rest still run

@@ -1,11 +1,14 @@
 // The decoder-layer kernels against their CPU references over random shapes and every dtype:
 // gather_rows, kv_write and position_embedding bit for bit; rope, the gated activations, gemm and
 // paged attention (split-K decode, tensor-core prefill, prefixes, chunks, GQA, sliding windows,
-// ALiBi) within the tolerances of tests/support/tolerance.h.
+// ALiBi) within the tolerances of tests/support/tolerance.h. With an fp8 KV cache (e4m3fn, e5m2):
+// kv_write's codes bit for bit, rope_kv_write's codes those of the keys it rotated, and paged
+// attention over fp8 codes within the same tolerances.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -17,6 +20,7 @@
 #include "support/tolerance.h"
 #include "textgen/kernels/argmax.h"
 #include "textgen/kernels/bias_add.h"
+#include "textgen/kernels/fp8.h"
 #include "textgen/kernels/gated_activation.h"
 #include "textgen/kernels/gather_rows.h"
 #include "textgen/kernels/gemm_runner.h"
@@ -36,6 +40,11 @@ using testing::encode;
 using testing::toleranceFor;
 
 constexpr DType kDtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+constexpr KvCacheDType kFp8Caches[] = {KvCacheDType::kFp8E4M3, KvCacheDType::kFp8E5M2};
+
+uint8_t fp8Code(KvCacheDType c, float v) {
+  return c == KvCacheDType::kFp8E4M3 ? floatToFp8E4M3(v) : floatToFp8E5M2(v);
+}
 
 class OpsCudaTest : public ::testing::Test {
  protected:
@@ -125,6 +134,57 @@ TEST_F(OpsCudaTest, KvWriteScattersRowsToSlotsExactly) {
       ASSERT_TRUE(invokeKvWrite(p, nullptr).ok());
       EXPECT_EQ(fromDevice(dk, cacheBytes), kWant);
       EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
+    }
+  }
+}
+
+// Into an fp8 cache: the device's codes (__nv_cvt_float_to_fp8, saturating) equal fp8.h's bit for
+// bit, from every dtype, over values reaching past each format's largest finite one.
+TEST_F(OpsCudaTest, KvWriteFp8CacheStoresTheReferenceCodesExactly) {
+  for (KvCacheDType cache : kFp8Caches) {
+    for (DType dt : kDtypes) {
+      for (int64_t headDim : {8, 64, 128}) {
+        SCOPED_TRACE(std::string(kvCacheDTypeName(cache)) + " from " + std::string(dtypeName(dt)) +
+                     " headDim " + std::to_string(headDim));
+        const int64_t rows = 40, kvHeads = 2, numSlots = 256, stride = 3 * kvHeads * headDim;
+        std::vector<float> values = randomValues(rows * stride, rng_);
+        for (size_t i = 0; i < values.size(); i += 7) values[i] *= 1000.0f;  // e4m3 saturates
+        for (size_t i = 3; i < values.size(); i += 11) values[i] *= 1e-4f;   // subnormals
+        const auto qkv = encode(values, dt);
+        std::vector<int32_t> slots(numSlots);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), rng_);
+        slots.resize(rows);
+        const size_t es = dtypeSize(dt), cacheBytes = numSlots * kvHeads * headDim;
+        std::vector<uint8_t> kWant(cacheBytes, 0), vWant(cacheBytes, 0);
+        const uint8_t* k = qkv.data() + kvHeads * headDim * es;
+        const uint8_t* v = k + kvHeads * headDim * es;
+        KvWriteParams p{.k = k,
+                        .v = v,
+                        .kvRowStride = stride,
+                        .kCache = kWant.data(),
+                        .vCache = vWant.data(),
+                        .slots = slots.data(),
+                        .rows = rows,
+                        .numKvHeads = kvHeads,
+                        .headDim = headDim,
+                        .numSlots = numSlots,
+                        .dtype = dt,
+                        .cacheDtype = cache};
+        ASSERT_TRUE(kvWriteReference(p).ok());
+        auto dQkv = toDevice(qkv), dSlots = toDevice(slots);
+        DeviceBuffer dk(cacheBytes), dv(cacheBytes);
+        TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
+        TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
+        p.k = dQkv->as<uint8_t>(kvHeads * headDim * es);
+        p.v = dQkv->as<uint8_t>(2 * kvHeads * headDim * es);
+        p.kCache = dk.get();
+        p.vCache = dv.get();
+        p.slots = dSlots->as<int32_t>();
+        ASSERT_TRUE(invokeKvWrite(p, nullptr).ok());
+        EXPECT_EQ(fromDevice(dk, cacheBytes), kWant);
+        EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
+      }
     }
   }
 }
@@ -259,6 +319,96 @@ TEST_F(OpsCudaTest, FusedRopeKvWriteMatchesRopeThenKvWrite) {
       EXPECT_TRUE(testing::allClose(decode(fromDevice(dk, cacheBytes), dt), decode(kWant, dt),
                                     toleranceFor(dt), kvWidth));
       EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
+    }
+  }
+}
+
+// Into an fp8 cache: each written key code is the code of the key the kernel rotated (its k rows,
+// compared with the host's within the dtype's tolerance), each value code the value's, bit for bit.
+TEST_F(OpsCudaTest, FusedRopeKvWriteFp8CacheStoresTheCodesOfTheRotatedKeys) {
+  for (KvCacheDType cache : kFp8Caches) {
+    for (DType dt : kDtypes) {
+      // Whole and partial rotary, heads split over blocks and not.
+      for (const auto [heads, kvHeads, headDim, rotaryDim] :
+           {std::array<int64_t, 4>{8, 2, 64, 64}, std::array<int64_t, 4>{4, 2, 80, 32},
+            std::array<int64_t, 4>{4, 4, 256, 256}}) {
+        SCOPED_TRACE(std::string(kvCacheDTypeName(cache)) + " " + std::string(dtypeName(dt)) +
+                     " heads " + std::to_string(heads) + "/" + std::to_string(kvHeads) +
+                     " rotary " + std::to_string(rotaryDim));
+        const int64_t rows = 21, numSlots = 64, half = rotaryDim / 2,
+                      stride = (heads + 2 * kvHeads) * headDim, kvWidth = kvHeads * headDim;
+        const size_t es = dtypeSize(dt);
+        const auto qkv = encode(randomValues(rows * stride, rng_, 4.0f), dt);
+        std::vector<int32_t> positions(rows), slots(numSlots);
+        for (auto& p : positions) p = static_cast<int32_t>(rng_() % 4096);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), rng_);
+        slots.resize(rows);
+        slots[2] = -1;  // a padding row: nothing written
+        std::vector<float> invFreq(rows * half);
+        for (int64_t i = 0; i < rows * half; ++i)
+          invFreq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * (i % half)) / rotaryDim);
+        auto rotated = qkv;  // the host's rotation, for the device's k rows
+        RopeParams hostRope{.q = rotated.data(),
+                            .k = rotated.data() + heads * headDim * es,
+                            .qRowStride = stride,
+                            .kRowStride = stride,
+                            .invFreq = invFreq.data(),
+                            .positions = positions.data(),
+                            .rows = rows,
+                            .numHeads = heads,
+                            .numKvHeads = kvHeads,
+                            .headDim = headDim,
+                            .rotaryDim = rotaryDim,
+                            .dtype = dt};
+        ASSERT_TRUE(ropeReference(hostRope).ok());
+        const size_t cacheBytes = numSlots * kvWidth;
+        auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq),
+             dSlots = toDevice(slots);
+        DeviceBuffer dk(cacheBytes), dv(cacheBytes);
+        TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
+        TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
+        RopeKvWriteParams d{.rope = hostRope,
+                            .kv = {.kvRowStride = stride,
+                                   .kCache = dk.get(),
+                                   .vCache = dv.get(),
+                                   .slots = dSlots->as<int32_t>(),
+                                   .rows = rows,
+                                   .numKvHeads = kvHeads,
+                                   .headDim = headDim,
+                                   .numSlots = numSlots,
+                                   .dtype = dt,
+                                   .cacheDtype = cache}};
+        d.rope.q = dQkv->get();
+        d.rope.k = dQkv->as<uint8_t>(heads * headDim * es);
+        d.rope.invFreq = dFreq->as<float>();
+        d.rope.positions = dPos->as<int32_t>();
+        d.kv.k = d.rope.k;
+        d.kv.v = dQkv->as<uint8_t>((heads + kvHeads) * headDim * es);
+        ASSERT_TRUE(invokeRopeKvWrite(d, nullptr).ok());
+        const auto deviceQkv = fromDevice(*dQkv, qkv.size());
+        EXPECT_TRUE(testing::allClose(decode(deviceQkv, dt), decode(rotated, dt), toleranceFor(dt),
+                                      stride));
+        const std::vector<float> rows32 = decode(deviceQkv, dt);
+        const auto kc = fromDevice(dk, cacheBytes), vc = fromDevice(dv, cacheBytes);
+        std::vector<bool> written(numSlots, false);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (slots[r] < 0) continue;
+          written[slots[r]] = true;
+          for (int64_t i = 0; i < kvWidth; ++i) {
+            const float k = rows32[r * stride + heads * headDim + i];
+            const float v = rows32[r * stride + (heads + kvHeads) * headDim + i];
+            ASSERT_EQ(kc[slots[r] * kvWidth + i], fp8Code(cache, k)) << "row " << r << " " << i;
+            ASSERT_EQ(vc[slots[r] * kvWidth + i], fp8Code(cache, v)) << "row " << r << " " << i;
+          }
+        }
+        for (int64_t s = 0; s < numSlots; ++s) {
+          for (int64_t i = 0; !written[s] && i < kvWidth; ++i) {
+            ASSERT_EQ(kc[s * kvWidth + i], 0) << "slot " << s;
+            ASSERT_EQ(vc[s * kvWidth + i], 0) << "slot " << s;
+          }
+        }
+      }
     }
   }
 }
@@ -610,6 +760,7 @@ struct AttentionCase {
   bool alibi = false;  // slopes 2^(-8 (h + 1) / heads) (BLOOM for 2^n heads), reversed
   // > 0: Falcon's ALiBi, bf16(slope * j) / this (PagedAttentionParams::alibiBf16Divisor).
   float alibiBf16Divisor = 0.0f;
+  KvCacheDType cache = KvCacheDType::kAuto;  // fp8: the cache holds codes of random values
 };
 
 std::string describe(const AttentionCase& c) {
@@ -618,7 +769,8 @@ std::string describe(const AttentionCase& c) {
          " headDim=" + std::to_string(c.headDim) + " block=" + std::to_string(c.blockSize) +
          " window=" + std::to_string(c.window) + " maxStart=" + std::to_string(c.maxStart) +
          " maxRows=" + std::to_string(c.maxRows) + (c.alibi ? " alibi" : "") +
-         (c.alibiBf16Divisor > 0 ? " falcon" : "");
+         (c.alibiBf16Divisor > 0 ? " falcon" : "") +
+         " cache=" + std::string(kvCacheDTypeName(c.cache));
 }
 
 void runAttention(const AttentionCase& c, std::mt19937& rng) {
@@ -647,8 +799,14 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
   // q inside a fused qkv row, as the model lays it out.
   const int64_t qStride = (c.heads + 2 * c.kvHeads) * c.headDim;
   const auto q = encode(randomValues(rows * qStride, rng), dt);
-  const auto kc = encode(randomValues(numSlots * kvWidth, rng), dt);
-  const auto vc = encode(randomValues(numSlots * kvWidth, rng), dt);
+  auto cacheOf = [&](const std::vector<float>& values) {
+    if (c.cache == KvCacheDType::kAuto) return encode(values, dt);
+    std::vector<uint8_t> codes(values.size());
+    for (size_t i = 0; i < values.size(); ++i) codes[i] = fp8Code(c.cache, values[i]);
+    return codes;
+  };
+  const auto kc = cacheOf(randomValues(numSlots * kvWidth, rng));
+  const auto vc = cacheOf(randomValues(numSlots * kvWidth, rng));
   std::vector<uint8_t> want(rows * c.heads * c.headDim * es);
   // Steep and shallow slopes; reversed so the head order matters (a kernel reading the wrong
   // head's slope fails).
@@ -676,7 +834,8 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
                          .alibiBf16Divisor = c.alibiBf16Divisor,
                          .maxNewRows = maxNewRows,
                          .maxContext = maxContext,
-                         .dtype = dt};
+                         .dtype = dt,
+                         .cacheDtype = c.cache};
   ASSERT_TRUE(pagedAttentionReference(p).ok());
   auto dq = toDevice(q), dk = toDevice(kc), dv = toDevice(vc), dStarts = toDevice(seqStarts),
        dStartPos = toDevice(startPos), dTables = toDevice(tables);
@@ -770,6 +929,40 @@ TEST_F(OpsCudaTest, PagedAttentionFalconAlibi) {
     runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 11.3137085f}, rng_);  // prefill, GQA
     runAttention({dt, 2, 4, 1, 64, 16, 0, 300, 130, true, 8.0f}, rng_);        // chunks, MQA
     runAttention({dt, 2, 12, 4, 16, 8, 0, 120, 9, true, 4.0f}, rng_);          // tiny heads
+  }
+}
+
+// An fp8 cache: codes widened to float in the split-K kernel, to the 16-bit dtype (exactly) for the
+// tensor-core prefill; the reference reads the same codes, so the usual tolerances hold.
+TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
+  for (KvCacheDType kv : kFp8Caches) {
+    for (DType dt : kDtypes) {
+      runAttention({dt, 1, 32, 32, 128, 16, 0, 3000, 1, false, 0.0f, kv}, rng_);  // splits
+      runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, false, 0.0f, kv}, rng_);     // GQA
+      runAttention({dt, 3, 4, 1, 128, 4, 0, 300, 1, false, 0.0f, kv}, rng_);      // MQA
+      runAttention({dt, 4, 8, 8, 64, 16, 100, 900, 1, false, 0.0f, kv}, rng_);    // window
+      runAttention({dt, 2, 6, 3, 80, 16, 0, 200, 1, false, 0.0f, kv}, rng_);      // head size 80
+      runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1, false, 0.0f, kv}, rng_);        // tiny heads
+      runAttention({dt, 32, 71, 1, 64, 16, 0, 700, 1, false, 0.0f, kv}, rng_);    // tiles of 8
+      runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1, false, 0.0f, kv}, rng_);    // head size 256
+      runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
+      runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, PagedAttentionFp8CachePrefillAndChunks) {
+  for (KvCacheDType kv : kFp8Caches) {
+    for (DType dt : kDtypes) {
+      runAttention({dt, 1, 8, 8, 128, 16, 0, 0, 300, false, 0.0f, kv}, rng_);      // one prompt
+      runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, false, 0.0f, kv}, rng_);      // packed, GQA
+      runAttention({dt, 3, 4, 4, 64, 16, 0, 500, 150, false, 0.0f, kv}, rng_);     // prefixes
+      runAttention({dt, 2, 4, 1, 128, 16, 300, 200, 130, false, 0.0f, kv}, rng_);  // chunks
+      runAttention({dt, 4, 4, 2, 128, 16, 0, 100, 70, false, 0.0f, kv}, rng_);     // mixed
+      runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90, false, 0.0f, kv}, rng_);  // no tensor cores
+      runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 0.0f, kv}, rng_);  // ALiBi
+      runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 11.3137085f, kv}, rng_);  // Falcon's
+    }
   }
 }
 

@@ -483,8 +483,9 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
                                       uint32_t maxPrefillTokens,
                                       std::optional<uint32_t> maxTotalTokens) {
   const kernels::DType dtype = model_.dtype();
+  const kernels::KvCacheDType cacheDtype = options_.kvCacheDtype;
   const KvShape kv = model_.kvShape();
-  const int64_t perBlock = KvCache::bytesPerBlock(kv, options_.blockSize, dtype);
+  const int64_t perBlock = KvCache::bytesPerBlock(kv, options_.blockSize, dtype, cacheDtype);
   int64_t needed = 1;
   for (const RequestSpec& r : requests) {
     for (uint32_t b : r.blocks) needed = std::max<int64_t>(needed, int64_t{b} + 1);
@@ -517,8 +518,8 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
                                     std::to_string(options_.blockSize) +
                                     " tokens; the warmup batch needs " + std::to_string(needed));
     }
-    TG_ASSIGN_OR_RETURN(cache_,
-                        KvCache::create(backend_, kv, numBlocks, options_.blockSize, dtype));
+    TG_ASSIGN_OR_RETURN(
+        cache_, KvCache::create(backend_, kv, numBlocks, options_.blockSize, dtype, cacheDtype));
     TG_RETURN_IF_ERROR(runWarmupBatch());
   } else {
     // Sized from device memory, as TGI does: run the warmup prefill with a cache just big enough
@@ -528,7 +529,8 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
       return failedPreconditionError(std::string("the ") + backend_.name() +
                                      " backend needs an explicit KV cache budget");
     }
-    TG_ASSIGN_OR_RETURN(cache_, KvCache::create(backend_, kv, needed, options_.blockSize, dtype));
+    TG_ASSIGN_OR_RETURN(
+        cache_, KvCache::create(backend_, kv, needed, options_.blockSize, dtype, cacheDtype));
     TG_RETURN_IF_ERROR(runWarmupBatch());
     cache_.reset();
     TG_RETURN_IF_ERROR(backend_.synchronize());
@@ -553,7 +555,7 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
           " blocks; the warmup batch needs " + std::to_string(needed) +
           ": lower --max-batch-prefill-tokens or use a larger GPU");
     }
-    auto cache = KvCache::create(backend_, kv, numBlocks, options_.blockSize, dtype);
+    auto cache = KvCache::create(backend_, kv, numBlocks, options_.blockSize, dtype, cacheDtype);
     if (!cache.ok())
       return cache.status().withContext("KV cache of " + std::to_string(numBlocks) + " blocks");
     cache_ = std::move(*cache);

@@ -110,7 +110,8 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
                                   .numKvHeads = nkv,
                                   .headDim = hd,
                                   .numSlots = cache.numSlots(),
-                                  .dtype = dt};
+                                  .dtype = dt,
+                                  .cacheDtype = cache.cacheDtype()};
   if (alibiSlopes_ || !options_.rope) {
     // Positions enter as the ALiBi bias, or entered with the embedding.
     TG_RETURN_IF_ERROR(ctx.backend.writeKv(kv));
@@ -152,7 +153,8 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
        .alibiBf16Divisor = options_.alibiBf16Divisor,
        .maxNewRows = meta.layout.maxNewRows,
        .maxContext = meta.layout.maxContext,
-       .dtype = dt}));
+       .dtype = dt,
+       .cacheDtype = cache.cacheDtype()}));
   return ctx.backend.linear(o_, attn, hs, rows);
 }
 

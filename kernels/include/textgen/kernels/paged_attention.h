@@ -17,7 +17,9 @@
 // On the device: a flash-attention kernel on tensor cores for prefill tiles (f16/bf16, head sizes
 // 64 and 128), and a split-K ("flash-decoding") kernel for decode rows and every other case, whose
 // partial results are merged by a second pass. Scores, softmax and accumulation are fp32; the
-// output is rounded once to the dtype.
+// output is rounded once to the dtype. An fp8 cache (cacheDtype, kv_cache_dtype.h) is read as its
+// codes widened to float (on the device into dtype for the tensor cores: exact), the same
+// attention over the fp8-rounded keys and values.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,7 @@
 
 #include "textgen/base/status.h"
 #include "textgen/kernels/dtype.h"
+#include "textgen/kernels/kv_cache_dtype.h"
 #include "textgen/kernels/stream.h"
 
 namespace textgen::kernels {
@@ -32,7 +35,7 @@ namespace textgen::kernels {
 struct PagedAttentionParams {
   const void* q = nullptr;  // [rows, numHeads, headDim], rows qRowStride elements apart
   int64_t qRowStride = 0;
-  const void* kCache = nullptr;  // [numSlots, numKvHeads, headDim]
+  const void* kCache = nullptr;  // [numSlots, numKvHeads, headDim] in cacheDtype
   const void* vCache = nullptr;
   void* out = nullptr;                   // [rows, numHeads, headDim], contiguous
   const int32_t* seqStarts = nullptr;    // [numSeqs + 1]; seqStarts[numSeqs] == rows
@@ -50,7 +53,8 @@ struct PagedAttentionParams {
   // Launch shape, known on the host: the most new rows of any sequence, and the longest context
   // (startPos + new rows). Both are upper bounds; larger values only cost idle blocks.
   int64_t maxNewRows = 0, maxContext = 0;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;  // of q and out (and of the cache under kAuto)
+  KvCacheDType cacheDtype = KvCacheDType::kAuto;
   // Device scratch for split-K partial results, zero-filled once before first use (it holds
   // arrival counters that every call leaves at zero); fewer splits when it is small.
   void* workspace = nullptr;

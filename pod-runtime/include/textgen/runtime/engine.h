@@ -93,6 +93,9 @@ struct EngineOptions {
   double safetyFraction = 0.93;  // of the remaining memory given to the KV pool (TGI's wiggle room)
   // Tensor parallelism: the ranks agree on the KV pool size through it (null: one rank).
   Communicator* comm = nullptr;
+  // How the KV pool stores keys and values (TGI's --kv-cache-dtype): the model's dtype, or fp8
+  // codes at one byte an element (twice the blocks of a 16-bit cache in the same memory).
+  kernels::KvCacheDType kvCacheDtype = kernels::KvCacheDType::kAuto;
 };
 
 class Engine {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "textgen/base/status_or.h"
+#include "textgen/kernels/kv_cache_dtype.h"
 #include "textgen/runtime/backend.h"
 #include "textgen/runtime/communicator.h"
 #include "textgen/runtime/model_config.h"
@@ -21,20 +22,25 @@ struct KvShape {
   int64_t layers = 0, kvHeads = 0, headDim = 0;
 };
 
-// Paged keys and values of every layer: [numBlocks * blockSize slots, kvHeads, headDim] each.
+// Paged keys and values of every layer: [numBlocks * blockSize slots, kvHeads, headDim] each,
+// for a model computing in `dtype`, stored in it or as fp8 codes (cacheDtype,
+// textgen/kernels/kv_cache_dtype.h: one byte an element).
 class KvCache {
  public:
-  static StatusOr<std::unique_ptr<KvCache>> create(Backend& backend, const KvShape& shape,
-                                                   int64_t numBlocks, int64_t blockSize,
-                                                   kernels::DType dtype = kernels::DType::kF32);
+  static StatusOr<std::unique_ptr<KvCache>> create(
+      Backend& backend, const KvShape& shape, int64_t numBlocks, int64_t blockSize,
+      kernels::DType dtype = kernels::DType::kF32,
+      kernels::KvCacheDType cacheDtype = kernels::KvCacheDType::kAuto);
   // Bytes one block takes across all layers (keys and values).
   static int64_t bytesPerBlock(const KvShape& shape, int64_t blockSize,
-                               kernels::DType dtype = kernels::DType::kF32);
+                               kernels::DType dtype = kernels::DType::kF32,
+                               kernels::KvCacheDType cacheDtype = kernels::KvCacheDType::kAuto);
 
   int64_t numBlocks() const { return numBlocks_; }
   int64_t blockSize() const { return blockSize_; }
   int64_t numSlots() const { return numBlocks_ * blockSize_; }
-  kernels::DType dtype() const { return dtype_; }
+  kernels::DType dtype() const { return dtype_; }  // the model's compute dtype
+  kernels::KvCacheDType cacheDtype() const { return cacheDtype_; }
   uint64_t id() const { return id_; }  // unique per cache created (graphs are bound to one)
   void* keys(int64_t layer) { return keys_[layer]->data(); }
   void* values(int64_t layer) { return values_[layer]->data(); }
@@ -43,6 +49,7 @@ class KvCache {
   int64_t numBlocks_ = 0, blockSize_ = 0;
   uint64_t id_ = 0;
   kernels::DType dtype_ = kernels::DType::kF32;
+  kernels::KvCacheDType cacheDtype_ = kernels::KvCacheDType::kAuto;
   std::vector<std::unique_ptr<Buffer>> keys_, values_;
 };
 
@@ -70,7 +77,9 @@ struct ModelOptions {
   // Tensor parallelism: this process's rank of the group (Megatron splits; every rank returns
   // the same logits). Null: the whole model on one rank.
   Communicator* comm = nullptr;
-  kernels::DType dtype = kernels::DType::kF32;  // weights, activations and KV cache
+  // Weights, activations and the KV cache (unless the engine stores it in fp8:
+  // EngineOptions::kvCacheDtype).
+  kernels::DType dtype = kernels::DType::kF32;
   // Decode steps of up to these many sequences replay a captured graph (padded to the next
   // size), on backends with graphs; empty: never (TGI's --cuda-graphs).
   std::vector<int64_t> graphBatchSizes;
