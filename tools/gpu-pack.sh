@@ -8,14 +8,19 @@ cd "$(dirname "$0")/.."
 pack=../shared/tools/device-pack
 [ -x "$pack" ] || { echo "gpu-pack: $pack not found (it lives in ../shared beside the checkout)" >&2; exit 1; }
 bins=()
-for b in tests/kernels/kernels_cuda_test tests/unit/runtime_cuda_test tests/unit/runtime_tp_cuda_test \
+# GPU_PACK_BINS="a b ...": only these (paths in the build tree), e.g. to fit one device call.
+for b in ${GPU_PACK_BINS:-}; do
+  [ -x "$build/$b" ] || { echo "gpu-pack: $build/$b missing" >&2; exit 1; }
+  bins+=("$build/$b")
+done
+[ ${#bins[@]} -gt 0 ] || for b in tests/kernels/kernels_cuda_test tests/unit/runtime_cuda_test tests/unit/runtime_tp_cuda_test \
   tests/integration/shard_grpc_test textgen-shard textgen-router \
   bench/bench_rms_norm bench/bench_tokenizer bench/bench_cuda_model; do
   [ -x "$build/$b" ] || { echo "gpu-pack: $build/$b missing: build with nvcc present (make build)" >&2; exit 1; }
   bins+=("$build/$b")
 done
 # Packed when built (newer benchmarks).
-for b in bench/bench_tp textgen-launcher; do
+[ -n "${GPU_PACK_BINS:-}" ] || for b in bench/bench_tp textgen-launcher; do
   [ -x "$build/$b" ] && bins+=("$build/$b")
 done
 rm -rf "$dest"

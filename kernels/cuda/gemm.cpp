@@ -76,8 +76,9 @@ class LtRunner final : public GemmRunner {
     if (p.dtype == DType::kF32 || p.in % 16 != 0 || p.out % 16 != 0)
       return invalidArgumentError("gemm: FP8 needs a 16-bit output and in, out multiples of 16");
     if (p.rows == 0) return okStatus();
-    TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p, true));
-    // The scales are read on the device when the GEMM runs (graph replays see new values).
+    TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p, true, scaleW, scaleX));
+    // The scales are read on the device when the GEMM runs (graph replays see new values); the
+    // pointers are this call's (layers of one shape share a plan).
     TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                              &scaleW, sizeof scaleW));
     TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
@@ -90,7 +91,8 @@ class LtRunner final : public GemmRunner {
   }
 
  private:
-  StatusOr<const Plan*> planFor(const GemmParams& p, bool fp8) {
+  StatusOr<const Plan*> planFor(const GemmParams& p, bool fp8, const float* scaleW = nullptr,
+                                const float* scaleX = nullptr) {
     const auto key = std::make_tuple(p.rows, p.in, p.out, p.dtype, fp8);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
     auto plan = std::make_unique<Plan>();
@@ -102,6 +104,12 @@ class LtRunner final : public GemmRunner {
                                              sizeof transA));
     TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &transB,
                                              sizeof transB));
+    if (fp8) {  // the heuristic picks among FP8 kernels for scaled operands
+      TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                               &scaleW, sizeof scaleW));
+      TG_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                               &scaleX, sizeof scaleX));
+    }
     const auto rows = static_cast<uint64_t>(p.rows), in = static_cast<uint64_t>(p.in),
                out = static_cast<uint64_t>(p.out);
     TG_CUBLAS(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, p.in));

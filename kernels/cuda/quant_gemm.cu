@@ -180,15 +180,23 @@ __global__ void __launch_bounds__(kWarps * 32)
   cuda::allowDependents();
   if (o >= out) return;
   float acc[kRows] = {};
+  const float* rowScales = scales + static_cast<int64_t>(o) * groups;
+  const uint8_t* rowZeros = quantHasZeros(C) ? zeros + static_cast<int64_t>(o) * groups : nullptr;
   for (int v0 = lane; v0 < vecs; v0 += kStep) {
+    // Every vector's scale and zero point requested at once (not one latency per vector).
+    float sc[kUnroll], zp[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int g = min(v0 + 32 * u, vecs - 1) * N / groupSize;
+      sc[u] = __ldg(rowScales + g);
+      zp[u] = 0.0f;
+      if constexpr (quantHasZeros(C)) zp[u] = __ldg(rowZeros + g);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int v = v0 + 32 * u;
       if (v >= vecs) break;
-      const int g = v * N / groupSize;
-      const float s = scales[static_cast<int64_t>(o) * groups + g];
-      float zero = 0.0f;
-      if constexpr (quantHasZeros(C)) zero = zeros[static_cast<int64_t>(o) * groups + g];
+      const float s = sc[u], zero = zp[u];
       float w[N];
       decode<C>(cur[u], zero, table, w);
 #pragma unroll
@@ -249,9 +257,20 @@ __global__ void dequantizeKernel(const uint8_t* __restrict__ packed,
   float w[N];
   decode<C>(reinterpret_cast<const uint4*>(packed)[t], zero, table, w);
   T* row = dense + o * in;
+  if (perm) {
 #pragma unroll
-  for (int k = 0; k < N; ++k)
-    row[perm ? perm[j0 + k] : j0 + k] = cuda::Convert<T>::fromFloat(w[k] * s);
+    for (int k = 0; k < N; ++k) row[perm[j0 + k]] = cuda::Convert<T>::fromFloat(w[k] * s);
+    return;
+  }
+  // 16-byte stores (a warp's stores then cover whole lines, not one element of each).
+  constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+  for (int c = 0; c < N / kPer; ++c) {
+    cuda::Vec<T, kPer> v;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) v.v[e] = cuda::Convert<T>::fromFloat(w[c * kPer + e] * s);
+    *reinterpret_cast<cuda::Vec<T, kPer>*>(row + j0 + c * kPer) = v;
+  }
 }
 
 // Scalar fallback of the dequantization for layouts the vector kernel does not take (groups not
@@ -446,7 +465,7 @@ Status activations(const QuantGemmParams& p, char* ws, const Layout& l, OutT* xq
     }
     return cuda::launch("fp8 activations", fp8ActKernel<T, OutT>, blocksFor(n, 256), 256, 0, stream,
                         x, n, p.w.inputScale, static_cast<const float*>(scalars), xq,
-                        std::is_same_v<OutT, uint8_t> ? scalars + 1 : nullptr);
+                        std::is_same_v<OutT, uint8_t> ? scalars + 4 : nullptr);
   }
   if constexpr (!std::is_same_v<OutT, uint8_t>) {
     if (p.w.act != ActQuant::kLlmInt8) return okStatus();
@@ -530,7 +549,7 @@ Status run(const QuantGemmParams& p, char* ws, const QuantGemmCallbacks& gemm,
     auto* xq = reinterpret_cast<uint8_t*>(xqBytes);
     TG_RETURN_IF_ERROR((activations<T, uint8_t>(p, ws, l, xq, stream)));
     return gemm.fp8({xq, p.w.packed, p.y, p.rows, p.in, p.out, p.dtype}, p.w.tensorScale,
-                    reinterpret_cast<const float*>(ws) + 1);
+                    reinterpret_cast<const float*>(ws) + 4);
   }
   const void* x = p.x;
   if (p.w.act != ActQuant::kNone) {

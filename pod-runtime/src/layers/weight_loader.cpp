@@ -292,10 +292,11 @@ Status WeightLoader::uploadQuantized(const PackedQuantized& q, Linear& l) const 
     w.perm = l.perm->as<int32_t>();
   }
   if (q.inputScale || q.tensorScale) {
-    const float s[2] = {q.inputScale.value_or(0.0f), q.tensorScale.value_or(0.0f)};
+    // Each scale 16-byte aligned (cuBLASLt's scale pointers).
+    const float s[8] = {q.inputScale.value_or(0.0f), 0, 0, 0, q.tensorScale.value_or(0.0f)};
     TG_ASSIGN_OR_RETURN(l.fp8Scales, put(s, sizeof s));
     if (q.inputScale) w.inputScale = l.fp8Scales->as<float>();
-    if (q.tensorScale) w.tensorScale = l.fp8Scales->as<float>() + 1;
+    if (q.tensorScale) w.tensorScale = l.fp8Scales->as<float>() + 4;
   }
   return okStatus();
 }
