@@ -78,37 +78,6 @@ __device__ __forceinline__ void toFloats8(const uint4& v, float (&f)[8]) {
   }
 }
 
-// The N x values of one row under vector v: XT is the dtype (16-byte loads) or float (x').
-template <typename XT, int N>
-__device__ __forceinline__ void loadX(const XT* __restrict__ xRow, const int32_t* __restrict__ perm,
-                                      int j0, float (&xf)[N]) {
-  if (perm) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) xf[k] = cuda::Convert<XT>::toFloat(xRow[perm[j0 + k]]);
-    return;
-  }
-  if constexpr (std::is_same_v<XT, float>) {
-    const float4* p = reinterpret_cast<const float4*>(xRow + j0);
-#pragma unroll
-    for (int k = 0; k < N / 4; ++k) {
-      const float4 v = p[k];
-      xf[4 * k] = v.x;
-      xf[4 * k + 1] = v.y;
-      xf[4 * k + 2] = v.z;
-      xf[4 * k + 3] = v.w;
-    }
-  } else {
-    const uint4* p = reinterpret_cast<const uint4*>(xRow + j0);
-#pragma unroll
-    for (int k = 0; k < N / 8; ++k) {
-      float f[8];
-      toFloats8<XT>(p[k], f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) xf[8 * k + e] = f[e];
-    }
-  }
-}
-
 // The values of one vector's codes before scaling (zero point subtracted for integer codes).
 template <QuantCode C>
 __device__ __forceinline__ void decode(const uint4& v, float zero, const float* table,
@@ -147,6 +116,71 @@ __device__ __forceinline__ void decode(const uint4& v, float zero, const float* 
         w[4 * i + 2 * k + 1] = f.y;
       }
     }
+  }
+}
+
+// Codes of one 32-bit word.
+template <QuantCode C>
+constexpr int kCodesPerWord = quantBits(C) == 4 ? 8 : 4;
+
+// One word's values before scaling (zero point subtracted for integer codes).
+template <QuantCode C>
+__device__ __forceinline__ void decodeWord(uint32_t word, float bias, const float* table,
+                                           float (&w)[kCodesPerWord<C>]) {
+  if constexpr (C == QuantCode::kUint4) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      w[k] = __uint_as_float(0x4B000000u | ((word >> (4 * k)) & 15u)) - bias;
+  } else if constexpr (C == QuantCode::kUint8) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      w[k] = __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7650 + k)) - bias;
+  } else if constexpr (C == QuantCode::kNf4 || C == QuantCode::kFp4) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = table[(word >> (4 * k)) & 15u];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(word >> (16 * k)), __NV_E4M3);
+      __half2 hh;
+      memcpy(&hh, &h, 4);
+      const float2 f = __half22float2(hh);
+      w[2 * k] = f.x;
+      w[2 * k + 1] = f.y;
+    }
+  }
+}
+
+// M (8 or 4) x values of one row from input j0.
+template <typename XT, int M>
+__device__ __forceinline__ void loadXWord(const XT* __restrict__ xRow,
+                                          const int32_t* __restrict__ perm, int j0,
+                                          float (&xf)[M]) {
+  if (perm) {
+#pragma unroll
+    for (int k = 0; k < M; ++k) xf[k] = cuda::Convert<XT>::toFloat(xRow[perm[j0 + k]]);
+  } else if constexpr (std::is_same_v<XT, float>) {
+#pragma unroll
+    for (int k = 0; k < M / 4; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(xRow + j0)[k];
+      xf[4 * k] = v.x;
+      xf[4 * k + 1] = v.y;
+      xf[4 * k + 2] = v.z;
+      xf[4 * k + 3] = v.w;
+    }
+  } else if constexpr (M == 8) {
+    float f[8];
+    toFloats8<XT>(*reinterpret_cast<const uint4*>(xRow + j0), f);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) xf[k] = f[k];
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(xRow + j0);
+    const uint4 wide = make_uint4(v.x, v.y, 0, 0);
+    float f[8];
+    toFloats8<XT>(wide, f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) xf[k] = f[k];
   }
 }
 
@@ -196,19 +230,26 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int u = 0; u < kUnroll; ++u) {
       const int v = v0 + 32 * u;
       if (v >= vecs) break;
-      const float s = sc[u], zero = zp[u];
-      float w[N];
-      decode<C>(cur[u], zero, table, w);
+      const float s = sc[u], bias = 8388608.0f + zp[u];  // 2^23 + zero: the exponent trick
+      const uint32_t words[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
+      constexpr int M = kCodesPerWord<C>;
+      float dot[kRows] = {};
+      // Word by word (few registers: more warps resident, more loads in flight).
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= rows) break;
-        float xf[N];
-        loadX<XT, N>(x + static_cast<int64_t>(r) * in, perm, v * N, xf);
-        float dot = 0.0f;
+      for (int i = 0; i < 4; ++i) {
+        float w[M];
+        decodeWord<C>(words[i], bias, table, w);
 #pragma unroll
-        for (int k = 0; k < N; ++k) dot = fmaf(w[k], xf[k], dot);
-        acc[r] = fmaf(s, dot, acc[r]);
+        for (int r = 0; r < kRows; ++r) {
+          if (r >= rows) break;
+          float xf[M];
+          loadXWord<XT, M>(x + static_cast<int64_t>(r) * in, perm, v * N + i * M, xf);
+#pragma unroll
+          for (int k = 0; k < M; ++k) dot[r] = fmaf(w[k], xf[k], dot[r]);
+        }
       }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = fmaf(s, dot[r], acc[r]);
     }
     if (v0 + kStep < vecs) {
 #pragma unroll
@@ -360,6 +401,39 @@ __global__ void fp8ActKernel(const T* __restrict__ x, int64_t n, const float* in
   }
 }
 
+// fp8 activations of a decode-sized batch in one block: the absmax, then x' = e4m3(x / s) * s as
+// float32 (one launch where the general path takes three).
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    fp8SmallActKernel(const T* __restrict__ x, int n, const float* inputScale,
+                      float* __restrict__ xq) {
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  __shared__ float warpMax[32];
+  float s;
+  if (inputScale) {
+    s = *inputScale;
+  } else {
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      m = fmaxf(m, fabsf(cuda::Convert<T>::toFloat(x[i])));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (threadIdx.x % 32 == 0) warpMax[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      m = threadIdx.x < blockDim.x / 32 ? warpMax[threadIdx.x] : 0.0f;
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      if (threadIdx.x == 0) warpMax[0] = m;
+    }
+    __syncthreads();
+    s = warpMax[0] > 0.0f ? warpMax[0] / 448.0f : 1.0f;
+  }
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    xq[i] = fromE4m3(toE4m3(cuda::Convert<T>::toFloat(x[i]) / s)) * s;
+}
+
 // LLM.int8, step 1: outlier columns (any row with |x| >= threshold).
 template <typename T>
 __global__ void outlierColumnsKernel(const T* __restrict__ x, int rows, int in, float threshold,
@@ -413,12 +487,16 @@ struct Layout {
   size_t scalars = 0, flags = 0, xq = 0, dense = 0, total = 0;
 };
 
+bool fp8GemmTakes(const QuantGemmParams& p);
+
 bool gemvTakes(const QuantGemmParams& p) {
   const int n = quantBits(p.w.code) == 4 ? 32 : 16;
-  return p.dtype != DType::kF32 && p.rows <= kMaxQuantGemvRows && p.in % n == 0 &&
-         p.w.groupSize % n == 0 && cuda::aligned16(p.w.packed) &&
-         (p.w.act != ActQuant::kNone || cuda::aligned16(p.x)) && p.in < (int64_t{1} << 30) &&
-         p.out < (int64_t{1} << 31);
+  // fp8 with one tensor scale: cuBLASLt's FP8 GEMM from 3 rows on (bench_cuda_model: it decodes 32
+  // rows in less time than the GEMV takes for 8).
+  const int64_t maxRows = fp8GemmTakes(p) ? 2 : kMaxQuantGemvRows;
+  return p.dtype != DType::kF32 && p.rows <= maxRows && p.in % n == 0 && p.w.groupSize % n == 0 &&
+         cuda::aligned16(p.w.packed) && (p.w.act != ActQuant::kNone || cuda::aligned16(p.x)) &&
+         p.in < (int64_t{1} << 30) && p.out < (int64_t{1} << 31);
 }
 
 bool fp8GemmTakes(const QuantGemmParams& p) {
@@ -456,6 +534,11 @@ Status activations(const QuantGemmParams& p, char* ws, const Layout& l, OutT* xq
   const int64_t n = p.rows * p.in;
   auto* scalars = reinterpret_cast<float*>(ws);
   if (p.w.act == ActQuant::kFp8) {
+    if constexpr (std::is_same_v<OutT, float>) {
+      if (n <= (int64_t{1} << 17))
+        return cuda::launch("fp8 activations", fp8SmallActKernel<T>, 1, 1024, 0, stream, x,
+                            static_cast<int>(n), p.w.inputScale, xq);
+    }
     if (!p.w.inputScale) {
       if (cudaMemsetAsync(scalars, 0, sizeof(float), stream) != cudaSuccess)
         return internalError("quant gemm: memset failed");
