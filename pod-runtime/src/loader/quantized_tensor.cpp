@@ -277,7 +277,8 @@ QuantizedTensor quantizeInt8Rowwise(const float* w, int64_t out, int64_t in, Act
       for (int64_t i = 0; i < in; ++i) amax = std::fmax(amax, std::fabs(x[i]));
       q.scales[o] = amax / 127.0f;
       for (int64_t i = 0; i < in; ++i) {
-        const float v = amax > 0.0f ? std::nearbyint(x[i] * (127.0f / amax)) : 0.0f;
+        float v = amax > 0.0f ? std::nearbyint(x[i] * (127.0f / amax)) : 0.0f;
+        if (std::isnan(v)) v = 0.0f;  // a NaN or infinite weight: no code holds it
         q.codes[o * in + i] =
             static_cast<uint8_t>(static_cast<int>(std::clamp(v, -127.0f, 127.0f)) + 128);
       }

@@ -401,6 +401,28 @@ TEST(QuantizeInt8Rowwise, SymmetricPerOutput) {
   }
 }
 
+// A checkpoint is input: NaN and infinite weights must not reach an undefined float-to-int
+// conversion (UBSan in the sanitizer stage); their codes are 0 / the format's NaN, the other
+// rows unharmed.
+TEST(QuantizeNonFinite, WeightsGiveDefinedCodes) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> w(2 * 64, 0.25f);
+  w[3] = nan;
+  w[5] = inf;
+  w[64] = 1.0f;
+  const QuantizedTensor i8 = quantizeInt8Rowwise(w.data(), 2, 64, ActQuant::kNone);
+  ASSERT_EQ(i8.codes.size(), w.size());
+  EXPECT_EQ(i8.codes[3], 128);         // NaN -> 0
+  EXPECT_EQ(i8.codes[64], 128 + 127);  // row 1 unharmed: 1.0 is its absmax
+  EXPECT_FLOAT_EQ(i8.scales[1], 1.0f / 127.0f);
+  auto nf4 = quantizeBnb4(w.data(), 2, 64, kernels::QuantCode::kNf4);
+  ASSERT_TRUE(nf4.ok()) << nf4.status();
+  EXPECT_EQ(nf4->codes[64], 15);  // row 1: 1.0 / absmax 1.0 is the top code
+  const QuantizedTensor f8 = quantizeFp8PerTensor(w.data(), 2, 64);
+  EXPECT_EQ(f8.codes.size(), w.size());
+}
+
 TEST(QuantizeFp8PerTensor, OneScaleAsTgi) {
   // absmax 2: w * 224 -> 448 (0x7e), -224 (0xf6), 2.24 -> 2.25 (0x41), 112 (0x6e).
   const std::vector<float> w = {2.0f, -1.0f, 0.01f, 0.5f};
