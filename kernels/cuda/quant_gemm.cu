@@ -269,6 +269,303 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode-sized batches on the tensor cores (16-bit activations, and fp8 W8A8).
+//
+// A warp multiplies 16 outputs by up to 8 rows of x with mma.sync: the weight is the A operand
+// (m16 = 16 outputs), x the B operand (n8 = 8 rows; columns past the batch are zero). The
+// reduction index k may be permuted at will as long as W and x are permuted alike, so each lane
+// takes its fragments straight from the row-major packed codes: lane (g, c) = (lane / 4, lane % 4)
+// loads one 16-byte vector of output rows g and g + 8 at inputs k0 + c * kVec, and the four lanes
+// of a row cover one step of 4 * kVec inputs with no repacking. The codes are decoded in registers
+// to 16-bit pairs (integer codes with the exponent trick: 0x4300 | q is the bf16 128 + q, 0x6400 |
+// q the fp16 1024 + q; table codes from a 256-pair table in shared memory; 8-bit codes through
+// fp32) and handed to the mma with fp32 accumulation; the lanes load x's matching inputs, paired
+// the same way. Integer codes whose groups hold whole steps go in as q - zero (exact in 16 bits)
+// and each step's fp32 sums take the scale; other codes are scaled before (rounded to the dtype,
+// as the dequantize + cuBLASLt path rounds them). fp8 W8A8 feeds the e4m3 codes of W and of x
+// (quantized by a small kernel before) to m16n8k32 e4m3 mma with no decoding at all. The warps of
+// a block split the k steps and add their partial sums through shared memory.
+constexpr int kMmaWarps = 8;  // warps of a block: they split the k steps
+constexpr int kMmaOuts = 16;  // outputs of a block: one m16 tile
+constexpr int kMmaPipe = 2;   // steps whose weights are loaded ahead
+
+template <typename T>
+using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+
+template <typename T>
+__device__ __forceinline__ Pair<T> asPair(uint32_t u) {
+  Pair<T> p;
+  memcpy(&p, &u, 4);
+  return p;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t asBits(Pair<T> p) {
+  uint32_t u;
+  memcpy(&u, &p, 4);
+  return u;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t floatsToPair(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>)
+    return asBits<T>(__floats2half2_rn(lo, hi));
+  else
+    return asBits<T>(__floats2bfloat162_rn(lo, hi));
+}
+
+// The 16-bit float whose bits are kMagic | q (q < 16) is kMagicValue + q.
+template <typename T>
+constexpr uint32_t kMagic = std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u;
+template <typename T>
+constexpr float kMagicValue = std::is_same_v<T, __half> ? 1024.0f : 128.0f;
+
+// d += A · B, m16n8k16, fp32 accumulation: A = 16 outputs' weights (a0/a2 rows g, a1/a3 rows
+// g + 8), B = 8 rows of x.
+template <typename T>
+__device__ __forceinline__ void mmaK16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += A · B, m16n8k32 on e4m3 codes (sm_89 on), the same roles.
+__device__ __forceinline__ void mmaE4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host takes this path only on sm_89 and later
+#endif
+}
+
+// One weight word's codes as the B fragments of its mmas (kPairs 16-bit pairs; mma h takes pairs
+// 2h and 2h + 1), and the matching x pairs (xp[j] holds the inputs of the codes of pair j).
+//   kUint4:       pair j = codes (j, j + 4): ((q >> 4j) & 0x000F000F) | kMagic is both at once.
+//   kNf4, kFp4:   pair j = byte j = codes (2j, 2j + 1), from the shared table.
+//   8-bit codes:  pair j = codes (2j, 2j + 1).
+template <QuantCode C>
+constexpr int kPairs = quantBits(C) == 4 ? 4 : 2;
+
+// kScaled: the pairs are value * scale rounded to T; else the integer values q - zero themselves
+// (exact in T; the scale is applied to the mma's fp32 sums).
+template <typename T, QuantCode C, bool kScaled>
+__device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, Pair<T> scale, float zeroF,
+                                            float scaleF, const uint32_t* lut,
+                                            uint32_t (&b)[kPairs<C>]) {
+  if constexpr (C == QuantCode::kUint4) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t t = ((q >> (4 * j)) & 0x000F000Fu) | kMagic<T>;
+      if constexpr (kScaled)
+        b[j] = asBits<T>(__hmul2(__hsub2(asPair<T>(t), zero), scale));
+      else
+        b[j] = asBits<T>(__hsub2(asPair<T>(t), zero));
+    }
+  } else if constexpr (C == QuantCode::kUint8 && !kScaled && std::is_same_v<T, __half>) {
+    // 0x64 above a byte is the fp16 1024 + q.
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      b[j] = asBits<T>(__hsub2(asPair<T>(__byte_perm(q, 0x64646464u, j ? 0x4342 : 0x4140)), zero));
+  } else if constexpr (C == QuantCode::kNf4 || C == QuantCode::kFp4) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      b[j] = asBits<T>(__hmul2(asPair<T>(lut[(q >> (8 * j)) & 0xFFu]), scale));
+  } else if constexpr (C == QuantCode::kUint8) {
+    const float bias = 8388608.0f + zeroF;  // 2^23 + zero: (2^23 + q) - bias is exact
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float lo = __uint_as_float(__byte_perm(q, 0x4B000000u, 0x7650 + 2 * j)) - bias;
+      const float hi = __uint_as_float(__byte_perm(q, 0x4B000000u, 0x7651 + 2 * j)) - bias;
+      if constexpr (kScaled)
+        b[j] = floatsToPair<T>(lo * scaleF, hi * scaleF);
+      else
+        b[j] = floatsToPair<T>(lo, hi);
+    }
+  } else {  // kFp8E4M3, weight only
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const __half2_raw h =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q >> (16 * j)), __NV_E4M3);
+      __half2 hh;
+      memcpy(&hh, &h, 4);
+      const float2 f = __half22float2(hh);
+      b[j] = floatsToPair<T>(f.x * scaleF, f.y * scaleF);
+    }
+  }
+}
+
+// x pairs of one weight word: xw are the x words (two inputs each) of the word's codes in order.
+template <QuantCode C>
+__device__ __forceinline__ void pairX(const uint32_t* xw, uint32_t (&xp)[kPairs<C>]) {
+  if constexpr (C == QuantCode::kUint4) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      xp[j] = __byte_perm(xw[j / 2], xw[j / 2 + 2], j % 2 ? 0x7632 : 0x5410);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPairs<C>; ++j) xp[j] = xw[j];
+  }
+}
+
+__device__ __forceinline__ uint4 loadOrZero(const uint8_t* p, bool ok) {
+  return ok ? __ldcs(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+// What a lane loads for one step ahead of using it: its two weight vectors, and their scales and
+// zero points.
+struct MmaStage {
+  uint4 w[2];
+  float scale[2];
+  float zero[2];
+};
+
+// y[rows, out] = x · deq(W)ᵀ for rows <= 8. kW8A8: x holds e4m3 codes and *xScale their scale, W is
+// fp8 with one scale per output (groups == 1). kScaleAfter (integer codes, groups a multiple of a
+// step): the mmas take q - zero, and each step's fp32 sums are scaled once per output.
+template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    quantMmaGemvKernel(const uint8_t* __restrict__ x, const uint8_t* __restrict__ packed,
+                       const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                       const float* __restrict__ xScale, T* __restrict__ y, int rows, int in,
+                       int out, int groupSize) {
+  constexpr int kVec = kCodesPerVec<C>;  // codes of a lane's 16-byte vector
+  constexpr int kStep = 4 * kVec;        // inputs of one step (the four lanes of a row)
+  constexpr bool kTable = C == QuantCode::kNf4 || C == QuantCode::kFp4;
+  __shared__ uint32_t lut[kTable ? 256 : 1];
+  __shared__ float partial[kMmaWarps][kMmaOuts][8];
+  if constexpr (kTable) {
+    const float* table = C == QuantCode::kNf4 ? cNf4 : cFp4;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+      lut[i] = floatsToPair<T>(table[i & 15], table[i >> 4]);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int o0 = blockIdx.x * kMmaOuts;
+  const int steps = (in + kStep - 1) / kStep, groups = in / groupSize;
+  const int64_t rowBytes = static_cast<int64_t>(in) * quantBits(C) / 8;
+  // Rows of the lane's weight vectors (t = 0, 1: output o0 + 8t + g), clamped inside the matrix
+  // (the sums of outputs past `out` are computed and dropped).
+  int64_t wRow[2];
+  bool rowOk[2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const int o = o0 + 8 * t + g;
+    rowOk[t] = o < out;
+    wRow[t] = static_cast<int64_t>(min(o, out - 1));
+  }
+  auto load = [&](int s, MmaStage& st) {
+    const int k0 = s * kStep + c * kVec;
+    const bool ok = s < steps && k0 < in;
+    const int gr = min(k0, in - 1) / groupSize;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      st.w[t] =
+          loadOrZero(packed + wRow[t] * rowBytes + static_cast<int64_t>(k0) * quantBits(C) / 8,
+                     ok && rowOk[t]);
+      if constexpr (!kW8A8) st.scale[t] = ok ? __ldg(scales + wRow[t] * groups + gr) : 0.0f;
+      if constexpr (quantHasZeros(C)) st.zero[t] = __ldg(zeros + wRow[t] * groups + gr);
+    }
+  };
+  MmaStage cur[kMmaPipe];
+#pragma unroll
+  for (int u = 0; u < kMmaPipe; ++u) load(warp + u * kMmaWarps, cur[u]);
+  if constexpr (kTable) __syncthreads();
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  // acc[e]: output o0 + g + 8 (e / 2), row 2c + e % 2 of x.
+  float acc[4] = {};
+  const bool xOk = g < rows;
+  for (int s0 = warp; s0 < steps; s0 += kMmaPipe * kMmaWarps) {
+    MmaStage next[kMmaPipe];
+#pragma unroll
+    for (int u = 0; u < kMmaPipe; ++u) load(s0 + (u + kMmaPipe) * kMmaWarps, next[u]);
+#pragma unroll
+    for (int u = 0; u < kMmaPipe; ++u) {
+      const int s = s0 + u * kMmaWarps;
+      const int k0 = s * kStep + c * kVec;
+      const bool kOk = s < steps && k0 < in;
+      const MmaStage& st = cur[u];
+      if constexpr (kW8A8) {
+        const uint4 xv = loadOrZero(x + static_cast<int64_t>(g) * in + k0, xOk && kOk);
+        mmaE4m3(acc, st.w[0].x, st.w[1].x, st.w[0].y, st.w[1].y, xv.x, xv.y);
+        mmaE4m3(acc, st.w[0].z, st.w[1].z, st.w[0].w, st.w[1].w, xv.z, xv.w);
+      } else {
+        // x's inputs of the vector (zero past `in` or past the batch: the weight there is not).
+        constexpr int kXVecs = kVec * 2 / 16;
+        uint32_t xw[kXVecs * 4];
+        const T* xr = reinterpret_cast<const T*>(x) + static_cast<int64_t>(g) * in + k0;
+#pragma unroll
+        for (int i = 0; i < kXVecs; ++i) {
+          const uint4 v =
+              xOk && kOk ? *reinterpret_cast<const uint4*>(xr + 8 * i) : make_uint4(0, 0, 0, 0);
+          xw[4 * i] = v.x;
+          xw[4 * i + 1] = v.y;
+          xw[4 * i + 2] = v.z;
+          xw[4 * i + 3] = v.w;
+        }
+        Pair<T> zero[2], scale[2];
+        float zeroF[2] = {}, scaleF[2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          if constexpr (quantHasZeros(C)) zeroF[t] = st.zero[t];
+          scaleF[t] = kScaleAfter ? 1.0f : st.scale[t];
+          const T s16 = cuda::Convert<T>::fromFloat(scaleF[t]);
+          const T z16 = cuda::Convert<T>::fromFloat(kMagicValue<T> + zeroF[t]);
+          scale[t] = Pair<T>{s16, s16};
+          zero[t] = Pair<T>{z16, z16};
+        }
+        float sums[4] = {};
+        float(&dst)[4] = kScaleAfter ? sums : acc;
+        const uint32_t words[2][4] = {{st.w[0].x, st.w[0].y, st.w[0].z, st.w[0].w},
+                                      {st.w[1].x, st.w[1].y, st.w[1].z, st.w[1].w}};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          uint32_t xp[kPairs<C>];
+          pairX<C>(xw + (32 / quantBits(C) / 2) * i, xp);
+          uint32_t w[2][kPairs<C>];
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+            decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], scale[t], zeroF[t], scaleF[t],
+                                            lut, w[t]);
+#pragma unroll
+          for (int h = 0; h < kPairs<C> / 2; ++h)
+            mmaK16<T>(dst, w[0][2 * h], w[1][2 * h], w[0][2 * h + 1], w[1][2 * h + 1], xp[2 * h],
+                      xp[2 * h + 1]);
+        }
+        if constexpr (kScaleAfter) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[e] = fmaf(sums[e], st.scale[e / 2], acc[e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaPipe; ++u) cur[u] = next[u];
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) partial[warp][g + 8 * (e / 2)][2 * c + e % 2] = acc[e];
+  __syncthreads();
+  if (threadIdx.x >= kMmaOuts * 8) return;
+  const int oi = threadIdx.x / 8, r = threadIdx.x % 8, o = o0 + oi;
+  if (r >= rows || o >= out) return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMmaWarps; ++w) sum += partial[w][oi][r];
+  if constexpr (kW8A8) sum *= *xScale * scales[o];
+  y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(sum);
+}
+
 // dense[o, perm[j]] = deq(W)[o, j]: one thread per 16-byte vector of codes.
 template <typename T, QuantCode C>
 __global__ void dequantizeKernel(const uint8_t* __restrict__ packed,
@@ -402,20 +699,38 @@ __global__ void fp8ActKernel(const T* __restrict__ x, int64_t n, const float* in
 }
 
 // fp8 activations of a decode-sized batch in one block: the absmax, then x' = e4m3(x / s) * s as
-// float32 (one launch where the general path takes three).
-template <typename T>
+// float32, or the codes themselves with s at *scaleOut (OutT uint8_t); one launch where the
+// general path takes three.
+template <typename T, typename OutT>
 __global__ void __launch_bounds__(1024)
     fp8SmallActKernel(const T* __restrict__ x, int n, const float* inputScale,
-                      float* __restrict__ xq) {
+                      OutT* __restrict__ xq, float* scaleOut) {
   cuda::waitForPrimary();
   cuda::allowDependents();
   __shared__ float warpMax[32];
+  // 16-byte loads (eight 16-bit values) where the layout allows: every load of a thread in flight
+  // at once, not one latency per element.
+  constexpr bool k16Bit = sizeof(T) == 2;
+  const bool vec = k16Bit && n % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
+                   reinterpret_cast<uintptr_t>(xq) % sizeof(cuda::Vec<OutT, 8>) == 0;
+  const int nv = vec ? n / 8 : 0;
+  auto load8 = [&](int i, float(&f)[8]) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x) + i);
+    if constexpr (k16Bit) toFloats8<std::conditional_t<k16Bit, T, __half>>(v, f);
+  };
   float s;
   if (inputScale) {
     s = *inputScale;
   } else {
     float m = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
+#pragma unroll 4
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+      float f[8];
+      load8(i, f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(f[k]));
+    }
+    for (int i = 8 * nv + threadIdx.x; i < n; i += blockDim.x)
       m = fmaxf(m, fabsf(cuda::Convert<T>::toFloat(x[i])));
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
@@ -430,8 +745,36 @@ __global__ void __launch_bounds__(1024)
     __syncthreads();
     s = warpMax[0] > 0.0f ? warpMax[0] / 448.0f : 1.0f;
   }
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    xq[i] = fromE4m3(toE4m3(cuda::Convert<T>::toFloat(x[i]) / s)) * s;
+  if constexpr (std::is_same_v<OutT, uint8_t>)
+    if (threadIdx.x == 0) *scaleOut = s;
+  auto quantize = [&](float v) {
+    if constexpr (std::is_same_v<OutT, uint8_t>)
+      return toE4m3(v / s);
+    else
+      return cuda::Convert<OutT>::fromFloat(fromE4m3(toE4m3(v / s)) * s);
+  };
+#pragma unroll 4
+  for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+    float f[8];
+    load8(i, f);
+    cuda::Vec<OutT, 8> v;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v.v[k] = quantize(f[k]);
+    reinterpret_cast<cuda::Vec<OutT, 8>*>(xq)[i] = v;
+  }
+  for (int i = 8 * nv + threadIdx.x; i < n; i += blockDim.x)
+    xq[i] = quantize(cuda::Convert<T>::toFloat(x[i]));
+}
+
+// xg[r, j] = x[r, perm[j]]: x in the columns' order, for the tensor-core GEMV.
+template <typename T>
+__global__ void permuteColumnsKernel(const T* __restrict__ x, const int32_t* __restrict__ perm,
+                                     int64_t rows, int64_t in, T* __restrict__ xg) {
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < rows * in;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    xg[t] = x[t - t % in + perm[t % in]];
 }
 
 // LLM.int8, step 1: outlier columns (any row with |x| >= threshold).
@@ -489,6 +832,36 @@ struct Layout {
 
 bool fp8GemmTakes(const QuantGemmParams& p);
 
+// The device's compute capability (major * 10 + minor); a process drives one device.
+int deviceArch() {
+  static const int arch = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      return 0;
+    return major * 10 + minor;
+  }();
+  return arch;
+}
+
+enum class MmaPath { kNo, k16Bit, kW8A8 };
+
+// The tensor-core GEMV: 16-bit x with any code (act-order x is permuted first), or fp8 W8A8 with
+// one scale per output on sm_89 and later.
+MmaPath mmaPathOf(const QuantGemmParams& p) {
+  const int n = quantBits(p.w.code) == 4 ? 32 : 16;
+  if (p.dtype == DType::kF32 || p.rows > kMaxQuantGemvRows || p.in % n != 0 ||
+      p.w.groupSize % n != 0 || !cuda::aligned16(p.w.packed) || p.in >= (int64_t{1} << 30) ||
+      p.out >= (int64_t{1} << 30))
+    return MmaPath::kNo;
+  if (p.w.act == ActQuant::kNone) return cuda::aligned16(p.x) ? MmaPath::k16Bit : MmaPath::kNo;
+  if (p.w.act == ActQuant::kFp8 && p.w.code == QuantCode::kFp8E4M3 && p.w.groupSize == p.in &&
+      !p.w.perm && deviceArch() >= 89)
+    return MmaPath::kW8A8;
+  return MmaPath::kNo;
+}
+
 bool gemvTakes(const QuantGemmParams& p) {
   const int n = quantBits(p.w.code) == 4 ? 32 : 16;
   // fp8 with one tensor scale: cuBLASLt's FP8 GEMM from 3 rows on (bench_cuda_model: it decodes 32
@@ -510,7 +883,12 @@ Layout layoutOf(const QuantGemmParams& p) {
   const size_t n = static_cast<size_t>(p.rows * p.in), es = dtypeSize(p.dtype);
   l.scalars = 256;
   if (p.w.act == ActQuant::kLlmInt8) l.flags = alignUp(static_cast<size_t>(p.in));
-  if (gemvTakes(p)) {
+  const MmaPath mma = mmaPathOf(p);
+  if (mma == MmaPath::kW8A8) {
+    l.xq = alignUp(n);
+  } else if (mma == MmaPath::k16Bit) {
+    if (p.w.perm) l.xq = alignUp(n * es);
+  } else if (gemvTakes(p)) {
     if (p.w.act != ActQuant::kNone) l.xq = alignUp(n * sizeof(float));
   } else if (fp8GemmTakes(p)) {
     l.xq = alignUp(n);
@@ -534,10 +912,11 @@ Status activations(const QuantGemmParams& p, char* ws, const Layout& l, OutT* xq
   const int64_t n = p.rows * p.in;
   auto* scalars = reinterpret_cast<float*>(ws);
   if (p.w.act == ActQuant::kFp8) {
-    if constexpr (std::is_same_v<OutT, float>) {
+    if constexpr (std::is_same_v<OutT, float> || std::is_same_v<OutT, uint8_t>) {
       if (n <= (int64_t{1} << 17))
-        return cuda::launch("fp8 activations", fp8SmallActKernel<T>, 1, 1024, 0, stream, x,
-                            static_cast<int>(n), p.w.inputScale, xq);
+        return cuda::launch("fp8 activations", fp8SmallActKernel<T, OutT>, 1, 1024, 0, stream, x,
+                            static_cast<int>(n), p.w.inputScale, xq,
+                            std::is_same_v<OutT, uint8_t> ? scalars + 4 : nullptr);
     }
     if (!p.w.inputScale) {
       if (cudaMemsetAsync(scalars, 0, sizeof(float), stream) != cudaSuccess)
@@ -593,6 +972,36 @@ Status gemvByCode(const QuantGemmParams& p, const XT* x, cudaStream_t stream) {
 }
 
 template <typename T>
+Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
+               cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.out + kMmaOuts - 1) / kMmaOuts));
+  const auto* packed = static_cast<const uint8_t*>(p.w.packed);
+  auto* y = static_cast<T*>(p.y);
+  const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
+            out = static_cast<int>(p.out), gs = static_cast<int>(p.w.groupSize);
+#define TG_MMA(C, W8A8, AFTER)                                                                \
+  return cuda::launch("quant mma gemv", quantMmaGemvKernel<T, C, W8A8, AFTER>, grid,          \
+                      kMmaWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, \
+                      rows, in, out, gs)
+  if (w8a8) TG_MMA(QuantCode::kFp8E4M3, true, false);
+  // Integer codes whose groups hold whole steps (4 vectors) scale the fp32 sums.
+  const bool after = p.w.groupSize % (4 * (quantBits(p.w.code) == 4 ? 32 : 16)) == 0;
+  switch (p.w.code) {
+    case QuantCode::kUint4:
+      if (after) TG_MMA(QuantCode::kUint4, false, true);
+      TG_MMA(QuantCode::kUint4, false, false);
+    case QuantCode::kUint8:
+      if (after) TG_MMA(QuantCode::kUint8, false, true);
+      TG_MMA(QuantCode::kUint8, false, false);
+    case QuantCode::kNf4: TG_MMA(QuantCode::kNf4, false, false);
+    case QuantCode::kFp4: TG_MMA(QuantCode::kFp4, false, false);
+    case QuantCode::kFp8E4M3: TG_MMA(QuantCode::kFp8E4M3, false, false);
+  }
+#undef TG_MMA
+  return invalidArgumentError("quant gemm: unknown code");
+}
+
+template <typename T>
 Status dequantize(const QuantGemmParams& p, T* dense, cudaStream_t stream) {
   const auto* packed = static_cast<const uint8_t*>(p.w.packed);
   const int in = static_cast<int>(p.in), out = static_cast<int>(p.out),
@@ -622,6 +1031,23 @@ Status run(const QuantGemmParams& p, char* ws, const QuantGemmCallbacks& gemm,
            cudaStream_t stream) {
   const Layout l = layoutOf(p);
   char* xqBytes = ws + l.scalars + l.flags;
+  const MmaPath mma = mmaPathOf(p);
+  if (mma == MmaPath::kW8A8) {
+    auto* xq = reinterpret_cast<uint8_t*>(xqBytes);
+    TG_RETURN_IF_ERROR((activations<T, uint8_t>(p, ws, l, xq, stream)));
+    return mmaGemv<T>(p, xq, reinterpret_cast<const float*>(ws) + 4, true, stream);
+  }
+  if (mma == MmaPath::k16Bit) {
+    const auto* x = static_cast<const uint8_t*>(p.x);
+    if (p.w.perm) {
+      auto* xg = reinterpret_cast<T*>(xqBytes);
+      TG_RETURN_IF_ERROR(cuda::launch("permute x", permuteColumnsKernel<T>,
+                                      blocksFor(p.rows * p.in, 256), 256, 0, stream,
+                                      static_cast<const T*>(p.x), p.w.perm, p.rows, p.in, xg));
+      x = reinterpret_cast<const uint8_t*>(xg);
+    }
+    return mmaGemv<T>(p, x, nullptr, false, stream);
+  }
   if (gemvTakes(p)) {
     if (p.w.act == ActQuant::kNone) return gemvByCode<T, T>(p, static_cast<const T*>(p.x), stream);
     auto* xq = reinterpret_cast<float*>(xqBytes);

@@ -1,7 +1,9 @@
 // invokeQuantGemm against quantGemmReference (kernels/quant_gemm.h) over every code, activation
-// scheme, dtype and both paths: the register-decoding GEMV (rows <= 8) and the dequantize +
-// cuBLASLt GEMM (more rows; fp8 with one tensor scale: cuBLASLt's FP8 GEMM), with and without an
-// act-order permutation, and groups from 32 inputs to one per output.
+// scheme, dtype and every path: the tensor-core GEMV (rows <= 8, 16-bit x, and fp8 W8A8 with one
+// scale per output), the fp32 register-decoding GEMV (rows <= 8, LLM.int8 and other fp8 layouts),
+// and the dequantize + cuBLASLt GEMM (more rows; fp8 with one tensor scale: cuBLASLt's FP8 GEMM),
+// with and without an act-order permutation, groups from 32 inputs to one per output, and rows
+// long enough to cross every stage of the GEMV's pipeline.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -53,13 +55,16 @@ struct Case {
   int64_t rows, in, out, groupSize;
   bool perm = false;
   bool staticInputScale = false;
+  bool fp8PerOutputScales =
+      false;  // fp8 with groupSize == in: one scale per output, not per tensor
 };
 
 std::string describe(const Case& c) {
   return std::string(toString(c.code)) + " act=" + std::to_string(static_cast<int>(c.act)) + " " +
          std::string(dtypeName(c.dtype)) + " " + std::to_string(c.rows) + "x" +
          std::to_string(c.in) + "x" + std::to_string(c.out) + " g" + std::to_string(c.groupSize) +
-         (c.perm ? " perm" : "") + (c.staticInputScale ? " static" : "");
+         (c.perm ? " perm" : "") + (c.staticInputScale ? " static" : "") +
+         (c.fp8PerOutputScales ? " per-output" : "");
 }
 
 void runCase(const Case& c, std::mt19937& rng, GemmRunner& runner) {
@@ -81,7 +86,7 @@ void runCase(const Case& c, std::mt19937& rng, GemmRunner& runner) {
   std::vector<float> scales(static_cast<size_t>(c.out * groups));
   for (float& s : scales) s = scaleNoise(rng) / (codeScale * std::sqrt(static_cast<float>(c.in)));
   std::vector<float> tensorScale;
-  if (c.code == QuantCode::kFp8E4M3 && c.groupSize == c.in) {
+  if (c.code == QuantCode::kFp8E4M3 && c.groupSize == c.in && !c.fp8PerOutputScales) {
     std::fill(scales.begin(), scales.end(), scales[0]);
     tensorScale = {scales[0]};
   }
@@ -154,11 +159,14 @@ void runCase(const Case& c, std::mt19937& rng, GemmRunner& runner) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> got(yBytes);
   ASSERT_EQ(cudaMemcpy(got.data(), dy.get(), yBytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  // The GEMV computes as the reference does (fp32, one rounding); the cuBLASLt path rounds the
-  // dequantized weight (and x') to the dtype first: twice the tolerance.
+  // The fp32 GEMV (LLM.int8, fp8 per group) computes as the reference does (fp32, one rounding).
+  // The tensor-core GEMV and the cuBLASLt path round the dequantized weight (and x') to the dtype
+  // first, and fp8 W8A8 sums in the tensor cores' own order: twice the tolerance.
   testing::Tolerance tol = testing::toleranceFor(c.dtype);
   if (c.dtype == DType::kF32) tol = {2e-5f, 2e-5f};
-  if (c.rows > kMaxQuantGemvRows || c.dtype == DType::kF32) {
+  const bool fp32Gemv =
+      c.act == ActQuant::kLlmInt8 || (c.act == ActQuant::kFp8 && c.groupSize != c.in);
+  if (c.rows > kMaxQuantGemvRows || c.dtype == DType::kF32 || !fp32Gemv) {
     tol.atol *= 2;
     tol.rtol *= 2;
   }
@@ -177,6 +185,18 @@ TEST_F(QuantGemmCudaTest, WeightOnlyCodesMatchTheReference) {
       runCase({code, ActQuant::kNone, dt, 5, 1024, 136, 32}, rng_, *runner_);
     }
   }
+}
+
+TEST_F(QuantGemmCudaTest, LongRowsCrossEveryStageOfTheGemvPipeline) {
+  // 4160 inputs: 130 vectors of 4-bit codes (260 of 8-bit), more steps than the warps of a block
+  // take in one round, and a last step only partly inside the row; outputs not a multiple of 16.
+  for (DType dt : {DType::kF16, DType::kBF16})
+    for (QuantCode code : {QuantCode::kUint4, QuantCode::kUint8, QuantCode::kNf4, QuantCode::kFp4,
+                           QuantCode::kFp8E4M3})
+      for (int64_t rows : {1, 7}) {
+        runCase({code, ActQuant::kNone, dt, rows, 4160, 24, 64}, rng_, *runner_);
+        runCase({code, ActQuant::kNone, dt, rows, 96, 17, 32}, rng_, *runner_);
+      }
 }
 
 TEST_F(QuantGemmCudaTest, ActOrderPermutationMatchesTheReference) {
@@ -213,6 +233,11 @@ TEST_F(QuantGemmCudaTest, Fp8ActivationsMatchTheReference) {
       runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, rows, 256, 64, 256, false, true}, rng_,
               *runner_);
       runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, rows, 256, 48, 128}, rng_, *runner_);
+      // One scale per output: the W8A8 GEMV up to 8 rows, then the dequantize path.
+      runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, rows, 4160, 40, 4160, false, false, true},
+              rng_, *runner_);
+      runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, rows, 512, 24, 512, false, true, true},
+              rng_, *runner_);
     }
   }
 }
