@@ -286,7 +286,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 // as the dequantize + cuBLASLt path rounds them). fp8 W8A8 feeds the e4m3 codes of W and of x
 // (quantized by a small kernel before) to m16n8k32 e4m3 mma with no decoding at all. The warps of
 // a block split the k steps and add their partial sums through shared memory.
-constexpr int kMmaWarps = 8;  // warps of a block: they split the k steps
+// Warps of a block (they split the k steps): 8, or 12 when the matrix has too few 16-output tiles
+// to fill the GPU with blocks of 8 warps (Llama's 4096-output o and down projections).
+constexpr int kMmaWarps = 8, kMmaWarpsFew = 12;
 constexpr int kMmaOuts = 16;  // outputs of a block: one m16 tile
 constexpr int kMmaPipe = 2;   // steps whose weights are loaded ahead
 
@@ -435,8 +437,8 @@ struct MmaStage {
 // y[rows, out] = x · deq(W)ᵀ for rows <= 8. kW8A8: x holds e4m3 codes and *xScale their scale, W is
 // fp8 with one scale per output (groups == 1). kScaleAfter (integer codes, groups a multiple of a
 // step): the mmas take q - zero, and each step's fp32 sums are scaled once per output.
-template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     quantMmaGemvKernel(const uint8_t* __restrict__ x, const uint8_t* __restrict__ packed,
                        const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
                        const float* __restrict__ xScale, T* __restrict__ y, int rows, int in,
@@ -445,7 +447,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   constexpr int kStep = 4 * kVec;        // inputs of one step (the four lanes of a row)
   constexpr bool kTable = C == QuantCode::kNf4 || C == QuantCode::kFp4;
   __shared__ uint32_t lut[kTable ? 256 : 1];
-  __shared__ float partial[kMmaWarps][kMmaOuts][8];
+  __shared__ float partial[kWarps][kMmaOuts][8];
   if constexpr (kTable) {
     const float* table = C == QuantCode::kNf4 ? cNf4 : cFp4;
     for (int i = threadIdx.x; i < 256; i += blockDim.x)
@@ -480,20 +482,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   };
   MmaStage cur[kMmaPipe];
 #pragma unroll
-  for (int u = 0; u < kMmaPipe; ++u) load(warp + u * kMmaWarps, cur[u]);
+  for (int u = 0; u < kMmaPipe; ++u) load(warp + u * kWarps, cur[u]);
   if constexpr (kTable) __syncthreads();
   cuda::waitForPrimary();
   cuda::allowDependents();
   // acc[e]: output o0 + g + 8 (e / 2), row 2c + e % 2 of x.
   float acc[4] = {};
   const bool xOk = g < rows;
-  for (int s0 = warp; s0 < steps; s0 += kMmaPipe * kMmaWarps) {
+  for (int s0 = warp; s0 < steps; s0 += kMmaPipe * kWarps) {
     MmaStage next[kMmaPipe];
 #pragma unroll
-    for (int u = 0; u < kMmaPipe; ++u) load(s0 + (u + kMmaPipe) * kMmaWarps, next[u]);
+    for (int u = 0; u < kMmaPipe; ++u) load(s0 + (u + kMmaPipe) * kWarps, next[u]);
 #pragma unroll
     for (int u = 0; u < kMmaPipe; ++u) {
-      const int s = s0 + u * kMmaWarps;
+      const int s = s0 + u * kWarps;
       const int k0 = s * kStep + c * kVec;
       const bool kOk = s < steps && k0 < in;
       const MmaStage& st = cur[u];
@@ -561,7 +563,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   if (r >= rows || o >= out) return;
   float sum = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kMmaWarps; ++w) sum += partial[w][oi][r];
+  for (int w = 0; w < kWarps; ++w) sum += partial[w][oi][r];
   if constexpr (kW8A8) sum *= *xScale * scales[o];
   y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(sum);
 }
@@ -971,18 +973,18 @@ Status gemvByCode(const QuantGemmParams& p, const XT* x, cudaStream_t stream) {
   return invalidArgumentError("quant gemm: unknown code");
 }
 
-template <typename T>
-Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
-               cudaStream_t stream) {
+template <typename T, int kWarps>
+Status mmaGemvWith(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
+                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.out + kMmaOuts - 1) / kMmaOuts));
   const auto* packed = static_cast<const uint8_t*>(p.w.packed);
   auto* y = static_cast<T*>(p.y);
   const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
             out = static_cast<int>(p.out), gs = static_cast<int>(p.w.groupSize);
-#define TG_MMA(C, W8A8, AFTER)                                                                \
-  return cuda::launch("quant mma gemv", quantMmaGemvKernel<T, C, W8A8, AFTER>, grid,          \
-                      kMmaWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, \
-                      rows, in, out, gs)
+#define TG_MMA(C, W8A8, AFTER)                                                                   \
+  return cuda::launch("quant mma gemv", quantMmaGemvKernel<T, C, W8A8, AFTER, kWarps>, grid,     \
+                      kWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, rows, \
+                      in, out, gs)
   if (w8a8) TG_MMA(QuantCode::kFp8E4M3, true, false);
   // Integer codes whose groups hold whole steps (4 vectors) scale the fp32 sums.
   const bool after = p.w.groupSize % (4 * (quantBits(p.w.code) == 4 ? 32 : 16)) == 0;
@@ -999,6 +1001,33 @@ Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, 
   }
 #undef TG_MMA
   return invalidArgumentError("quant gemm: unknown code");
+}
+
+// The device's multiprocessors (a process drives one device).
+int deviceSms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 0;
+    return n;
+  }();
+  return sms;
+}
+
+template <typename T>
+Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
+               cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    return internalError("quant gemm: the tensor-core GEMV takes 16-bit dtypes");
+  } else {
+    // Blocks of 8 warps run 3 to a multiprocessor; fewer tiles than 2 per multiprocessor leave
+    // it a third idle, so their blocks take 12 warps (2 to a multiprocessor).
+    const int64_t tiles = (p.out + kMmaOuts - 1) / kMmaOuts;
+    if (tiles <= 2 * static_cast<int64_t>(deviceSms()))
+      return mmaGemvWith<T, kMmaWarpsFew>(p, x, xScale, w8a8, stream);
+    return mmaGemvWith<T, kMmaWarps>(p, x, xScale, w8a8, stream);
+  }
 }
 
 template <typename T>

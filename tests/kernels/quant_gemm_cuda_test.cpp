@@ -196,6 +196,9 @@ TEST_F(QuantGemmCudaTest, LongRowsCrossEveryStageOfTheGemvPipeline) {
       for (int64_t rows : {1, 7}) {
         runCase({code, ActQuant::kNone, dt, rows, 4160, 24, 64}, rng_, *runner_);
         runCase({code, ActQuant::kNone, dt, rows, 96, 17, 32}, rng_, *runner_);
+        // Enough 16-output tiles (529) for blocks of 8 warps on any GPU up to 264 SMs; the shapes
+        // above take blocks of 12.
+        runCase({code, ActQuant::kNone, dt, rows, 512, 8464, 128}, rng_, *runner_);
       }
 }
 
