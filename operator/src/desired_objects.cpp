@@ -215,6 +215,8 @@ json shardContainer(const ServiceSpec& s, int64_t r) {
                                    "--shard-urls",
                                    shardUrls(s, r)};
   if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
+  if (!s.quantize.empty()) args.insert(args.end(), {"--quantize", s.quantize});
+  if (!s.kvCacheDtype.empty()) args.insert(args.end(), {"--kv-cache-dtype", s.kvCacheDtype});
   // Kubernetes env cannot do arithmetic: with several pods the shell computes the first rank.
   std::string shellArgs;
   if (podsPerReplica(s) == 1) {

@@ -1,6 +1,7 @@
 #include "textgen/operator/service_spec.h"
 
 #include <set>
+#include <string_view>
 
 namespace textgen::op {
 namespace {
@@ -25,6 +26,21 @@ StatusOr<int64_t> intOr(const json& j, const char* key, const std::string& at, i
 
 std::string stringOr(const json& j, const char* key, const std::string& fallback) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
+}
+
+// spec[key], one of `allowed` (the CRD's enum), or "" when absent.
+template <size_t N>
+StatusOr<std::string> oneOf(const json& j, const char* key, const char* const (&allowed)[N]) {
+  if (!j.contains(key) || j[key].is_null()) return std::string();
+  std::string list;
+  for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+  if (!j[key].is_string()) return fieldError(key, "must be a string, one of " + list);
+  const std::string v = j[key].get<std::string>();
+  for (const char* a : allowed)
+    if (v == a) return v;
+  if (std::string_view(key) == "quantize" && (v == "marlin" || v == "exl2"))
+    return fieldError(key, v + " is not served (its checkpoints are not read): one of " + list);
+  return fieldError(key, "must be one of " + list + ", not '" + v + "'");
 }
 
 StatusOr<std::optional<SecretKeyRef>> secretRef(const json& j, const char* key,
@@ -129,8 +145,9 @@ StatusOr<ServiceSpec> parseServiceSpec(const json& resource, const std::string& 
   s.cacheSize = stringOr(cache, "size", s.cacheSize);
   s.cacheStorageClass = stringOr(cache, "storageClassName", "");
   s.cacheAccessMode = stringOr(cache, "accessMode", s.cacheAccessMode);
-  s.dtype = stringOr(spec, "dtype", "");
-  s.quantize = stringOr(spec, "quantize", "");
+  TG_ASSIGN_OR_RETURN(s.dtype, oneOf(spec, "dtype", kDtypes));
+  TG_ASSIGN_OR_RETURN(s.quantize, oneOf(spec, "quantize", kQuantizeFormats));
+  TG_ASSIGN_OR_RETURN(s.kvCacheDtype, oneOf(spec, "kvCacheDtype", kKvCacheDtypes));
   TG_ASSIGN_OR_RETURN(s.shards, intOr(spec, "shards", "", 1, 1));
   TG_ASSIGN_OR_RETURN(s.shardsPerPod, intOr(spec, "shardsPerPod", "", 1, s.shards));
   if (s.shardsPerPod > s.shards) return fieldError("shardsPerPod", "must not exceed shards");

@@ -173,6 +173,10 @@ def test_crd(server):
                ("no model", {"apiVersion": "textgen.dev/v1alpha1", "kind": "TextGenerationService",
                              "metadata": {"name": "bad"}, "spec": {"replicas": 1}}),
                ("bad dtype", service("bad", dtype="float8")),
+               ("quantize marlin (the shard refuses it)", service("bad", quantize="marlin")),
+               ("quantize exl2", service("bad", quantize="exl2")),
+               ("quantize a number", service("bad", quantize=4)),
+               ("bad kvCacheDtype", service("bad", kvCacheDtype="fp8")),
                ("min > max replicas", service("bad", autoscaling={"minReplicas": 5, "maxReplicas": 2})),
                ("input >= total", service("bad", router={"maxInputTokens": 10, "maxTotalTokens": 10})),
                ("KEDA without prometheus", service("bad", autoscaling={"maxReplicas": 2, "mode": "KEDA"})),
@@ -181,7 +185,11 @@ def test_crd(server):
                 "shardsPerPod not dividing shards": "shardsPerPod must divide shards",
                 "shardsPerPod 2 of the default 1 shard": "shardsPerPod must not exceed shards",
                 "shardEnv sets RANK": "are set by the operator",
-                "shardEnv turns NVLink multicast on": "NVLink multicast stays off"}
+                "shardEnv turns NVLink multicast on": "NVLink multicast stays off",
+                "quantize marlin (the shard refuses it)": "spec.quantize",
+                "quantize exl2": "spec.quantize",
+                "quantize a number": "spec.quantize",
+                "bad kvCacheDtype": "spec.kvCacheDtype"}
     for what, obj in invalid:
         obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
         code, body = server.request("POST", TGS, obj)
@@ -192,6 +200,11 @@ def test_crd(server):
                                                      shardEnv=[{"name": "NCCL_IB_HCA", "value": "mlx5"}]))
     check(code == 201, f"shards 4 over pods of 2 with NCCL env accepted: {code} {str(body)[:300]}")
     server.request("DELETE", f"{TGS}/tp4")
+    for q in crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+            "quantize"]["enum"]:
+        code, body = server.request("POST", TGS, service("quant", quantize=q, kvCacheDtype="fp8_e4m3fn"))
+        check(code == 201, f"quantize {q} with an fp8 KV cache accepted: {code} {str(body)[:300]}")
+        server.request("DELETE", f"{TGS}/quant")
     code, body = server.request("POST", TGS, service("defaults", shards=None, replicas=None))
     spec = (body or {}).get("spec", {})
     check(code == 201 and spec.get("shards") == 1 and spec.get("replicas") == 1,
@@ -318,6 +331,11 @@ def test_scale_and_edit(server):
     rolled = wait_for("float16 template", lambda: "float16" in json.dumps(
         (get(server, f"{STS}/llama-shard-0") or {}).get("spec", {}).get("template", {})))
     check(rolled is not None, "spec edit reaches the pod template")
+    server.merge(f"{TGS}/llama", {"spec": {"quantize": "bitsandbytes-nf4", "kvCacheDtype": "fp8_e5m2"}})
+    rolled = wait_for("quantized template", lambda: "'--quantize' 'bitsandbytes-nf4' '--kv-cache-dtype' 'fp8_e5m2'"
+                      in " ".join((get(server, f"{STS}/llama-shard-0") or {}).get("spec", {}).get("template", {})
+                                  .get("spec", {}).get("containers", [{}])[0].get("command", [])))
+    check(rolled is not None, "a quantize/kvCacheDtype edit reaches the launcher's flags in the pod template")
     check(wait_for("Progressing while rolling", lambda: condition(get(server, f"{TGS}/llama"), "Progressing")
                    .get("status") == "True") is not None, "Progressing=True after the edit")
     mark_ready(server, "llama", 1, 1)

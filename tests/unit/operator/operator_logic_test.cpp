@@ -5,7 +5,9 @@
 // comparison behind "a settled pass writes nothing", the work queue's semantics, and kubeconfig
 // parsing.
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -75,6 +77,20 @@ TEST(ServiceSpecTest, DefaultsAndErrorsNameTheField) {
        "spec.router.maxInputTokens must be less than maxTotalTokens"},
       {{{"model", {{"id", "../etc"}, {"pvc", {{"claimName", "c"}}}}}},
        "spec.model.id must not leave the volume"},
+      {{{"model", {{"id", "m"}}}, {"dtype", "float8"}},
+       "spec.dtype must be one of float16, bfloat16, float32, not 'float8'"},
+      {{{"model", {{"id", "m"}}}, {"quantize", "int4"}},
+       "spec.quantize must be one of gptq, awq, bitsandbytes, bitsandbytes-nf4, "
+       "bitsandbytes-fp4, eetq, fp8, not 'int4'"},
+      {{{"model", {{"id", "m"}}}, {"quantize", "GPTQ"}}, "spec.quantize must be one of"},
+      {{{"model", {{"id", "m"}}}, {"quantize", "marlin"}}, "spec.quantize marlin is not served"},
+      {{{"model", {{"id", "m"}}}, {"quantize", "exl2"}}, "spec.quantize exl2 is not served"},
+      {{{"model", {{"id", "m"}}}, {"quantize", 4}}, "spec.quantize must be a string"},
+      {{{"model", {{"id", "m"}}}, {"quantize", {{"bits", 4}}}}, "spec.quantize must be a string"},
+      {{{"model", {{"id", "m"}}}, {"kvCacheDtype", "fp8"}},
+       "spec.kvCacheDtype must be one of fp8_e4m3fn, fp8_e5m2, not 'fp8'"},
+      {{{"model", {{"id", "m"}}}, {"kvCacheDtype", 8}}, "spec.kvCacheDtype must be a string"},
+      {{{"model", {{"id", "m"}}}, {"kvCacheDtype", true}}, "spec.kvCacheDtype must be a string"},
   };
   for (const Case& c : cases) {
     auto r = parseServiceSpec(resource(c.spec), "img");
@@ -186,6 +202,67 @@ std::string execArgs(const json& container) {
   for (size_t i = 3; i < container["command"].size(); ++i)
     a += (a.empty() ? "" : " ") + container["command"][i].get<std::string>();
   return a;
+}
+
+// spec.quantize and spec.kvCacheDtype reach the launcher as TGI's flags, after --dtype; unset,
+// neither flag is passed (the checkpoint's format, a KV cache in the dtype).
+TEST(ShardPodsTest, QuantizationReachesTheLauncher) {
+  const std::string urls = std::string(kPod0) + ":50051";
+  const std::string head =
+      "--shards-only --num-shard 1 --world-size 1 --gpus-per-shard 1 --port 50051 --shard-urls " +
+      urls;
+  const DesiredObject plain = shardSet({{"dtype", "float16"}});
+  EXPECT_EQ(execArgs(podSpecOf(plain)["containers"][0]), head + " --dtype float16 --rank-offset 0");
+  for (const char* q : kQuantizeFormats) {
+    for (const char* kv : kKvCacheDtypes) {
+      const DesiredObject sts =
+          shardSet({{"dtype", "float16"}, {"quantize", q}, {"kvCacheDtype", kv}});
+      EXPECT_EQ(execArgs(podSpecOf(sts)["containers"][0]), head + " --dtype float16 --quantize " +
+                                                               q + " --kv-cache-dtype " + kv +
+                                                               " --rank-offset 0");
+    }
+  }
+  // Without a dtype, and over several pods (the shell form): the flags are the same words.
+  const DesiredObject gptq = shardSet({{"shards", 2}, {"shardsPerPod", 1}, {"quantize", "gptq"}});
+  const std::string cmd = command(podSpecOf(gptq)["containers"][0]);
+  EXPECT_NE(cmd.find("'--shard-urls' '" + urls + "," + kPod1 +
+                     ":50051' '--quantize' 'gptq' --rank-offset $((POD_INDEX * 1))"),
+            std::string::npos)
+      << cmd;
+  EXPECT_EQ(cmd.find("kv-cache-dtype"), std::string::npos) << cmd;
+}
+
+// The CRD's enums (what the API server accepts) are exactly what parseServiceSpec accepts, and
+// what the launcher serves: a manifest one of them refuses, the other refuses too.
+TEST(ServiceSpecTest, CrdEnumsAgreeWithTheParser) {
+  const YAML::Node crd = YAML::LoadFile(TEXTGEN_CRD);
+  const YAML::Node versions = crd["spec"]["versions"];
+  ASSERT_TRUE(versions.IsSequence());
+  for (const YAML::Node& version : versions) {
+    const YAML::Node props =
+        version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    auto enumOf = [&](const char* field) {
+      std::vector<std::string> values;
+      EXPECT_EQ(props[field]["type"].as<std::string>(""), "string") << field;
+      for (const YAML::Node& v : props[field]["enum"]) values.push_back(v.as<std::string>());
+      std::sort(values.begin(), values.end());
+      return values;
+    };
+    auto sorted = [](const auto& list) {
+      std::vector<std::string> values(std::begin(list), std::end(list));
+      std::sort(values.begin(), values.end());
+      return values;
+    };
+    EXPECT_EQ(enumOf("dtype"), sorted(kDtypes));
+    EXPECT_EQ(enumOf("quantize"), sorted(kQuantizeFormats));
+    EXPECT_EQ(enumOf("kvCacheDtype"), sorted(kKvCacheDtypes));
+    for (const char* field : {"dtype", "quantize", "kvCacheDtype"}) {
+      for (const std::string& v : enumOf(field)) {
+        auto s = parseServiceSpec(resource({{"model", {{"id", "m"}}}, {field, v}}), "img");
+        EXPECT_TRUE(s.ok()) << field << "=" << v << ": " << s.status();
+      }
+    }
+  }
 }
 
 // shards 2, shardsPerPod 2 (the default): one pod, one container with both ranks' GPUs, in which

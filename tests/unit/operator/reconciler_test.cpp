@@ -316,6 +316,66 @@ TEST_F(ReconcilerTest, AnOldRollingUpdateStatefulSetIsSwitchedToOnDelete) {
   EXPECT_EQ(kube_.objects[url]["spec"]["updateStrategy"], json({{"type", "OnDelete"}}));
 }
 
+// Editing spec.quantize, then spec.kvCacheDtype, changes the shard pods' template (the launcher's
+// flags): both StatefulSets are re-applied with it, which gives them a new updateRevision (the
+// replicas are then replaced as below); the router and the Services are left alone, and a
+// settled pass after the edit writes nothing.
+TEST_F(ReconcilerTest, AQuantizationEditRollsTheShardStatefulSets) {
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  resync();
+  const std::string tgsUrl = std::string(kTgs) + "/llama";
+  auto edit = [&](const char* field, const char* value, int generation) {
+    json tgs = kube_.objects[tgsUrl];
+    tgs["spec"][field] = value;
+    tgs["metadata"]["generation"] = generation;
+    kube_.emit(tgsUrl, tgs);
+    const std::string rv = kube_.objects[tgsUrl]["metadata"]["resourceVersion"];
+    waitUntil("the edit in the cache", [&] {
+      auto cached = services_->get("ml/llama");
+      return cached && (*cached)["metadata"]["resourceVersion"] == rv;
+    });
+    kube_.writes.clear();
+    ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  };
+  auto patched = [&](const std::string& url) {
+    return std::count(kube_.writes.begin(), kube_.writes.end(), "PATCH " + url);
+  };
+  auto shardCommand = [&](int r) {  // the shell line (a hub model over two pods)
+    return kube_
+        .objects["/apis/apps/v1/namespaces/ml/statefulsets/llama-shard-" + std::to_string(r)]
+                ["spec"]["template"]["spec"]["containers"][0]["command"]
+        .back()
+        .get<std::string>();
+  };
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(shardCommand(r).find("--quantize"), std::string::npos);
+  ASSERT_TRUE(kube_.objects.count("/apis/apps/v1/namespaces/ml/deployments/llama-router"));
+  ASSERT_TRUE(kube_.objects.count("/api/v1/namespaces/ml/services/llama"));
+  edit("quantize", "awq", 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(patched("/apis/apps/v1/namespaces/ml/statefulsets/llama-shard-" + std::to_string(r)),
+              1)
+        << r;
+    EXPECT_NE(shardCommand(r).find("'--quantize' 'awq' --rank-offset"), std::string::npos)
+        << shardCommand(r);
+  }
+  EXPECT_EQ(patched("/apis/apps/v1/namespaces/ml/deployments/llama-router"), 0);
+  EXPECT_EQ(patched("/api/v1/namespaces/ml/services/llama"), 0);
+  edit("kvCacheDtype", "fp8_e5m2", 3);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(patched("/apis/apps/v1/namespaces/ml/statefulsets/llama-shard-" + std::to_string(r)),
+              1)
+        << r;
+    EXPECT_NE(
+        shardCommand(r).find("'--quantize' 'awq' '--kv-cache-dtype' 'fp8_e5m2' --rank-offset"),
+        std::string::npos)
+        << shardCommand(r);
+  }
+  resync();
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_TRUE(kube_.writes.empty()) << kube_.writes.size() << " writes, first " << kube_.writes[0];
+}
+
 // A template change: the StatefulSets report a new updateRevision; replica 0's pods are replaced
 // together while replica 1 keeps serving, then replica 1's.
 TEST_F(ReconcilerTest, OutdatedReplicasAreReplacedOneAtATime) {

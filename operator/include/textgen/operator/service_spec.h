@@ -39,7 +39,9 @@ struct ServiceSpec {
   std::optional<SecretKeyRef> hfToken;
   std::string modelPvc;  // serve modelId from this claim instead of downloading it
   std::string cacheSize = "100Gi", cacheStorageClass, cacheAccessMode = "ReadWriteMany";
-  std::string dtype, quantize;
+  // Passed to the launcher as --dtype, --quantize, --kv-cache-dtype when set (empty: the flag is
+  // left out and the shard takes the checkpoint's dtype, format and a KV cache in the dtype).
+  std::string dtype, quantize, kvCacheDtype;
   // shards ranks per replica, shardsPerPod of them in each pod (resolved: spec.shardsPerPod, else
   // shards: one pod per replica); shards / shardsPerPod pods per replica.
   int64_t shards = 1, shardsPerPod = 1, replicas = 1, gpusPerShard = 1;
@@ -57,6 +59,14 @@ struct ServiceSpec {
 inline constexpr const char* kReservedShardEnv[] = {
     "RANK",     "WORLD_SIZE",     "MASTER_ADDR", "MASTER_PORT", "POD_INDEX", "NCCL_NVLS_ENABLE",
     "MODEL_ID", "MODEL_REVISION", "HF_HOME",     "HF_TOKEN"};
+
+// The values spec.dtype, spec.quantize and spec.kvCacheDtype may take: the CRD's enums, and what
+// textgen-launcher/textgen-shard accept (TGI's names; --quantize marlin and exl2 are refused by
+// the shard, so neither is listed).
+inline constexpr const char* kDtypes[] = {"float16", "bfloat16", "float32"};
+inline constexpr const char* kQuantizeFormats[] = {
+    "gptq", "awq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "eetq", "fp8"};
+inline constexpr const char* kKvCacheDtypes[] = {"fp8_e4m3fn", "fp8_e5m2"};
 
 // INVALID_ARGUMENT naming the field for what the CRD's schema would also refuse. `defaultImage`
 // fills spec.image when the resource gives none.
