@@ -438,7 +438,7 @@ struct MmaStage {
 // fp8 with one scale per output (groups == 1). kScaleAfter (integer codes, groups a multiple of a
 // step): the mmas take q - zero, and each step's fp32 sums are scaled once per output.
 template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kWarps == kMmaWarps ? 3 : 2)
     quantMmaGemvKernel(const uint8_t* __restrict__ x, const uint8_t* __restrict__ packed,
                        const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
                        const float* __restrict__ xScale, T* __restrict__ y, int rows, int in,
