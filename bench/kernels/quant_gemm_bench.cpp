@@ -196,13 +196,13 @@ int main(int argc, char** argv) {
       {"eetq-int8", false, QuantCode::kUint8, ActQuant::kNone, 0},
       {"fp8-w8a8", false, QuantCode::kFp8E4M3, ActQuant::kFp8, 0},
   };
-  const int64_t rowsList[] = {1, 4, 8};
+  const int64_t rowsList[] = {1, 4, 8, 16, 32};
   float* tensorScale = nullptr;
   BENCH_CUDA(cudaMalloc(&tensorScale, 16));
   const float one = 0.01f;
   BENCH_CUDA(cudaMemcpy(tensorScale, &one, sizeof(float), cudaMemcpyHostToDevice));
   void *x = nullptr, *y = nullptr, *ws = nullptr;
-  const size_t maxX = 8 * 22016 * 2;
+  const size_t maxX = 32 * 22016 * 2;
   BENCH_CUDA(cudaMalloc(&x, maxX));
   BENCH_CUDA(cudaMemset(x, 0x3c, maxX));
   BENCH_CUDA(cudaMalloc(&y, maxX));

@@ -434,11 +434,14 @@ struct MmaStage {
   float zero[2];
 };
 
-// y[rows, out] = x · deq(W)ᵀ for rows <= 8. kW8A8: x holds e4m3 codes and *xScale their scale, W is
-// fp8 with one scale per output (groups == 1). kScaleAfter (integer codes, groups a multiple of a
-// step): the mmas take q - zero, and each step's fp32 sums are scaled once per output.
-template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32, kWarps == kMmaWarps ? 3 : 2)
+// y[rows, out] = x · deq(W)ᵀ for rows <= 8 * kTiles (kTiles n8 tiles of x's rows share each decoded
+// weight fragment). kW8A8: x holds e4m3 codes and *xScale their scale, W is fp8 with one scale per
+// output (groups == 1; kTiles 1). kScaleAfter (integer codes, groups a multiple of a step): the
+// mmas take q - zero, and each step's fp32 sums are scaled once per output.
+template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter, int kWarps, int kTiles>
+__global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
+                                               : kWarps == kMmaWarps ? 3
+                                                                     : 2)
     quantMmaGemvKernel(const uint8_t* __restrict__ x, const uint8_t* __restrict__ packed,
                        const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
                        const float* __restrict__ xScale, T* __restrict__ y, int rows, int in,
@@ -447,7 +450,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == kMmaWarps ? 3 : 2)
   constexpr int kStep = 4 * kVec;        // inputs of one step (the four lanes of a row)
   constexpr bool kTable = C == QuantCode::kNf4 || C == QuantCode::kFp4;
   __shared__ uint32_t lut[kTable ? 256 : 1];
-  __shared__ float partial[kWarps][kMmaOuts][8];
+  __shared__ float partial[kWarps][kMmaOuts][8 * kTiles];
+  static_assert(!kW8A8 || kTiles == 1);
   if constexpr (kTable) {
     const float* table = C == QuantCode::kNf4 ? cNf4 : cFp4;
     for (int i = threadIdx.x; i < 256; i += blockDim.x)
@@ -486,9 +490,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == kMmaWarps ? 3 : 2)
   if constexpr (kTable) __syncthreads();
   cuda::waitForPrimary();
   cuda::allowDependents();
-  // acc[e]: output o0 + g + 8 (e / 2), row 2c + e % 2 of x.
-  float acc[4] = {};
-  const bool xOk = g < rows;
+  // acc[n][e]: output o0 + g + 8 (e / 2), row 8n + 2c + e % 2 of x.
+  float acc[kTiles][4] = {};
   for (int s0 = warp; s0 < steps; s0 += kMmaPipe * kWarps) {
     MmaStage next[kMmaPipe];
 #pragma unroll
@@ -500,22 +503,26 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == kMmaWarps ? 3 : 2)
       const bool kOk = s < steps && k0 < in;
       const MmaStage& st = cur[u];
       if constexpr (kW8A8) {
-        const uint4 xv = loadOrZero(x + static_cast<int64_t>(g) * in + k0, xOk && kOk);
-        mmaE4m3(acc, st.w[0].x, st.w[1].x, st.w[0].y, st.w[1].y, xv.x, xv.y);
-        mmaE4m3(acc, st.w[0].z, st.w[1].z, st.w[0].w, st.w[1].w, xv.z, xv.w);
+        const uint4 xv = loadOrZero(x + static_cast<int64_t>(g) * in + k0, g < rows && kOk);
+        mmaE4m3(acc[0], st.w[0].x, st.w[1].x, st.w[0].y, st.w[1].y, xv.x, xv.y);
+        mmaE4m3(acc[0], st.w[0].z, st.w[1].z, st.w[0].w, st.w[1].w, xv.z, xv.w);
       } else {
         // x's inputs of the vector (zero past `in` or past the batch: the weight there is not).
         constexpr int kXVecs = kVec * 2 / 16;
-        uint32_t xw[kXVecs * 4];
-        const T* xr = reinterpret_cast<const T*>(x) + static_cast<int64_t>(g) * in + k0;
+        uint32_t xw[kTiles][kXVecs * 4];
 #pragma unroll
-        for (int i = 0; i < kXVecs; ++i) {
-          const uint4 v =
-              xOk && kOk ? *reinterpret_cast<const uint4*>(xr + 8 * i) : make_uint4(0, 0, 0, 0);
-          xw[4 * i] = v.x;
-          xw[4 * i + 1] = v.y;
-          xw[4 * i + 2] = v.z;
-          xw[4 * i + 3] = v.w;
+        for (int n = 0; n < kTiles; ++n) {
+          const int r = 8 * n + g;
+          const T* xr = reinterpret_cast<const T*>(x) + static_cast<int64_t>(r) * in + k0;
+#pragma unroll
+          for (int i = 0; i < kXVecs; ++i) {
+            const uint4 v = r < rows && kOk ? *reinterpret_cast<const uint4*>(xr + 8 * i)
+                                            : make_uint4(0, 0, 0, 0);
+            xw[n][4 * i] = v.x;
+            xw[n][4 * i + 1] = v.y;
+            xw[n][4 * i + 2] = v.z;
+            xw[n][4 * i + 3] = v.w;
+          }
         }
         Pair<T> zero[2], scale[2];
         float zeroF[2] = {}, scaleF[2];
@@ -528,27 +535,32 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == kMmaWarps ? 3 : 2)
           scale[t] = Pair<T>{s16, s16};
           zero[t] = Pair<T>{z16, z16};
         }
-        float sums[4] = {};
-        float(&dst)[4] = kScaleAfter ? sums : acc;
+        float sums[kTiles][4] = {};
+        float(&dst)[kTiles][4] = kScaleAfter ? sums : acc;
         const uint32_t words[2][4] = {{st.w[0].x, st.w[0].y, st.w[0].z, st.w[0].w},
                                       {st.w[1].x, st.w[1].y, st.w[1].z, st.w[1].w}};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          uint32_t xp[kPairs<C>];
-          pairX<C>(xw + (32 / quantBits(C) / 2) * i, xp);
           uint32_t w[2][kPairs<C>];
 #pragma unroll
           for (int t = 0; t < 2; ++t)
             decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], scale[t], zeroF[t], scaleF[t],
                                             lut, w[t]);
 #pragma unroll
-          for (int h = 0; h < kPairs<C> / 2; ++h)
-            mmaK16<T>(dst, w[0][2 * h], w[1][2 * h], w[0][2 * h + 1], w[1][2 * h + 1], xp[2 * h],
-                      xp[2 * h + 1]);
+          for (int n = 0; n < kTiles; ++n) {
+            uint32_t xp[kPairs<C>];
+            pairX<C>(xw[n] + (32 / quantBits(C) / 2) * i, xp);
+#pragma unroll
+            for (int h = 0; h < kPairs<C> / 2; ++h)
+              mmaK16<T>(dst[n], w[0][2 * h], w[1][2 * h], w[0][2 * h + 1], w[1][2 * h + 1],
+                        xp[2 * h], xp[2 * h + 1]);
+          }
         }
         if constexpr (kScaleAfter) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[e] = fmaf(sums[e], st.scale[e / 2], acc[e]);
+          for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] = fmaf(sums[n][e], st.scale[e / 2], acc[n][e]);
         }
       }
     }
@@ -556,16 +568,19 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == kMmaWarps ? 3 : 2)
     for (int u = 0; u < kMmaPipe; ++u) cur[u] = next[u];
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) partial[warp][g + 8 * (e / 2)][2 * c + e % 2] = acc[e];
-  __syncthreads();
-  if (threadIdx.x >= kMmaOuts * 8) return;
-  const int oi = threadIdx.x / 8, r = threadIdx.x % 8, o = o0 + oi;
-  if (r >= rows || o >= out) return;
-  float sum = 0.0f;
+  for (int n = 0; n < kTiles; ++n)
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) sum += partial[w][oi][r];
-  if constexpr (kW8A8) sum *= *xScale * scales[o];
-  y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(sum);
+    for (int e = 0; e < 4; ++e) partial[warp][g + 8 * (e / 2)][8 * n + 2 * c + e % 2] = acc[n][e];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kMmaOuts * 8 * kTiles; idx += kWarps * 32) {
+    const int oi = idx / (8 * kTiles), r = idx % (8 * kTiles), o = o0 + oi;
+    if (r >= rows || o >= out) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += partial[w][oi][r];
+    if constexpr (kW8A8) sum *= *xScale * scales[o];
+    y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(sum);
+  }
 }
 
 // dense[o, perm[j]] = deq(W)[o, j]: one thread per 16-byte vector of codes.
@@ -853,13 +868,13 @@ enum class MmaPath { kNo, k16Bit, kW8A8 };
 // one scale per output on sm_89 and later.
 MmaPath mmaPathOf(const QuantGemmParams& p) {
   const int n = quantBits(p.w.code) == 4 ? 32 : 16;
-  if (p.dtype == DType::kF32 || p.rows > kMaxQuantGemvRows || p.in % n != 0 ||
+  if (p.dtype == DType::kF32 || p.rows > kMaxQuantMmaRows || p.in % n != 0 ||
       p.w.groupSize % n != 0 || !cuda::aligned16(p.w.packed) || p.in >= (int64_t{1} << 30) ||
       p.out >= (int64_t{1} << 30))
     return MmaPath::kNo;
   if (p.w.act == ActQuant::kNone) return cuda::aligned16(p.x) ? MmaPath::k16Bit : MmaPath::kNo;
   if (p.w.act == ActQuant::kFp8 && p.w.code == QuantCode::kFp8E4M3 && p.w.groupSize == p.in &&
-      !p.w.perm && deviceArch() >= 89)
+      !p.w.perm && p.rows <= kMaxQuantGemvRows && deviceArch() >= 89)
     return MmaPath::kW8A8;
   return MmaPath::kNo;
 }
@@ -973,7 +988,7 @@ Status gemvByCode(const QuantGemmParams& p, const XT* x, cudaStream_t stream) {
   return invalidArgumentError("quant gemm: unknown code");
 }
 
-template <typename T, int kWarps>
+template <typename T, int kWarps, int kTiles>
 Status mmaGemvWith(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
                    cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.out + kMmaOuts - 1) / kMmaOuts));
@@ -982,10 +997,11 @@ Status mmaGemvWith(const QuantGemmParams& p, const uint8_t* x, const float* xSca
   const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
             out = static_cast<int>(p.out), gs = static_cast<int>(p.w.groupSize);
 #define TG_MMA(C, W8A8, AFTER)                                                                   \
-  return cuda::launch("quant mma gemv", quantMmaGemvKernel<T, C, W8A8, AFTER, kWarps>, grid,     \
-                      kWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, rows, \
-                      in, out, gs)
-  if (w8a8) TG_MMA(QuantCode::kFp8E4M3, true, false);
+  return cuda::launch("quant mma gemv", quantMmaGemvKernel<T, C, W8A8, AFTER, kWarps, kTiles>,   \
+                      grid, kWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, \
+                      rows, in, out, gs)
+  if constexpr (kTiles == 1)
+    if (w8a8) TG_MMA(QuantCode::kFp8E4M3, true, false);
   // Integer codes whose groups hold whole steps (4 vectors) scale the fp32 sums.
   const bool after = p.w.groupSize % (4 * (quantBits(p.w.code) == 4 ? 32 : 16)) == 0;
   switch (p.w.code) {
@@ -1024,9 +1040,16 @@ Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, 
     // Blocks of 8 warps run 3 to a multiprocessor; fewer tiles than 2 per multiprocessor leave
     // it a third idle, so their blocks take 12 warps (2 to a multiprocessor).
     const int64_t tiles = (p.out + kMmaOuts - 1) / kMmaOuts;
-    if (tiles <= 2 * static_cast<int64_t>(deviceSms()))
-      return mmaGemvWith<T, kMmaWarpsFew>(p, x, xScale, w8a8, stream);
-    return mmaGemvWith<T, kMmaWarps>(p, x, xScale, w8a8, stream);
+    const bool few = tiles <= 2 * static_cast<int64_t>(deviceSms());
+    // x's rows in n8 tiles: 1, 2 or 4 of them share every decoded weight fragment.
+    if (p.rows > 16)
+      return few ? mmaGemvWith<T, kMmaWarpsFew, 4>(p, x, xScale, w8a8, stream)
+                 : mmaGemvWith<T, kMmaWarps, 4>(p, x, xScale, w8a8, stream);
+    if (p.rows > 8)
+      return few ? mmaGemvWith<T, kMmaWarpsFew, 2>(p, x, xScale, w8a8, stream)
+                 : mmaGemvWith<T, kMmaWarps, 2>(p, x, xScale, w8a8, stream);
+    return few ? mmaGemvWith<T, kMmaWarpsFew, 1>(p, x, xScale, w8a8, stream)
+               : mmaGemvWith<T, kMmaWarps, 1>(p, x, xScale, w8a8, stream);
   }
 }
 

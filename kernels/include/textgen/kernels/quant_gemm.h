@@ -97,11 +97,14 @@ Status dequantizeWeightReference(const QuantWeight& w, int64_t out, int64_t in, 
 // act(x) of p (host memory): [rows, in] float32.
 Status quantizeActivationsReference(const QuantGemmParams& p, float* xq);
 
-// CUDA (defined only in builds with CUDA). Decode-sized batches (rows <= kMaxQuantGemvRows, 16-bit
-// dtypes, a layout whose 16-byte code vectors stay within one group) run a GEMV that decodes the
-// codes in registers; larger ones dequantize the weight into the workspace and run cuBLASLt, or,
-// for fp8 with one tensor scale, quantize the activations to e4m3 and run cuBLASLt's FP8 GEMM.
+// CUDA (defined only in builds with CUDA). Decode-sized batches (16-bit dtypes, a layout whose
+// 16-byte code vectors stay within one group) run a GEMV that decodes the codes in registers: on
+// the tensor cores up to kMaxQuantMmaRows rows of x as it is (and fp8 W8A8 up to
+// kMaxQuantGemvRows), in fp32 up to kMaxQuantGemvRows for LLM.int8 and other fp8 layouts; larger
+// ones dequantize the weight into the workspace and run cuBLASLt, or, for fp8 with one tensor
+// scale, quantize the activations to e4m3 and run cuBLASLt's FP8 GEMM.
 constexpr int64_t kMaxQuantGemvRows = 8;
+constexpr int64_t kMaxQuantMmaRows = 32;
 class GemmRunner;
 // Workspace bytes invokeQuantGemm needs for p.
 size_t quantGemmWorkspaceBytes(const QuantGemmParams& p);
