@@ -1,9 +1,12 @@
 #include "layers/weight_loader.h"
 
 #include <cstring>
+#include <string_view>
 
 #include "loader/dequantize.h"
+#include "loader/load_quantizer.h"
 #include "loader/quantized_tensor.h"
+#include "textgen/kernels/half.h"
 
 namespace textgen::runtime {
 
@@ -177,12 +180,12 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
     l.in = in;
     l.out += part(shape[0], 0);
   }
-  TG_ASSIGN_OR_RETURN(std::optional<QuantizedTensor> q, quantizedLinear(parts, split));
+  TG_ASSIGN_OR_RETURN(std::optional<PackedQuantized> q, quantizedLinear(parts, split));
   if (q) {
     if (q->out != l.out || q->in != l.in)
       return internalError("'" + parts[0].name +
                            "': the quantized slices do not match the layer's shape");
-    TG_RETURN_IF_ERROR(uploadQuantized(pack(*q), l));
+    TG_RETURN_IF_ERROR(uploadQuantized(*q, l));
   } else {
     TG_ASSIGN_OR_RETURN(l.owned, upload(parts));
     l.weight = l.owned.get();
@@ -208,61 +211,122 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
 
 namespace textgen::runtime {
 
-StatusOr<std::optional<QuantizedTensor>> WeightLoader::quantizedLinear(
+StatusOr<WeightLoader::HostMatrix> WeightLoader::stackedF32(const std::vector<Part>& parts) const {
+  // Each part's rows as they lie in the checkpoint's mapping, or (a padded shard) its slice
+  // loaded whole.
+  struct Source {
+    std::string_view bytes;
+    std::string dtype;
+    Slice slice;
+    int64_t inner = 0, row0 = 0;
+    Tensor loaded;
+  };
+  std::vector<Source> sources(parts.size());
+  HostMatrix m;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Part& p = parts[k];
+    Source& s = sources[k];
+    int64_t rows = 0, cols = 0;
+    if (p.shard.pad) {
+      TG_ASSIGN_OR_RETURN(s.loaded, hostSlice(p, DType::kF32));
+      rows = s.loaded.dim(0);
+      cols = s.loaded.dim(1);
+    } else {
+      TG_ASSIGN_OR_RETURN(s.bytes, store_.raw(p.name, {"F32", "F16", "BF16"}, p.shape));
+      s.dtype = store_.info(p.name)->dtype;
+      s.inner = p.shape[1];
+      TG_ASSIGN_OR_RETURN(s.slice, sliceOf(selectingAll(p), p.shape, s.inner));
+      rows = static_cast<int64_t>(s.slice.rows.size());
+      cols = s.slice.cols;
+    }
+    if (k > 0 && cols != m.cols)
+      return invalidArgumentError("weight '" + p.name + "': stacked parts differ in inputs");
+    m.cols = cols;
+    s.row0 = m.rows;
+    m.rows += rows;
+  }
+  m.data.reset(new float[static_cast<size_t>(m.rows * m.cols)]);  // filled below, by row
+  for (const Source& s : sources) {
+    float* dst = m.data.get() + s.row0 * m.cols;
+    if (!s.loaded.empty()) {
+      std::memcpy(dst, s.loaded.data(), s.loaded.bytes());
+      continue;
+    }
+    const Slice& sl = s.slice;
+    const int64_t es = s.dtype == "F32" ? 4 : 2;
+    const int kind = s.dtype == "F32" ? 0 : s.dtype == "BF16" ? 1 : 2;
+    parallelFor(
+        static_cast<int64_t>(sl.rows.size()),
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const char* src = s.bytes.data() + (sl.rows[r] * s.inner + sl.c0) * es;
+            float* d = dst + r * m.cols;
+            if (kind == 0) {
+              std::memcpy(d, src, static_cast<size_t>(m.cols) * 4);
+            } else if (kind == 1) {
+              for (int64_t i = 0; i < m.cols; ++i) {
+                uint16_t h;
+                std::memcpy(&h, src + 2 * i, 2);
+                d[i] = kernels::bf16ToFloat(h);
+              }
+            } else {
+              for (int64_t i = 0; i < m.cols; ++i) {
+                uint16_t h;
+                std::memcpy(&h, src + 2 * i, 2);
+                d[i] = kernels::f16ToFloat(h);
+              }
+            }
+          }
+        },
+        rowGrain(m.cols));
+  }
+  return m;
+}
+
+StatusOr<std::optional<PackedQuantized>> WeightLoader::quantizedLinear(
     const std::vector<Part>& parts, SplitKind split) const {
   size_t preQuantized = 0;
   for (const Part& p : parts) preQuantized += quantized(p.name) ? 1 : 0;
   if (preQuantized > 0) {
     // The checkpoint's own format, sliced and stacked; parts that differ (a dense one beside
     // quantized ones, act-order parts with different g_idx) are dequantized instead.
-    if (preQuantized != parts.size()) return std::optional<QuantizedTensor>();
+    if (preQuantized != parts.size()) return std::optional<PackedQuantized>();
     std::vector<QuantizedTensor> qs;
     for (const Part& p : parts) {
       TG_ASSIGN_OR_RETURN(QuantizedTensor q, quantizedSlice(p));
       qs.push_back(std::move(q));
     }
     auto stacked = stackOutputs(std::move(qs));
-    if (!stacked.ok()) return std::optional<QuantizedTensor>();
-    return std::optional<QuantizedTensor>(std::move(*stacked));
+    if (!stacked.ok()) return std::optional<PackedQuantized>();
+    return std::optional<PackedQuantized>(pack(*stacked));
   }
   if (quantize_ == LoadQuantization::kNone || split == SplitKind::kVocab)
-    return std::optional<QuantizedTensor>();
+    return std::optional<PackedQuantized>();
   // --quantize: this rank's stacked slice, quantized as one tensor (as TGI quantizes the weight
-  // it loads for its rank).
-  std::vector<Tensor> slices;
-  int64_t out = 0, in = 0;
-  for (const Part& p : parts) {
-    TG_ASSIGN_OR_RETURN(Tensor t, hostSlice(p, DType::kF32));
-    out += t.dim(0);
-    in = t.dim(1);
-    slices.push_back(std::move(t));
-  }
-  std::vector<float> w;
-  w.reserve(static_cast<size_t>(out * in));
-  for (const Tensor& t : slices) w.insert(w.end(), t.f32(), t.f32() + t.numel());
-  slices.clear();
+  // it loads for its rank), straight into the runtime layout (loader/load_quantizer.h).
+  TG_ASSIGN_OR_RETURN(const HostMatrix w, stackedF32(parts));
   const std::string what = std::string(toString(quantize_)) + " '" + parts[0].name + "'";
   switch (quantize_) {
     case LoadQuantization::kBitsandbytesNf4:
     case LoadQuantization::kBitsandbytesFp4: {
-      auto q =
-          quantizeBnb4(w.data(), out, in,
-                       quantize_ == LoadQuantization::kBitsandbytesNf4 ? kernels::QuantCode::kNf4
-                                                                       : kernels::QuantCode::kFp4);
+      auto q = quantizeBnb4Packed(w.data.get(), w.rows, w.cols,
+                                  quantize_ == LoadQuantization::kBitsandbytesNf4
+                                      ? kernels::QuantCode::kNf4
+                                      : kernels::QuantCode::kFp4);
       if (!q.ok()) return q.status().withContext(what);
-      return std::optional<QuantizedTensor>(std::move(*q));
+      return std::optional<PackedQuantized>(std::move(*q));
     }
     case LoadQuantization::kBitsandbytes:
-      return std::optional<QuantizedTensor>(
-          quantizeInt8Rowwise(w.data(), out, in, kernels::ActQuant::kLlmInt8));
+      return std::optional<PackedQuantized>(
+          quantizeInt8Packed(w.data.get(), w.rows, w.cols, kernels::ActQuant::kLlmInt8));
     case LoadQuantization::kEetq:
-      return std::optional<QuantizedTensor>(
-          quantizeInt8Rowwise(w.data(), out, in, kernels::ActQuant::kNone));
+      return std::optional<PackedQuantized>(
+          quantizeInt8Packed(w.data.get(), w.rows, w.cols, kernels::ActQuant::kNone));
     case LoadQuantization::kFp8:
-      return std::optional<QuantizedTensor>(quantizeFp8PerTensor(w.data(), out, in));
+      return std::optional<PackedQuantized>(quantizeFp8Packed(w.data.get(), w.rows, w.cols));
     case LoadQuantization::kNone: break;
   }
-  return std::optional<QuantizedTensor>();
+  return std::optional<PackedQuantized>();
 }
 
 Status WeightLoader::uploadQuantized(const PackedQuantized& q, Linear& l) const {

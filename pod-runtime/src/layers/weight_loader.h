@@ -75,8 +75,16 @@ class WeightLoader {
   StatusOr<Tensor> hostSlice(const Part& p, DType dtype) const;
   // A pre-quantized part's slice for this rank, in its own format.
   StatusOr<QuantizedTensor> quantizedSlice(const Part& p) const;
-  // The layer quantized (pre-quantized or --quantize), or nullopt: dense.
-  StatusOr<std::optional<QuantizedTensor>> quantizedLinear(const std::vector<Part>& parts,
+  // The parts' slices for this rank stacked along the outputs in float32, each converted on
+  // every core straight from the checkpoint's mapping (--quantize's input).
+  struct HostMatrix {
+    std::unique_ptr<float[]> data;  // [rows, cols]
+    int64_t rows = 0, cols = 0;
+  };
+  StatusOr<HostMatrix> stackedF32(const std::vector<Part>& parts) const;
+  // The layer quantized (pre-quantized or --quantize) in the kernels' runtime layout, or
+  // nullopt: dense.
+  StatusOr<std::optional<PackedQuantized>> quantizedLinear(const std::vector<Part>& parts,
                                                            SplitKind split) const;
   Status uploadQuantized(const PackedQuantized& q, Linear& l) const;
 
