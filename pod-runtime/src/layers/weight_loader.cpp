@@ -4,9 +4,7 @@
 #include <string_view>
 
 #include "loader/dequantize.h"
-#include "loader/load_quantizer.h"
 #include "loader/quantized_tensor.h"
-#include "textgen/kernels/half.h"
 
 namespace textgen::runtime {
 
@@ -211,76 +209,35 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
 
 namespace textgen::runtime {
 
-StatusOr<WeightLoader::HostMatrix> WeightLoader::stackedF32(const std::vector<Part>& parts) const {
-  // Each part's rows as they lie in the checkpoint's mapping, or (a padded shard) its slice
-  // loaded whole.
-  struct Source {
-    std::string_view bytes;
-    std::string dtype;
-    Slice slice;
-    int64_t inner = 0, row0 = 0;
-    Tensor loaded;
-  };
-  std::vector<Source> sources(parts.size());
-  HostMatrix m;
+StatusOr<WeightLoader::HostRows> WeightLoader::stackedRows(const std::vector<Part>& parts) const {
+  HostRows h;
   for (size_t k = 0; k < parts.size(); ++k) {
     const Part& p = parts[k];
-    Source& s = sources[k];
-    int64_t rows = 0, cols = 0;
+    int64_t cols = 0;
     if (p.shard.pad) {
-      TG_ASSIGN_OR_RETURN(s.loaded, hostSlice(p, DType::kF32));
-      rows = s.loaded.dim(0);
-      cols = s.loaded.dim(1);
+      TG_ASSIGN_OR_RETURN(Tensor t, hostSlice(p, DType::kF32));
+      cols = t.dim(1);
+      for (int64_t r = 0; r < t.dim(0); ++r)
+        h.rows.rows.push_back({t.f32() + r * cols, WeightRows::Type::kF32});
+      h.owned.push_back(std::move(t));
     } else {
-      TG_ASSIGN_OR_RETURN(s.bytes, store_.raw(p.name, {"F32", "F16", "BF16"}, p.shape));
-      s.dtype = store_.info(p.name)->dtype;
-      s.inner = p.shape[1];
-      TG_ASSIGN_OR_RETURN(s.slice, sliceOf(selectingAll(p), p.shape, s.inner));
-      rows = static_cast<int64_t>(s.slice.rows.size());
-      cols = s.slice.cols;
+      TG_ASSIGN_OR_RETURN(const std::string_view bytes,
+                          store_.raw(p.name, {"F32", "F16", "BF16"}, p.shape));
+      const std::string& dtype = store_.info(p.name)->dtype;
+      const WeightRows::Type type = dtype == "F32"    ? WeightRows::Type::kF32
+                                    : dtype == "BF16" ? WeightRows::Type::kBF16
+                                                      : WeightRows::Type::kF16;
+      const int64_t es = dtype == "F32" ? 4 : 2, inner = p.shape[1];
+      TG_ASSIGN_OR_RETURN(const Slice sl, sliceOf(selectingAll(p), p.shape, inner));
+      cols = sl.cols;
+      for (int64_t r : sl.rows)
+        h.rows.rows.push_back({bytes.data() + (r * inner + sl.c0) * es, type});
     }
-    if (k > 0 && cols != m.cols)
+    if (k > 0 && cols != h.rows.cols)
       return invalidArgumentError("weight '" + p.name + "': stacked parts differ in inputs");
-    m.cols = cols;
-    s.row0 = m.rows;
-    m.rows += rows;
+    h.rows.cols = cols;
   }
-  m.data.reset(new float[static_cast<size_t>(m.rows * m.cols)]);  // filled below, by row
-  for (const Source& s : sources) {
-    float* dst = m.data.get() + s.row0 * m.cols;
-    if (!s.loaded.empty()) {
-      std::memcpy(dst, s.loaded.data(), s.loaded.bytes());
-      continue;
-    }
-    const Slice& sl = s.slice;
-    const int64_t es = s.dtype == "F32" ? 4 : 2;
-    const int kind = s.dtype == "F32" ? 0 : s.dtype == "BF16" ? 1 : 2;
-    parallelFor(
-        static_cast<int64_t>(sl.rows.size()),
-        [&](int64_t r0, int64_t r1) {
-          for (int64_t r = r0; r < r1; ++r) {
-            const char* src = s.bytes.data() + (sl.rows[r] * s.inner + sl.c0) * es;
-            float* d = dst + r * m.cols;
-            if (kind == 0) {
-              std::memcpy(d, src, static_cast<size_t>(m.cols) * 4);
-            } else if (kind == 1) {
-              for (int64_t i = 0; i < m.cols; ++i) {
-                uint16_t h;
-                std::memcpy(&h, src + 2 * i, 2);
-                d[i] = kernels::bf16ToFloat(h);
-              }
-            } else {
-              for (int64_t i = 0; i < m.cols; ++i) {
-                uint16_t h;
-                std::memcpy(&h, src + 2 * i, 2);
-                d[i] = kernels::f16ToFloat(h);
-              }
-            }
-          }
-        },
-        rowGrain(m.cols));
-  }
-  return m;
+  return h;
 }
 
 StatusOr<std::optional<PackedQuantized>> WeightLoader::quantizedLinear(
@@ -303,27 +260,25 @@ StatusOr<std::optional<PackedQuantized>> WeightLoader::quantizedLinear(
   if (quantize_ == LoadQuantization::kNone || split == SplitKind::kVocab)
     return std::optional<PackedQuantized>();
   // --quantize: this rank's stacked slice, quantized as one tensor (as TGI quantizes the weight
-  // it loads for its rank), straight into the runtime layout (loader/load_quantizer.h).
-  TG_ASSIGN_OR_RETURN(const HostMatrix w, stackedF32(parts));
+  // it loads for its rank), from the mapping straight into the runtime layout
+  // (loader/load_quantizer.h).
+  TG_ASSIGN_OR_RETURN(const HostRows h, stackedRows(parts));
   const std::string what = std::string(toString(quantize_)) + " '" + parts[0].name + "'";
   switch (quantize_) {
     case LoadQuantization::kBitsandbytesNf4:
     case LoadQuantization::kBitsandbytesFp4: {
-      auto q = quantizeBnb4Packed(w.data.get(), w.rows, w.cols,
-                                  quantize_ == LoadQuantization::kBitsandbytesNf4
-                                      ? kernels::QuantCode::kNf4
-                                      : kernels::QuantCode::kFp4);
+      auto q = quantizeBnb4Packed(h.rows, quantize_ == LoadQuantization::kBitsandbytesNf4
+                                              ? kernels::QuantCode::kNf4
+                                              : kernels::QuantCode::kFp4);
       if (!q.ok()) return q.status().withContext(what);
       return std::optional<PackedQuantized>(std::move(*q));
     }
     case LoadQuantization::kBitsandbytes:
       return std::optional<PackedQuantized>(
-          quantizeInt8Packed(w.data.get(), w.rows, w.cols, kernels::ActQuant::kLlmInt8));
+          quantizeInt8Packed(h.rows, kernels::ActQuant::kLlmInt8));
     case LoadQuantization::kEetq:
-      return std::optional<PackedQuantized>(
-          quantizeInt8Packed(w.data.get(), w.rows, w.cols, kernels::ActQuant::kNone));
-    case LoadQuantization::kFp8:
-      return std::optional<PackedQuantized>(quantizeFp8Packed(w.data.get(), w.rows, w.cols));
+      return std::optional<PackedQuantized>(quantizeInt8Packed(h.rows, kernels::ActQuant::kNone));
+    case LoadQuantization::kFp8: return std::optional<PackedQuantized>(quantizeFp8Packed(h.rows));
     case LoadQuantization::kNone: break;
   }
   return std::optional<PackedQuantized>();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "layers/partition.h"
+#include "loader/load_quantizer.h"
 #include "loader/quantized_tensor.h"
 #include "textgen/runtime/backend.h"
 #include "textgen/runtime/model_config.h"
@@ -75,13 +76,13 @@ class WeightLoader {
   StatusOr<Tensor> hostSlice(const Part& p, DType dtype) const;
   // A pre-quantized part's slice for this rank, in its own format.
   StatusOr<QuantizedTensor> quantizedSlice(const Part& p) const;
-  // The parts' slices for this rank stacked along the outputs in float32, each converted on
-  // every core straight from the checkpoint's mapping (--quantize's input).
-  struct HostMatrix {
-    std::unique_ptr<float[]> data;  // [rows, cols]
-    int64_t rows = 0, cols = 0;
+  // The parts' slices for this rank stacked along the outputs, each row where the checkpoint's
+  // mapping holds it (a padded shard's slice loaded whole into `owned`): --quantize's input.
+  struct HostRows {
+    WeightRows rows;
+    std::vector<Tensor> owned;
   };
-  StatusOr<HostMatrix> stackedF32(const std::vector<Part>& parts) const;
+  StatusOr<HostRows> stackedRows(const std::vector<Part>& parts) const;
   // The layer quantized (pre-quantized or --quantize) in the kernels' runtime layout, or
   // nullopt: dense.
   StatusOr<std::optional<PackedQuantized>> quantizedLinear(const std::vector<Part>& parts,

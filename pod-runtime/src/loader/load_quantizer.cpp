@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "textgen/kernels/fp8.h"
+#include "textgen/kernels/half.h"
 
 namespace textgen::runtime {
 
@@ -57,16 +59,15 @@ inline uint8_t fp4Code(float x) {
   return static_cast<uint8_t>((x < 0 ? 8 : 0) | kCodeOfClass[cls]);
 }
 
+// One row's blocks: scales[g] and the row's packed bytes.
 template <QuantCode kCode>
-void quantizeBnb4Blocks(const float* w, int64_t block, int64_t b0, int64_t b1, float* scales,
-                        uint8_t* packed) {
-  for (int64_t b = b0; b < b1; ++b) {
-    const float* x = w + b * block;
+void quantizeBnb4Row(const float* x, int64_t in, int64_t block, float* scales, uint8_t* packed) {
+  for (int64_t g = 0; g < in / block; ++g, x += block) {
     float amax = 0.0f;
     for (int64_t k = 0; k < block; ++k) amax = absMax(amax, x[k]);
-    scales[b] = amax;
+    scales[g] = amax;
     const float inv = 1.0f / amax;  // inf for an all-zero block: 0 * inf is NaN, coded 0
-    uint8_t* dst = packed + b * block / 2;
+    uint8_t* dst = packed + g * block / 2;
     for (int64_t k = 0; k < block; k += 2) {
       float v0 = x[k] * inv, v1 = x[k + 1] * inv;
       if (std::isnan(v0)) v0 = 0.0f;
@@ -76,6 +77,13 @@ void quantizeBnb4Blocks(const float* w, int64_t block, int64_t b0, int64_t b1, f
       dst[k / 2] = static_cast<uint8_t>(c0 | (c1 << 4));  // even input in the low nibble
     }
   }
+}
+
+// fn(o, row) for rows [o0, o1), each row float32 (a thread's scratch row when converted).
+template <typename Fn>
+void forRows(const WeightRows& w, int64_t o0, int64_t o1, Fn&& fn) {
+  std::vector<float> scratch(static_cast<size_t>(w.cols));
+  for (int64_t o = o0; o < o1; ++o) fn(o, w.row(o, scratch.data()));
 }
 
 }  // namespace
@@ -99,8 +107,34 @@ uint8_t floatToFp8E4M3Fast(float f) {
   return sign | static_cast<uint8_t>(r - (120u << 3));
 }
 
-StatusOr<PackedQuantized> quantizeBnb4Packed(const float* w, int64_t out, int64_t in,
-                                             QuantCode code) {
+const float* WeightRows::row(int64_t o, float* scratch) const {
+  const Row& r = rows[o];
+  const auto* bytes = static_cast<const unsigned char*>(r.data);
+  // The mapping gives no alignment: each value read by memcpy (one load).
+  if (r.type == Type::kF32) {
+    if (reinterpret_cast<uintptr_t>(bytes) % alignof(float) == 0)
+      return static_cast<const float*>(r.data);
+    std::memcpy(scratch, bytes, static_cast<size_t>(cols) * sizeof(float));
+    return scratch;
+  }
+  for (int64_t i = 0; i < cols; ++i) {
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, 2);
+    scratch[i] = r.type == Type::kBF16 ? kernels::bf16ToFloat(h) : kernels::f16ToFloat(h);
+  }
+  return scratch;
+}
+
+WeightRows WeightRows::dense(const float* w, int64_t out, int64_t in) {
+  WeightRows r;
+  r.cols = in;
+  r.rows.resize(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) r.rows[o] = {w + o * in, Type::kF32};
+  return r;
+}
+
+StatusOr<PackedQuantized> quantizeBnb4Packed(const WeightRows& w, QuantCode code) {
+  const int64_t out = w.out(), in = w.cols;
   const int64_t block = bnb4BlockSize(in);
   if (block == 0)
     return invalidArgumentError("bitsandbytes 4-bit: the layer's " + std::to_string(in) +
@@ -110,23 +144,27 @@ StatusOr<PackedQuantized> quantizeBnb4Packed(const float* w, int64_t out, int64_
   p.out = out;
   p.in = in;
   p.groupSize = block;
-  p.packed.resize(static_cast<size_t>(out * kernels::quantRowBytes(code, in)));
-  p.scales.resize(static_cast<size_t>(out * (in / block)));
-  // Blocks run along each row and rows follow each other: block b is inputs [b * block, ...) of
-  // the flattened tensor and packed bytes [b * block / 2, ...).
+  const int64_t rowBytes = kernels::quantRowBytes(code, in), groups = in / block;
+  p.packed.resize(static_cast<size_t>(out * rowBytes));
+  p.scales.resize(static_cast<size_t>(out * groups));
   parallelFor(
-      out * (in / block),
-      [&](int64_t b0, int64_t b1) {
-        if (code == QuantCode::kNf4)
-          quantizeBnb4Blocks<QuantCode::kNf4>(w, block, b0, b1, p.scales.data(), p.packed.data());
-        else
-          quantizeBnb4Blocks<QuantCode::kFp4>(w, block, b0, b1, p.scales.data(), p.packed.data());
+      out,
+      [&](int64_t o0, int64_t o1) {
+        forRows(w, o0, o1, [&](int64_t o, const float* x) {
+          float* scales = p.scales.data() + o * groups;
+          uint8_t* packed = p.packed.data() + o * rowBytes;
+          if (code == QuantCode::kNf4)
+            quantizeBnb4Row<QuantCode::kNf4>(x, in, block, scales, packed);
+          else
+            quantizeBnb4Row<QuantCode::kFp4>(x, in, block, scales, packed);
+        });
       },
-      rowGrain(block));
+      rowGrain(in));
   return p;
 }
 
-PackedQuantized quantizeInt8Packed(const float* w, int64_t out, int64_t in, ActQuant act) {
+PackedQuantized quantizeInt8Packed(const WeightRows& w, ActQuant act) {
+  const int64_t out = w.out(), in = w.cols;
   PackedQuantized p;
   p.code = QuantCode::kUint8;
   p.act = act;
@@ -139,15 +177,14 @@ PackedQuantized quantizeInt8Packed(const float* w, int64_t out, int64_t in, ActQ
   parallelFor(
       out,
       [&](int64_t o0, int64_t o1) {
-        for (int64_t o = o0; o < o1; ++o) {
-          const float* x = w + o * in;
+        forRows(w, o0, o1, [&](int64_t o, const float* x) {
           uint8_t* dst = p.packed.data() + o * in;
           float amax = 0.0f;
           for (int64_t i = 0; i < in; ++i) amax = absMax(amax, x[i]);
           p.scales[o] = amax / 127.0f;
           if (!(amax > 0.0f)) {
             std::memset(dst, 128, static_cast<size_t>(in));
-            continue;
+            return;
           }
           const float mul = 127.0f / amax;
           for (int64_t i = 0; i < in; ++i) {
@@ -156,26 +193,28 @@ PackedQuantized quantizeInt8Packed(const float* w, int64_t out, int64_t in, ActQ
             v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
             dst[i] = static_cast<uint8_t>(static_cast<int>(v) + 128);
           }
-        }
+        });
       },
       rowGrain(in));
   return p;
 }
 
-PackedQuantized quantizeFp8Packed(const float* w, int64_t out, int64_t in) {
-  const int64_t n = out * in;
-  constexpr int64_t kGrain = int64_t{1} << 16;
+PackedQuantized quantizeFp8Packed(const WeightRows& w) {
+  const int64_t out = w.out(), in = w.cols;
+  // The tensor's absmax (a pass over every row), then every value coded against it.
   float amax = 0.0f;
   std::mutex m;
   parallelFor(
-      n,
-      [&](int64_t k0, int64_t k1) {
+      out,
+      [&](int64_t o0, int64_t o1) {
         float local = 0.0f;
-        for (int64_t k = k0; k < k1; ++k) local = absMax(local, w[k]);
+        forRows(w, o0, o1, [&](int64_t, const float* x) {
+          for (int64_t i = 0; i < in; ++i) local = absMax(local, x[i]);
+        });
         const std::lock_guard<std::mutex> lock(m);
         amax = std::fmax(amax, local);
       },
-      kGrain);
+      rowGrain(in));
   const float mul = kernels::kFp8E4M3Max / std::fmax(amax, 1e-12f);
   PackedQuantized p;
   p.code = QuantCode::kFp8E4M3;
@@ -183,13 +222,16 @@ PackedQuantized quantizeFp8Packed(const float* w, int64_t out, int64_t in) {
   p.out = out;
   p.in = in;
   p.groupSize = in;
-  p.packed.resize(static_cast<size_t>(n));
+  p.packed.resize(static_cast<size_t>(out * in));
   parallelFor(
-      n,
-      [&](int64_t k0, int64_t k1) {
-        for (int64_t k = k0; k < k1; ++k) p.packed[k] = floatToFp8E4M3Fast(w[k] * mul);
+      out,
+      [&](int64_t o0, int64_t o1) {
+        forRows(w, o0, o1, [&](int64_t o, const float* x) {
+          uint8_t* dst = p.packed.data() + o * in;
+          for (int64_t i = 0; i < in; ++i) dst[i] = floatToFp8E4M3Fast(x[i] * mul);
+        });
       },
-      kGrain);
+      rowGrain(in));
   p.scales.assign(static_cast<size_t>(out), 1.0f / mul);
   p.tensorScale = 1.0f / mul;
   return p;

@@ -1,24 +1,56 @@
-// The load-time quantizers (--quantize) as the loader runs them: a dense float32 [out, in] weight
-// straight into the kernels' runtime layout (PackedQuantized), every loop on every core, no
-// one-code-per-byte intermediate. Each equals pack() of its readable definition in
-// loader/quantized_tensor.h (quantizeBnb4, quantizeInt8Rowwise, quantizeFp8PerTensor) bit for bit:
-// tests/unit/runtime/load_quantizer_test.cpp compares them.
+// The load-time quantizers (--quantize) as the loader runs them: a weight's rows straight from the
+// checkpoint into the kernels' runtime layout (PackedQuantized), every loop on every core, no
+// float32 copy of the layer and no one-code-per-byte intermediate. Each equals pack() of its
+// readable definition in loader/quantized_tensor.h (quantizeBnb4, quantizeInt8Rowwise,
+// quantizeFp8PerTensor) bit for bit: tests/unit/runtime/load_quantizer_test.cpp compares them.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "loader/quantized_tensor.h"
 
 namespace textgen::runtime {
 
+// A weight's rows where the loader finds them (the checkpoint's mapping, any row order, each
+// row float32, bfloat16 or float16): the quantizers read them directly, converting one row at a
+// time into a per-thread float32 row (exact), so no float32 copy of the layer is ever made.
+struct WeightRows {
+  enum class Type { kF32, kBF16, kF16 };
+  struct Row {
+    const void* data = nullptr;  // `cols` values
+    Type type = Type::kF32;
+  };
+  int64_t cols = 0;
+  std::vector<Row> rows;
+
+  int64_t out() const { return static_cast<int64_t>(rows.size()); }
+  // Row o as float32: its own values when stored so, else converted into scratch[cols].
+  const float* row(int64_t o, float* scratch) const;
+  // A dense float32 [out, in] matrix's rows.
+  static WeightRows dense(const float* w, int64_t out, int64_t in);
+};
+
 // bitsandbytes nf4 / fp4, absmax per block of bnb4BlockSize(in) inputs. INVALID_ARGUMENT for an
 // odd `in`.
-StatusOr<PackedQuantized> quantizeBnb4Packed(const float* w, int64_t out, int64_t in,
-                                             kernels::QuantCode code);
+StatusOr<PackedQuantized> quantizeBnb4Packed(const WeightRows& w, kernels::QuantCode code);
 // int8 per output channel, symmetric (LLM.int8 with kLlmInt8 activations, EETQ with none).
-PackedQuantized quantizeInt8Packed(const float* w, int64_t out, int64_t in, kernels::ActQuant act);
+PackedQuantized quantizeInt8Packed(const WeightRows& w, kernels::ActQuant act);
 // float8 e4m3fn with one scale for the tensor (TGI's fp8_quantize).
-PackedQuantized quantizeFp8Packed(const float* w, int64_t out, int64_t in);
+PackedQuantized quantizeFp8Packed(const WeightRows& w);
+
+// The same of a dense float32 [out, in] matrix.
+inline StatusOr<PackedQuantized> quantizeBnb4Packed(const float* w, int64_t out, int64_t in,
+                                                    kernels::QuantCode code) {
+  return quantizeBnb4Packed(WeightRows::dense(w, out, in), code);
+}
+inline PackedQuantized quantizeInt8Packed(const float* w, int64_t out, int64_t in,
+                                          kernels::ActQuant act) {
+  return quantizeInt8Packed(WeightRows::dense(w, out, in), act);
+}
+inline PackedQuantized quantizeFp8Packed(const float* w, int64_t out, int64_t in) {
+  return quantizeFp8Packed(WeightRows::dense(w, out, in));
+}
 
 // kernels::floatToFp8E4M3 (saturating, round to nearest even, NaN 0x7f) in integer operations.
 uint8_t floatToFp8E4M3Fast(float f);
