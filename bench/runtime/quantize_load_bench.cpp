@@ -16,11 +16,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "loader/load_quantizer.h"
+#include "loader/quantized_tensor.h"
+#include "textgen/kernels/half.h"
 #include "textgen/runtime/backend.h"
 #include "textgen/runtime/model.h"
 #include "textgen/runtime/weights.h"
@@ -32,8 +37,8 @@ using namespace textgen::runtime;
 using nlohmann::json;
 
 constexpr const char* kUsage =
-    "usage: bench_quantize_load --model DIR [--quantize none,eetq,...|all]\n"
-    "                           [--dtype float32|float16|bfloat16] [--repeat N]\n";
+    "usage: bench_quantize_load [--model DIR] [--quantize none,eetq,...|all]\n"
+    "                           [--dtype float32|float16|bfloat16] [--repeat N] [--layer OUTxIN]\n";
 
 const std::vector<std::string> kAll = {
     "none", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "eetq", "fp8"};
@@ -43,6 +48,7 @@ struct Flags {
   std::vector<std::string> quantize = kAll;
   std::string dtype = "float32";  // the CPU backend's only one
   int repeat = 1;
+  int64_t layerOut = 11008, layerIn = 4096;
 };
 
 std::vector<std::string> splitCommas(const std::string& s) {
@@ -76,11 +82,14 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
     } else if (a == "--repeat") {
       f.repeat = std::atoi(v.c_str());
       if (f.repeat < 1) return invalidArgumentError("--repeat must be at least 1");
+    } else if (a == "--layer") {
+      if (std::sscanf(v.c_str(), "%ldx%ld", &f.layerOut, &f.layerIn) != 2 || f.layerOut < 1 ||
+          f.layerIn < 2)
+        return invalidArgumentError("--layer must be OUTxIN, e.g. 11008x4096");
     } else {
       return invalidArgumentError("unknown flag '" + a + "'");
     }
   }
-  if (f.model.empty()) return invalidArgumentError("--model is required");
   return f;
 }
 
@@ -102,7 +111,88 @@ struct Row {
   double seconds = 0;
 };
 
+double secondsOf(const std::function<void()>& fn, int repeat) {
+  double best = 1e30;
+  for (int r = 0; r < repeat; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// The quantizers alone on one random bfloat16 layer: rows, then the JSON results.
+json layerRows(const Flags& f, unsigned cores) {
+  const int64_t out = f.layerOut, in = f.layerIn, n = out * in;
+  std::vector<uint16_t> bf16(static_cast<size_t>(n));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (uint16_t& h : bf16) h = kernels::floatToBf16(normal(rng));
+  WeightRows rows;
+  rows.cols = in;
+  for (int64_t o = 0; o < out; ++o)
+    rows.rows.push_back({bf16.data() + o * in, WeightRows::Type::kBF16});
+  std::vector<float> f32(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) f32[k] = kernels::bf16ToFloat(bf16[k]);
+  std::printf("\nQuantizers alone on a [%lld, %lld] bfloat16 layer, %u cores, best of %d\n",
+              static_cast<long long>(out), static_cast<long long>(in), cores, f.repeat);
+  std::printf("%-18s %13s %13s %15s %15s %8s\n", "quantize", "loader s", "reference s",
+              "loader ns*core", "reference ns*c", "speedup");
+  json results = json::array();
+  for (const std::string& q : f.quantize) {
+    const LoadQuantization lq = loadQuantizationOf(q);
+    if (lq == LoadQuantization::kNone) continue;
+    const auto code = lq == LoadQuantization::kBitsandbytesNf4 ? kernels::QuantCode::kNf4
+                                                               : kernels::QuantCode::kFp4;
+    const auto act = lq == LoadQuantization::kBitsandbytes ? kernels::ActQuant::kLlmInt8
+                                                           : kernels::ActQuant::kNone;
+    size_t sink = 0;
+    const double fast = secondsOf(
+        [&] {
+          PackedQuantized p =
+              lq == LoadQuantization::kFp8 ? quantizeFp8Packed(rows)
+              : lq == LoadQuantization::kBitsandbytesNf4 || lq == LoadQuantization::kBitsandbytesFp4
+                  ? *quantizeBnb4Packed(rows, code)
+                  : quantizeInt8Packed(rows, act);
+          sink += p.packed[0];
+        },
+        f.repeat);
+    const double ref = secondsOf(
+        [&] {
+          QuantizedTensor t =
+              lq == LoadQuantization::kFp8 ? quantizeFp8PerTensor(f32.data(), out, in)
+              : lq == LoadQuantization::kBitsandbytesNf4 || lq == LoadQuantization::kBitsandbytesFp4
+                  ? *quantizeBnb4(f32.data(), out, in, code)
+                  : quantizeInt8Rowwise(f32.data(), out, in, act);
+          sink += pack(t).packed[0];
+        },
+        f.repeat);
+    const double perFast = fast * 1e9 * cores / static_cast<double>(n),
+                 perRef = ref * 1e9 * cores / static_cast<double>(n);
+    std::printf("%-18s %13.3f %13.3f %15.2f %15.2f %7.1fx%s\n", q.c_str(), fast, ref, perFast,
+                perRef, ref / fast, sink == 0xffffffff ? " " : "");
+    results.push_back({{"quantize", q},
+                       {"loader_seconds", fast},
+                       {"reference_seconds", ref},
+                       {"loader_ns_per_element_core", perFast},
+                       {"reference_ns_per_element_core", perRef}});
+  }
+  return results;
+}
+
 int run(const Flags& f) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (f.model.empty()) {
+    const json layer = layerRows(f, cores);
+    std::printf("%s\n", json{{"bench", "quantize_load"},
+                             {"cores", cores},
+                             {"layer", {f.layerOut, f.layerIn}},
+                             {"quantizers", layer}}
+                            .dump()
+                            .c_str());
+    return 0;
+  }
   const kernels::DType dtype = f.dtype == "float16"    ? kernels::DType::kF16
                                : f.dtype == "bfloat16" ? kernels::DType::kBF16
                                                        : kernels::DType::kF32;
@@ -111,7 +201,6 @@ int run(const Flags& f) {
     std::fprintf(stderr, "bench_quantize_load: %s\n", elements.status().toString().c_str());
     return 1;
   }
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   auto backend = makeCpuBackend(1);
   std::vector<Row> rows;
   for (const std::string& q : f.quantize) {
@@ -146,13 +235,16 @@ int run(const Flags& f) {
                        {"ns_per_element", ns},
                        {"ns_per_element_core", ns * cores}});
   }
+  const json layer = layerRows(f, cores);
   std::printf("%s\n", json{{"bench", "quantize_load"},
                            {"model", f.model},
                            {"dtype", f.dtype},
                            {"elements", *elements},
                            {"cores", cores},
                            {"repeat", f.repeat},
-                           {"results", results}}
+                           {"results", results},
+                           {"layer", {f.layerOut, f.layerIn}},
+                           {"quantizers", layer}}
                           .dump()
                           .c_str());
   return 0;
