@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -178,6 +179,20 @@ json layerRows(const Flags& f, unsigned cores) {
                        {"loader_ns_per_element_core", perFast},
                        {"reference_ns_per_element_core", perRef}});
   }
+  // The floor under the 8-bit formats: a fresh 1-byte-per-element buffer written on every core
+  // (its pages faulted in; on a VM that is most of the quantizers' time).
+  const double floor = secondsOf(
+      [&] {
+        HostBytes b(static_cast<size_t>(n));
+        parallelFor(
+            n, [&](int64_t k0, int64_t k1) { std::memset(b.data() + k0, 1, k1 - k0); }, 1 << 16);
+      },
+      f.repeat);
+  std::printf("%-18s %13.3f %13s %15.2f\n", "(write 1 B/elem)", floor, "",
+              floor * 1e9 * cores / static_cast<double>(n));
+  results.push_back({{"quantize", "write_floor"},
+                     {"loader_seconds", floor},
+                     {"loader_ns_per_element_core", floor * 1e9 * cores / static_cast<double>(n)}});
   return results;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "loader/quantized_tensor.h"
@@ -53,6 +54,23 @@ inline PackedQuantized quantizeFp8Packed(const float* w, int64_t out, int64_t in
 }
 
 // kernels::floatToFp8E4M3 (saturating, round to nearest even, NaN 0x7f) in integer operations.
-uint8_t floatToFp8E4M3Fast(float f);
+inline uint8_t floatToFp8E4M3Fast(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return 0x7f;          // NaN
+  if (u >= 0x43e00000u) return sign | 0x7e;  // |f| >= 448 (infinity too): the largest finite
+  if (u < 0x3c800000u) {
+    // |f| < 2^-6: subnormal codes, steps of 2^-9 (the code 8, 2^-6, is the first normal one).
+    float a;
+    std::memcpy(&a, &u, sizeof a);
+    return sign | static_cast<uint8_t>((a * 512.0f + 8388608.0f) - 8388608.0f);  // round even
+  }
+  // Normal: the mantissa rounded from 23 bits to 3, to nearest even (a carry steps the exponent),
+  // the exponent rebiased from 127 to 7. Below 448 the result is at most 448's code, 0x7e.
+  const uint32_t r = (u + 0x7ffffu + ((u >> 20) & 1u)) >> 20;
+  return sign | static_cast<uint8_t>(r - (120u << 3));
+}
 
 }  // namespace textgen::runtime
