@@ -1,6 +1,7 @@
 #include "layers/weight_loader.h"
 
 #include <cstring>
+#include <string_view>
 
 #include "loader/dequantize.h"
 #include "loader/quantized_tensor.h"
@@ -177,12 +178,12 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
     l.in = in;
     l.out += part(shape[0], 0);
   }
-  TG_ASSIGN_OR_RETURN(std::optional<QuantizedTensor> q, quantizedLinear(parts, split));
+  TG_ASSIGN_OR_RETURN(std::optional<PackedQuantized> q, quantizedLinear(parts, split));
   if (q) {
     if (q->out != l.out || q->in != l.in)
       return internalError("'" + parts[0].name +
                            "': the quantized slices do not match the layer's shape");
-    TG_RETURN_IF_ERROR(uploadQuantized(pack(*q), l));
+    TG_RETURN_IF_ERROR(uploadQuantized(*q, l));
   } else {
     TG_ASSIGN_OR_RETURN(l.owned, upload(parts));
     l.weight = l.owned.get();
@@ -208,61 +209,79 @@ StatusOr<Linear> WeightLoader::linear(const std::vector<Part>& parts, SplitKind 
 
 namespace textgen::runtime {
 
-StatusOr<std::optional<QuantizedTensor>> WeightLoader::quantizedLinear(
+StatusOr<WeightLoader::HostRows> WeightLoader::stackedRows(const std::vector<Part>& parts) const {
+  HostRows h;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Part& p = parts[k];
+    int64_t cols = 0;
+    if (p.shard.pad) {
+      TG_ASSIGN_OR_RETURN(Tensor t, hostSlice(p, DType::kF32));
+      cols = t.dim(1);
+      for (int64_t r = 0; r < t.dim(0); ++r)
+        h.rows.rows.push_back({t.f32() + r * cols, WeightRows::Type::kF32});
+      h.owned.push_back(std::move(t));
+    } else {
+      TG_ASSIGN_OR_RETURN(const std::string_view bytes,
+                          store_.raw(p.name, {"F32", "F16", "BF16"}, p.shape));
+      const std::string& dtype = store_.info(p.name)->dtype;
+      const WeightRows::Type type = dtype == "F32"    ? WeightRows::Type::kF32
+                                    : dtype == "BF16" ? WeightRows::Type::kBF16
+                                                      : WeightRows::Type::kF16;
+      const int64_t es = dtype == "F32" ? 4 : 2, inner = p.shape[1];
+      TG_ASSIGN_OR_RETURN(const Slice sl, sliceOf(selectingAll(p), p.shape, inner));
+      cols = sl.cols;
+      for (int64_t r : sl.rows)
+        h.rows.rows.push_back({bytes.data() + (r * inner + sl.c0) * es, type});
+    }
+    if (k > 0 && cols != h.rows.cols)
+      return invalidArgumentError("weight '" + p.name + "': stacked parts differ in inputs");
+    h.rows.cols = cols;
+  }
+  return h;
+}
+
+StatusOr<std::optional<PackedQuantized>> WeightLoader::quantizedLinear(
     const std::vector<Part>& parts, SplitKind split) const {
   size_t preQuantized = 0;
   for (const Part& p : parts) preQuantized += quantized(p.name) ? 1 : 0;
   if (preQuantized > 0) {
     // The checkpoint's own format, sliced and stacked; parts that differ (a dense one beside
     // quantized ones, act-order parts with different g_idx) are dequantized instead.
-    if (preQuantized != parts.size()) return std::optional<QuantizedTensor>();
+    if (preQuantized != parts.size()) return std::optional<PackedQuantized>();
     std::vector<QuantizedTensor> qs;
     for (const Part& p : parts) {
       TG_ASSIGN_OR_RETURN(QuantizedTensor q, quantizedSlice(p));
       qs.push_back(std::move(q));
     }
     auto stacked = stackOutputs(std::move(qs));
-    if (!stacked.ok()) return std::optional<QuantizedTensor>();
-    return std::optional<QuantizedTensor>(std::move(*stacked));
+    if (!stacked.ok()) return std::optional<PackedQuantized>();
+    return std::optional<PackedQuantized>(pack(*stacked));
   }
   if (quantize_ == LoadQuantization::kNone || split == SplitKind::kVocab)
-    return std::optional<QuantizedTensor>();
+    return std::optional<PackedQuantized>();
   // --quantize: this rank's stacked slice, quantized as one tensor (as TGI quantizes the weight
-  // it loads for its rank).
-  std::vector<Tensor> slices;
-  int64_t out = 0, in = 0;
-  for (const Part& p : parts) {
-    TG_ASSIGN_OR_RETURN(Tensor t, hostSlice(p, DType::kF32));
-    out += t.dim(0);
-    in = t.dim(1);
-    slices.push_back(std::move(t));
-  }
-  std::vector<float> w;
-  w.reserve(static_cast<size_t>(out * in));
-  for (const Tensor& t : slices) w.insert(w.end(), t.f32(), t.f32() + t.numel());
-  slices.clear();
+  // it loads for its rank), from the mapping straight into the runtime layout
+  // (loader/load_quantizer.h).
+  TG_ASSIGN_OR_RETURN(const HostRows h, stackedRows(parts));
   const std::string what = std::string(toString(quantize_)) + " '" + parts[0].name + "'";
   switch (quantize_) {
     case LoadQuantization::kBitsandbytesNf4:
     case LoadQuantization::kBitsandbytesFp4: {
-      auto q =
-          quantizeBnb4(w.data(), out, in,
-                       quantize_ == LoadQuantization::kBitsandbytesNf4 ? kernels::QuantCode::kNf4
-                                                                       : kernels::QuantCode::kFp4);
+      auto q = quantizeBnb4Packed(h.rows, quantize_ == LoadQuantization::kBitsandbytesNf4
+                                              ? kernels::QuantCode::kNf4
+                                              : kernels::QuantCode::kFp4);
       if (!q.ok()) return q.status().withContext(what);
-      return std::optional<QuantizedTensor>(std::move(*q));
+      return std::optional<PackedQuantized>(std::move(*q));
     }
     case LoadQuantization::kBitsandbytes:
-      return std::optional<QuantizedTensor>(
-          quantizeInt8Rowwise(w.data(), out, in, kernels::ActQuant::kLlmInt8));
+      return std::optional<PackedQuantized>(
+          quantizeInt8Packed(h.rows, kernels::ActQuant::kLlmInt8));
     case LoadQuantization::kEetq:
-      return std::optional<QuantizedTensor>(
-          quantizeInt8Rowwise(w.data(), out, in, kernels::ActQuant::kNone));
-    case LoadQuantization::kFp8:
-      return std::optional<QuantizedTensor>(quantizeFp8PerTensor(w.data(), out, in));
+      return std::optional<PackedQuantized>(quantizeInt8Packed(h.rows, kernels::ActQuant::kNone));
+    case LoadQuantization::kFp8: return std::optional<PackedQuantized>(quantizeFp8Packed(h.rows));
     case LoadQuantization::kNone: break;
   }
-  return std::optional<QuantizedTensor>();
+  return std::optional<PackedQuantized>();
 }
 
 Status WeightLoader::uploadQuantized(const PackedQuantized& q, Linear& l) const {

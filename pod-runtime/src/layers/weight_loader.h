@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "layers/partition.h"
+#include "loader/load_quantizer.h"
 #include "loader/quantized_tensor.h"
 #include "textgen/runtime/backend.h"
 #include "textgen/runtime/model_config.h"
@@ -75,8 +76,16 @@ class WeightLoader {
   StatusOr<Tensor> hostSlice(const Part& p, DType dtype) const;
   // A pre-quantized part's slice for this rank, in its own format.
   StatusOr<QuantizedTensor> quantizedSlice(const Part& p) const;
-  // The layer quantized (pre-quantized or --quantize), or nullopt: dense.
-  StatusOr<std::optional<QuantizedTensor>> quantizedLinear(const std::vector<Part>& parts,
+  // The parts' slices for this rank stacked along the outputs, each row where the checkpoint's
+  // mapping holds it (a padded shard's slice loaded whole into `owned`): --quantize's input.
+  struct HostRows {
+    WeightRows rows;
+    std::vector<Tensor> owned;
+  };
+  StatusOr<HostRows> stackedRows(const std::vector<Part>& parts) const;
+  // The layer quantized (pre-quantized or --quantize) in the kernels' runtime layout, or
+  // nullopt: dense.
+  StatusOr<std::optional<PackedQuantized>> quantizedLinear(const std::vector<Part>& parts,
                                                            SplitKind split) const;
   Status uploadQuantized(const PackedQuantized& q, Linear& l) const;
 

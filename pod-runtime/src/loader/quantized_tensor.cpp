@@ -4,7 +4,6 @@
 #include <array>
 #include <cmath>
 #include <numeric>
-#include <thread>
 
 #include "textgen/kernels/fp8.h"
 #include "textgen/kernels/half.h"
@@ -13,22 +12,6 @@ namespace textgen::runtime {
 
 using kernels::ActQuant;
 using kernels::QuantCode;
-
-void parallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t threads =
-      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(n / 64, 1));
-  if (threads <= 1 || n < (int64_t{1} << 12)) {
-    fn(0, n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const int64_t chunk = (n + threads - 1) / threads;
-  for (int64_t t = 0; t < threads; ++t) {
-    const int64_t b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e) pool.emplace_back(fn, b, e);
-  }
-  for (std::thread& t : pool) t.join();
-}
 
 Status validate(const QuantizedTensor& q, const std::string& name) {
   auto bad = [&](const std::string& what) {
@@ -59,21 +42,24 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
   Tensor t(dtype, {q.out, q.in});
   auto* f = static_cast<float*>(t.data());
   auto* h = static_cast<uint16_t*>(t.data());
-  parallelFor(q.out, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) {
-      for (int64_t i = 0; i < q.in; ++i) {
-        const int64_t g = o * q.groups + q.groupOf(i);
-        float v = kernels::quantCodeValue(q.code, q.codes[o * q.in + i]);
-        if (!q.zeros.empty()) v -= static_cast<float>(q.zeros[g]);
-        v *= q.scales[g];
-        const int64_t k = o * q.in + i;
-        if (dtype == DType::kF32)
-          f[k] = v;
-        else
-          h[k] = dtype == DType::kF16 ? kernels::floatToF16(v) : kernels::floatToBf16(v);
-      }
-    }
-  });
+  parallelFor(
+      q.out,
+      [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o) {
+          for (int64_t i = 0; i < q.in; ++i) {
+            const int64_t g = o * q.groups + q.groupOf(i);
+            float v = kernels::quantCodeValue(q.code, q.codes[o * q.in + i]);
+            if (!q.zeros.empty()) v -= static_cast<float>(q.zeros[g]);
+            v *= q.scales[g];
+            const int64_t k = o * q.in + i;
+            if (dtype == DType::kF32)
+              f[k] = v;
+            else
+              h[k] = dtype == DType::kF16 ? kernels::floatToF16(v) : kernels::floatToBf16(v);
+          }
+        }
+      },
+      rowGrain(q.in));
   return t;
 }
 
@@ -175,24 +161,27 @@ PackedQuantized pack(const QuantizedTensor& q) {
   p.packed.assign(static_cast<size_t>(q.out * rowBytes), 0);
   p.scales.resize(static_cast<size_t>(q.out * groups));
   if (!q.zeros.empty()) p.zeros.resize(p.scales.size());
-  parallelFor(q.out, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) {
-      uint8_t* row = p.packed.data() + o * rowBytes;
-      const uint8_t* codes = q.codes.data() + o * q.in;
-      for (int64_t j = 0; j < q.in; ++j) {
-        const uint8_t c = codes[order[j]];
-        if (bits == 8)
-          row[j] = c;
-        else
-          row[j / 2] |= static_cast<uint8_t>(c << (4 * (j % 2)));
-      }
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t src = o * q.groups + q.groupOf(order[g * runGroup]);
-        p.scales[o * groups + g] = q.scales[src];
-        if (!q.zeros.empty()) p.zeros[o * groups + g] = q.zeros[src];
-      }
-    }
-  });
+  parallelFor(
+      q.out,
+      [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o) {
+          uint8_t* row = p.packed.data() + o * rowBytes;
+          const uint8_t* codes = q.codes.data() + o * q.in;
+          for (int64_t j = 0; j < q.in; ++j) {
+            const uint8_t c = codes[order[j]];
+            if (bits == 8)
+              row[j] = c;
+            else
+              row[j / 2] |= static_cast<uint8_t>(c << (4 * (j % 2)));
+          }
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t src = o * q.groups + q.groupOf(order[g * runGroup]);
+            p.scales[o * groups + g] = q.scales[src];
+            if (!q.zeros.empty()) p.zeros[o * groups + g] = q.zeros[src];
+          }
+        }
+      },
+      rowGrain(q.in));
   return p;
 }
 
@@ -225,13 +214,18 @@ uint8_t fp4Code(float x) {
 
 }  // namespace
 
+int64_t bnb4BlockSize(int64_t in) {
+  int64_t block = 64;
+  while (block > 2 && in % block != 0) block -= 2;
+  return in % block == 0 ? block : 0;
+}
+
 StatusOr<QuantizedTensor> quantizeBnb4(const float* w, int64_t out, int64_t in, QuantCode code) {
   // bitsandbytes' blocks of 64 run over the flattened tensor; here they stay within an output's
   // inputs, so a layer whose inputs are not a multiple of 64 takes the largest even block below
   // 64 that divides them (smaller blocks: at least bitsandbytes' precision).
-  int64_t kBlock = 64;
-  while (kBlock > 2 && in % kBlock != 0) kBlock -= 2;
-  if (in % kBlock != 0)
+  const int64_t kBlock = bnb4BlockSize(in);
+  if (kBlock == 0)
     return invalidArgumentError("bitsandbytes 4-bit: the layer's " + std::to_string(in) +
                                 " inputs are odd: 4-bit codes pack in pairs");
   QuantizedTensor q;
@@ -242,20 +236,24 @@ StatusOr<QuantizedTensor> quantizeBnb4(const float* w, int64_t out, int64_t in, 
   q.groups = in / kBlock;
   q.codes.resize(static_cast<size_t>(out * in));
   q.scales.resize(static_cast<size_t>(out * q.groups));
-  parallelFor(out * q.groups, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* x = w + b * kBlock;
-      float amax = 0.0f;
-      for (int64_t k = 0; k < kBlock; ++k) amax = std::fmax(amax, std::fabs(x[k]));
-      q.scales[b] = amax;
-      const float inv = 1.0f / amax;  // inf for an all-zero block: 0 * inf is NaN, coded 0 below
-      for (int64_t k = 0; k < kBlock; ++k) {
-        float v = x[k] * inv;
-        if (std::isnan(v)) v = 0.0f;
-        q.codes[b * kBlock + k] = code == QuantCode::kNf4 ? nf4Code(v) : fp4Code(v);
-      }
-    }
-  });
+  parallelFor(
+      out * q.groups,
+      [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const float* x = w + b * kBlock;
+          float amax = 0.0f;
+          for (int64_t k = 0; k < kBlock; ++k) amax = std::fmax(amax, std::fabs(x[k]));
+          q.scales[b] = amax;
+          const float inv =
+              1.0f / amax;  // inf for an all-zero block: 0 * inf is NaN, coded 0 below
+          for (int64_t k = 0; k < kBlock; ++k) {
+            float v = x[k] * inv;
+            if (std::isnan(v)) v = 0.0f;
+            q.codes[b * kBlock + k] = code == QuantCode::kNf4 ? nf4Code(v) : fp4Code(v);
+          }
+        }
+      },
+      rowGrain(kBlock));
   return q;
 }
 
@@ -270,20 +268,23 @@ QuantizedTensor quantizeInt8Rowwise(const float* w, int64_t out, int64_t in, Act
   q.codes.resize(static_cast<size_t>(out * in));
   q.scales.resize(static_cast<size_t>(out));
   q.zeros.assign(static_cast<size_t>(out), 128);
-  parallelFor(out, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) {
-      const float* x = w + o * in;
-      float amax = 0.0f;
-      for (int64_t i = 0; i < in; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-      q.scales[o] = amax / 127.0f;
-      for (int64_t i = 0; i < in; ++i) {
-        float v = amax > 0.0f ? std::nearbyint(x[i] * (127.0f / amax)) : 0.0f;
-        if (std::isnan(v)) v = 0.0f;  // a NaN or infinite weight: no code holds it
-        q.codes[o * in + i] =
-            static_cast<uint8_t>(static_cast<int>(std::clamp(v, -127.0f, 127.0f)) + 128);
-      }
-    }
-  });
+  parallelFor(
+      out,
+      [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o) {
+          const float* x = w + o * in;
+          float amax = 0.0f;
+          for (int64_t i = 0; i < in; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+          q.scales[o] = amax / 127.0f;
+          for (int64_t i = 0; i < in; ++i) {
+            float v = amax > 0.0f ? std::nearbyint(x[i] * (127.0f / amax)) : 0.0f;
+            if (std::isnan(v)) v = 0.0f;  // a NaN or infinite weight: no code holds it
+            q.codes[o * in + i] =
+                static_cast<uint8_t>(static_cast<int>(std::clamp(v, -127.0f, 127.0f)) + 128);
+          }
+        }
+      },
+      rowGrain(in));
   return q;
 }
 
@@ -300,9 +301,12 @@ QuantizedTensor quantizeFp8PerTensor(const float* w, int64_t out, int64_t in) {
   for (int64_t k = 0; k < out * in; ++k) amax = std::fmax(amax, std::fabs(w[k]));
   const float mul = kernels::kFp8E4M3Max / std::fmax(amax, 1e-12f);
   q.codes.resize(static_cast<size_t>(out * in));
-  parallelFor(out * in, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) q.codes[k] = kernels::floatToFp8E4M3(w[k] * mul);
-  });
+  parallelFor(
+      out * in,
+      [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) q.codes[k] = kernels::floatToFp8E4M3(w[k] * mul);
+      },
+      int64_t{1} << 16);
   q.scales.assign(static_cast<size_t>(out), 1.0f / mul);
   return q;
 }

@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "loader/parallel_for.h"
 #include "textgen/base/status_or.h"
 #include "textgen/kernels/quant_gemm.h"
 #include "textgen/runtime/tensor.h"
@@ -34,10 +37,6 @@ struct QuantizedTensor {
   int64_t groupOf(int64_t i) const { return gIdx.empty() ? i / groupSize : gIdx[i]; }
 };
 
-// fn(begin, end) over [0, n) split across the machine's cores (load-time loops over a layer's
-// billions of weights); runs inline for small n.
-void parallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
-
 // Shapes and values checked: codes within the code's range, groups in range, sizes consistent.
 Status validate(const QuantizedTensor& q, const std::string& name);
 
@@ -53,16 +52,36 @@ QuantizedTensor takeColumns(const QuantizedTensor& q, int64_t c0, int64_t cols);
 // Parts stacked along the outputs: INVALID_ARGUMENT when their formats or input groups differ.
 StatusOr<QuantizedTensor> stackOutputs(std::vector<QuantizedTensor> parts);
 
+// A std::vector<T> whose resize leaves new elements uninitialised: a buffer that the threads
+// filling it touch first (no serial zero-fill of a layer's gigabytes before the parallel loop).
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using HostBytes = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
 // The runtime layout's host bytes (textgen/kernels/quant_gemm.h's QuantWeight).
 struct PackedQuantized {
   kernels::QuantCode code = kernels::QuantCode::kUint4;
   kernels::ActQuant act = kernels::ActQuant::kNone;
   float threshold = 6.0f;
   int64_t out = 0, in = 0, groupSize = 0;
-  std::vector<uint8_t> packed;  // [out, quantRowBytes(code, in)]
-  std::vector<float> scales;    // [out, in / groupSize]
-  std::vector<uint8_t> zeros;   // [out, in / groupSize] or empty
-  std::vector<int32_t> perm;    // [in] or empty (identity)
+  HostBytes packed;            // [out, quantRowBytes(code, in)]
+  std::vector<float> scales;   // [out, in / groupSize]
+  std::vector<uint8_t> zeros;  // [out, in / groupSize] or empty
+  std::vector<int32_t> perm;   // [in] or empty (identity)
   std::optional<float> inputScale;
   std::optional<float> tensorScale;
 };
@@ -71,7 +90,12 @@ struct PackedQuantized {
 // every runtime group a run of equal size, the largest that divides every run.
 PackedQuantized pack(const QuantizedTensor& q);
 
-// Load-time quantizers of a dense float32 [out, in] weight (--quantize).
+// Load-time quantizers of a dense float32 [out, in] weight (--quantize): the readable
+// definitions, one code per byte. The loader runs loader/load_quantizer.h's, which write the packed
+// layout directly and equal pack() of these bit for bit
+// (tests/unit/runtime/load_quantizer_test.cpp). bitsandbytes 4-bit's block: 64, or the largest even
+// divisor of `in` below 64 (0: `in` is odd).
+int64_t bnb4BlockSize(int64_t in);
 // bitsandbytes 4-bit (nf4 / fp4): absmax per block of 64 inputs (the largest even divisor of `in`
 // below 64 when 64 does not divide it), each value the nearest code of w / absmax (bitsandbytes'
 // decision thresholds). INVALID_ARGUMENT for an odd `in`.

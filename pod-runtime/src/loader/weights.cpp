@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "loader/parallel_for.h"
 #include "textgen/base/file.h"
 #include "textgen/base/json.h"
 #include "textgen/kernels/half.h"
@@ -24,17 +25,6 @@ std::string shapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-float element(const std::string& dtype, const char* p) {
-  if (dtype == "F32") {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return dtype == "F16" ? kernels::f16ToFloat(h) : kernels::bf16ToFloat(h);
 }
 
 // The safetensors name of a dtype.
@@ -160,34 +150,50 @@ StatusOr<Tensor> WeightStore::load(const std::string& name, DType dtype,
   const bool same = info->dtype == std::string(fileDtypeName(dtype));
   auto* dst = static_cast<unsigned char*>(t.data());
   if (outer == 0 || part == 0 || inner == 0) return t;  // no elements (and no buffer) to fill
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t m = 0; m < part; ++m) {
-      if (shard.rank * part + m >= full) break;  // padding: the tensor is zero-initialised
-      const int64_t srcRow = (o * full + shard.rank * part + m) * inner;
-      const char* src = bytes.data() + srcRow * es;
-      unsigned char* d = dst + (o * part + m) * inner * outEs;
-      if (same) {
-        std::memcpy(d, src, inner * es);
-        continue;
+  // Rows of `inner` values: copied as they are, or converted on every core (the source dtype
+  // decided once, not per element).
+  const int srcKind = info->dtype == "F32" ? 0 : info->dtype == "F16" ? 1 : 2;
+  auto convertRow = [&](const char* src, unsigned char* d) {
+    for (int64_t i = 0; i < inner; ++i) {
+      float v;
+      if (srcKind == 0) {
+        std::memcpy(&v, src + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        v = srcKind == 1 ? kernels::f16ToFloat(h) : kernels::bf16ToFloat(h);
       }
-      for (int64_t i = 0; i < inner; ++i) {
-        const float v = element(info->dtype, src + i * es);
-        switch (dtype) {
-          case DType::kF32: std::memcpy(d + 4 * i, &v, 4); break;
-          case DType::kF16: {
-            const uint16_t h = kernels::floatToF16(v);
-            std::memcpy(d + 2 * i, &h, 2);
-            break;
-          }
-          case DType::kBF16: {
-            const uint16_t h = kernels::floatToBf16(v);
-            std::memcpy(d + 2 * i, &h, 2);
-            break;
-          }
+      switch (dtype) {
+        case DType::kF32: std::memcpy(d + 4 * i, &v, 4); break;
+        case DType::kF16: {
+          const uint16_t h = kernels::floatToF16(v);
+          std::memcpy(d + 2 * i, &h, 2);
+          break;
+        }
+        case DType::kBF16: {
+          const uint16_t h = kernels::floatToBf16(v);
+          std::memcpy(d + 2 * i, &h, 2);
+          break;
         }
       }
     }
-  }
+  };
+  parallelFor(
+      outer * part,
+      [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) {
+          const int64_t o = k / part, m = k % part;
+          if (shard.rank * part + m >= full) continue;  // padding: the tensor is zero-initialised
+          const int64_t srcRow = (o * full + shard.rank * part + m) * inner;
+          const char* src = bytes.data() + srcRow * es;
+          unsigned char* d = dst + (o * part + m) * inner * outEs;
+          if (same)
+            std::memcpy(d, src, inner * es);
+          else
+            convertRow(src, d);
+        }
+      },
+      rowGrain(inner));
   return t;
 }
 
