@@ -267,6 +267,9 @@ StatusOr<runtime::LoadQuantization> checkQuantize(const Flags& f, const runtime:
   using runtime::LoadQuantization;
   if (f.quantize.empty()) return LoadQuantization::kNone;
   const LoadQuantization atLoad = runtime::loadQuantizationOf(f.quantize);
+  // --quantize fp8 on an fp8 checkpoint names its own format, as TGI accepts it.
+  if (atLoad == LoadQuantization::kFp8 && c.quantization.method == runtime::QuantMethod::kFp8)
+    return LoadQuantization::kNone;
   if (atLoad != LoadQuantization::kNone) {
     if (c.quantization.quantized())
       return invalidArgumentError("--quantize " + f.quantize +

@@ -147,6 +147,16 @@ def model_config_corpus():
         "awq-bits-disagree": {"quantization_config": {"quant_method": "awq", "bits": 4, "w_bit": 8}},
         "quant-bitsandbytes": {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
         "quant-not-object": {"quantization_config": "gptq"},
+        # fp8 checkpoints: accepted (vLLM / AutoFP8, llm-compressor), then refused.
+        "fp8-static": {"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}},
+        "fp8-compressed-dynamic": {"quantization_config": {
+            "quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+                "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}},
+        "fp8-block": {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+        "fp8-compressed-int4": {"quantization_config": {
+            "quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}},
     }
     for name, change in variants.items():
         cfg = dict(base)

@@ -39,6 +39,7 @@ void checkAccepted(const textgen::runtime::ModelConfig* c) {
       FUZZ_CHECK(q.bits == 4 || q.bits == 8, "GPT-Q bits " + std::to_string(q.bits));
       break;
     case QuantMethod::kAwq: FUZZ_CHECK(q.bits == 4, "AWQ bits " + std::to_string(q.bits)); break;
+    case QuantMethod::kFp8: FUZZ_CHECK(q.bits == 8, "fp8 bits " + std::to_string(q.bits)); break;
   }
   FUZZ_CHECK(q.groupSize >= 0 && q.groupSize <= (int64_t{1} << 20),
              "group size " + std::to_string(q.groupSize));

@@ -92,6 +92,12 @@ StatusOr<Tensor> selectRows(const WeightLoader::Part& p, const Tensor& whole) {
 }  // namespace
 
 bool WeightLoader::quantized(const std::string& name) const {
+  if (config_.quantization.method == QuantMethod::kFp8) {
+    // fp8 keeps the dense name: the layers stored as float8 (not the head, embeddings or the
+    // checkpoint's ignored layers, which stay in 16 bits).
+    const TensorInfo* info = store_.info(name);
+    return info != nullptr && info->dtype == "F8_E4M3";
+  }
   return !store_.contains(name) && store_.contains(quantizedPrefix(name) + ".qweight");
 }
 

@@ -1,5 +1,6 @@
 #include "loader/dequantize.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -171,6 +172,94 @@ QuantizedTensor unpackAwq(const QuantizationConfig& c, const Packed& p, int64_t 
   return q;
 }
 
+// A float32/float16/bfloat16 tensor of any shape (checked by the caller) as float32.
+StatusOr<std::vector<float>> readFloats(const WeightStore& store, const std::string& name,
+                                        const std::vector<int64_t>& shape) {
+  TG_ASSIGN_OR_RETURN(std::string_view bytes, store.raw(name, {"F32", "F16", "BF16"}, shape));
+  const std::string& dtype = store.info(name)->dtype;
+  const size_t es = dtype == "F32" ? 4 : 2;
+  std::vector<float> v(bytes.size() / es);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == "F32") {
+      std::memcpy(&v[i], bytes.data() + 4 * i, 4);
+      continue;
+    }
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    v[i] = dtype == "F16" ? kernels::f16ToFloat(h) : kernels::bf16ToFloat(h);
+  }
+  return v;
+}
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t k = 0; k < shape.size(); ++k) s += (k ? ", " : "") + std::to_string(shape[k]);
+  return s + "]";
+}
+
+// fp8 (vLLM / AutoFP8 / TGI / compressed-tensors) "<prefix>.":
+//   weight       F8_E4M3 [out, in]
+//   weight_scale F32 (or F16/BF16) [] or [1]: per tensor; [out] or [out, 1]: per output channel
+//   input_scale  F32 (or F16/BF16) [] or [1]: the static activation scale (activation_scheme
+//                "static"; ignored when dynamic)
+// w[o, i] = e4m3(weight[o, i]) * weight_scale[o or 0].
+StatusOr<QuantizedTensor> readFp8(const WeightStore& store, const QuantizationConfig& c,
+                                  const std::string& prefix, int64_t out, int64_t in) {
+  TG_ASSIGN_OR_RETURN(std::string_view codes,
+                      store.raw(prefix + ".weight", {"F8_E4M3"}, {out, in}));
+  const std::string scaleName = prefix + ".weight_scale";
+  const TensorInfo* si = store.info(scaleName);
+  if (si == nullptr)
+    return notFoundError("weight '" + scaleName +
+                         "' not found in the checkpoint: an fp8 layer needs its weight scale");
+  const std::vector<int64_t>& ss = si->shape;
+  const bool perTensor = ss.empty() || (ss.size() == 1 && ss[0] == 1);
+  const bool perChannel =
+      (ss.size() == 1 && ss[0] == out) || (ss.size() == 2 && ss[0] == out && ss[1] == 1);
+  if (!perTensor && !perChannel)
+    return invalidArgumentError("weight '" + scaleName + "' has shape " + shapeText(ss) +
+                                ": expected [], [1] (per tensor), [" + std::to_string(out) +
+                                "] or [" + std::to_string(out) +
+                                ", 1] (per channel); block-wise scales are not supported");
+  TG_ASSIGN_OR_RETURN(std::vector<float> scale, readFloats(store, scaleName, ss));
+  for (float v : scale)
+    if (!std::isfinite(v) || v < 0)
+      return invalidArgumentError("weight '" + scaleName + "' holds " + std::to_string(v) +
+                                  ": a weight scale must be finite and non-negative");
+  QuantizedTensor q;
+  q.code = kernels::QuantCode::kFp8E4M3;
+  q.act = c.fp8Activations == QuantizationConfig::Fp8Activations::kNone ? kernels::ActQuant::kNone
+                                                                        : kernels::ActQuant::kFp8;
+  q.out = out;
+  q.in = in;
+  q.groupSize = in;
+  q.groups = 1;
+  q.perTensorScale = perTensor;
+  q.scales.resize(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) q.scales[o] = scale[perTensor ? 0 : o];
+  q.codes.assign(codes.begin(), codes.end());
+  for (int64_t k = 0; k < out * in; ++k)
+    if ((q.codes[k] & 0x7f) == 0x7f)
+      return invalidArgumentError("weight '" + prefix + ".weight': element " + std::to_string(k) +
+                                  " is an fp8 NaN");
+  if (c.fp8Activations != QuantizationConfig::Fp8Activations::kStatic) return q;
+  const std::string inName = prefix + ".input_scale";
+  const TensorInfo* ii = store.info(inName);
+  if (ii == nullptr)
+    return notFoundError("weight '" + inName +
+                         "' not found in the checkpoint: quantization_config's static activation "
+                         "scheme needs each layer's input scale");
+  if (!(ii->shape.empty() || (ii->shape.size() == 1 && ii->shape[0] == 1)))
+    return invalidArgumentError("weight '" + inName + "' has shape " + shapeText(ii->shape) +
+                                ": expected [] or [1] (one scale per tensor)");
+  TG_ASSIGN_OR_RETURN(std::vector<float> is, readFloats(store, inName, ii->shape));
+  if (!std::isfinite(is[0]) || is[0] <= 0)
+    return invalidArgumentError("weight '" + inName + "' holds " + std::to_string(is[0]) +
+                                ": an input scale must be finite and positive");
+  q.inputScale = is[0];
+  return q;
+}
+
 }  // namespace
 
 std::string quantizedPrefix(const std::string& weightName) {
@@ -194,6 +283,7 @@ StatusOr<QuantizedTensor> readQuantizedLinear(const WeightStore& store,
       TG_ASSIGN_OR_RETURN(Packed p, readAwq(store, config, prefix, out, in));
       return unpackAwq(config, p, out, in);
     }
+    case QuantMethod::kFp8: return readFp8(store, config, prefix, out, in);
     case QuantMethod::kNone: break;
   }
   return invalidArgumentError("weight '" + prefix + ".qweight' is a pre-quantized layer, but " +

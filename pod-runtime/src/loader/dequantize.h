@@ -14,6 +14,12 @@
 //   qweight int32 [in, out / 8], qzeros int32 [groups, out / 8]: word c holds outputs c*8 .. c*8+7,
 //   output c*8 + j in nibble [0, 4, 1, 5, 2, 6, 3, 7][j] (AWQ's interleaved order)
 //   scales  fp16  [groups, out]; zero_point false: no qzeros, zero 8
+// fp8 (quant_method "fp8": vLLM / AutoFP8 / TGI; "compressed-tensors" float-quantized) "<prefix>.":
+//   weight       F8_E4M3 [out, in]   (the layer's own name; layers left dense stay 16-bit)
+//   weight_scale F32/F16/BF16 [] or [1] (per tensor), [out] or [out, 1] (per output channel)
+//   input_scale  F32/F16/BF16 [] or [1], read with a static activation scheme
+//   w[o, i] = e4m3(weight[o, i]) * weight_scale; finite non-negative weight scales, a finite
+//   positive input scale and no NaN codes, else INVALID_ARGUMENT.
 //
 // Every shape is checked against the layer's before anything is read, and every g_idx entry against
 // the groups: the memory used is the layer's dense size, which the checkpoint's bytes bound.

@@ -128,6 +128,117 @@ StatusOr<QuantizationConfig> parseAwq(const json& q) {
   return c;
 }
 
+// vLLM / AutoFP8 / TGI: {"quant_method": "fp8", "activation_scheme": "static" | "dynamic"}; a
+// weight_block_size (DeepSeek-V3, transformers' FineGrainedFP8: weight_scale_inv per 128x128 block,
+// activations per token-group of 128) is refused.
+StatusOr<QuantizationConfig> parseFp8(const json& q) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kFp8;
+  c.bits = 8;
+  TG_ASSIGN_OR_RETURN(auto block, find(q, "weight_block_size"));
+  if (block)
+    return fieldError("weight_block_size",
+                      "is set: block-wise fp8 checkpoints (weight_scale_inv per block) are not "
+                      "supported; per-tensor and per-channel weight_scale are");
+  TG_ASSIGN_OR_RETURN(auto fmt, lowerString(q, "fmt"));
+  if (fmt.value_or("e4m3") != "e4m3")
+    return fieldError("fmt", "'" + *fmt + "' is not supported (e4m3)");
+  TG_ASSIGN_OR_RETURN(auto scheme, lowerString(q, "activation_scheme"));
+  const std::string a = scheme.value_or("dynamic");
+  if (a == "static") {
+    c.fp8Activations = QuantizationConfig::Fp8Activations::kStatic;
+  } else if (a != "dynamic") {
+    return fieldError("activation_scheme", "'" + a + "' is not supported (static, dynamic)");
+  }
+  return c;
+}
+
+// compressed-tensors' quantization args of `weights` / `input_activations`: 8-bit float, or an
+// error naming the field.
+Status checkFloat8Args(const json& args, const std::string& field) {
+  if (!args.is_object()) return fieldError(field, "must be an object");
+  auto bitsIt = args.find("num_bits");
+  if (bitsIt == args.end() || !bitsIt->is_number_unsigned() || bitsIt->get<uint64_t>() != 8)
+    return fieldError(field + ".num_bits",
+                      "must be 8 (fp8), not " +
+                          (bitsIt == args.end() ? std::string("missing") : shortDump(*bitsIt)));
+  auto typeIt = args.find("type");
+  if (typeIt == args.end() || *typeIt != "float")
+    return fieldError(field + ".type",
+                      "must be \"float\" (fp8; int8 and 4-bit schemes are not supported), not " +
+                          (typeIt == args.end() ? std::string("missing") : shortDump(*typeIt)));
+  auto symIt = args.find("symmetric");
+  if (symIt != args.end() && !symIt->is_null() && *symIt != true)
+    return fieldError(field + ".symmetric", "must be true");
+  return okStatus();
+}
+
+// A checkpoint's string for an error message: printable ASCII ('?' for other bytes), cut short.
+std::string printable(std::string s) {
+  if (s.size() > 48) s = s.substr(0, 48) + "...";
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return c < 0x20 || c > 0x7e ? '?' : static_cast<char>(c); });
+  return s;
+}
+
+std::string argString(const json& args, const char* key) {
+  auto it = args.find(key);
+  return it != args.end() && it->is_string() ? printable(it->get<std::string>()) : std::string();
+}
+
+// llm-compressor's {"quant_method": "compressed-tensors", "format": "float-quantized",
+// "config_groups": {"group_0": {"targets": ["Linear"], "weights": {...}, "input_activations":
+// {...}}}}: one group of fp8 weights per tensor or per channel, activations static per tensor,
+// dynamic per tensor, dynamic per token (kept in the compute dtype) or none.
+StatusOr<QuantizationConfig> parseCompressedTensors(const json& q) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kFp8;
+  c.bits = 8;
+  TG_ASSIGN_OR_RETURN(auto format, lowerString(q, "format"));
+  const std::string f = format.value_or("");
+  if (f != "float-quantized" && f != "naive-quantized")
+    return fieldError("format", "'" + f +
+                                    "' is not supported (float-quantized and naive-quantized fp8 "
+                                    "checkpoints are)");
+  auto groups = q.find("config_groups");
+  if (groups == q.end() || !groups->is_object() || groups->size() != 1)
+    return fieldError("config_groups", "must hold exactly one quantization scheme");
+  const std::string name = "config_groups." + printable(groups->begin().key());
+  const json& g = groups->begin().value();
+  if (!g.is_object()) return fieldError(name, "must be an object");
+  auto w = g.find("weights");
+  if (w == g.end() || w->is_null()) return fieldError(name + ".weights", "is missing");
+  TG_RETURN_IF_ERROR(checkFloat8Args(*w, name + ".weights"));
+  const std::string ws = argString(*w, "strategy");
+  if (ws != "tensor" && ws != "channel")
+    return fieldError(name + ".weights.strategy",
+                      "'" + ws + "' is not supported (tensor, channel; block and group are not)");
+  auto wd = w->find("dynamic");
+  if (wd != w->end() && !wd->is_null() && *wd != false)
+    return fieldError(name + ".weights.dynamic", "must be false");
+  auto a = g.find("input_activations");
+  if (a == g.end() || a->is_null()) {
+    c.fp8Activations = QuantizationConfig::Fp8Activations::kNone;
+    return c;
+  }
+  TG_RETURN_IF_ERROR(checkFloat8Args(*a, name + ".input_activations"));
+  const std::string as = argString(*a, "strategy");
+  auto dynIt = a->find("dynamic");
+  const json dyn = dynIt == a->end() || dynIt->is_null() ? json(false) : *dynIt;
+  if (!dyn.is_boolean())
+    return fieldError(name + ".input_activations.dynamic", "must be true or false");
+  if (as == "tensor") {
+    c.fp8Activations = dyn.get<bool>() ? QuantizationConfig::Fp8Activations::kDynamic
+                                       : QuantizationConfig::Fp8Activations::kStatic;
+  } else if (as == "token" && dyn.get<bool>()) {
+    c.fp8Activations = QuantizationConfig::Fp8Activations::kNone;
+  } else {
+    return fieldError(name + ".input_activations.strategy",
+                      "'" + as + "' is not supported (tensor; token when dynamic)");
+  }
+  return c;
+}
+
 }  // namespace
 
 StatusOr<QuantizationConfig> parseQuantizationConfig(const json& config) {
@@ -140,7 +251,10 @@ StatusOr<QuantizationConfig> parseQuantizationConfig(const json& config) {
   if (!method) return fieldError("quant_method", "is missing");
   if (*method == "gptq") return parseGptq(q);
   if (*method == "awq") return parseAwq(q);
-  return fieldError("quant_method", "'" + *method + "' is not supported (gptq, awq)");
+  if (*method == "fp8") return parseFp8(q);
+  if (*method == "compressed-tensors") return parseCompressedTensors(q);
+  return fieldError("quant_method",
+                    "'" + *method + "' is not supported (gptq, awq, fp8, compressed-tensors)");
 }
 
 }  // namespace textgen::runtime

@@ -85,6 +85,11 @@ QuantizedTensor takeColumns(const QuantizedTensor& q, int64_t c0, int64_t cols) 
   r.codes.resize(static_cast<size_t>(q.out * cols));
   for (int64_t o = 0; o < q.out; ++o)
     std::copy_n(q.codes.begin() + o * q.in + c0, cols, r.codes.begin() + o * cols);
+  if (q.gIdx.empty() && q.groups == 1) {
+    // One group over all inputs (fp8, GPT-Q group_size -1): it stays one group over the slice.
+    r.groupSize = cols;
+    return r;
+  }
   if (q.gIdx.empty() && c0 % q.groupSize == 0 && cols % q.groupSize == 0) {
     // Whole groups: this slice's scales only.
     const int64_t g0 = c0 / q.groupSize;
@@ -112,8 +117,10 @@ StatusOr<QuantizedTensor> stackOutputs(std::vector<QuantizedTensor> parts) {
                                 ? r.groupSize == p.groupSize
                                 : r.gIdx == p.gIdx && r.groups == p.groups;
     if (p.code != r.code || p.act != r.act || p.in != r.in || !sameGroups ||
-        p.inputScale != r.inputScale || p.threshold != r.threshold)
+        p.inputScale.has_value() != r.inputScale.has_value() || p.threshold != r.threshold)
       return invalidArgumentError("stacked quantized parts differ in format or input groups");
+    // Static fp8 input scales: the largest of the parts' (q/k/v, gate/up), as TGI and vLLM do.
+    if (p.inputScale) r.inputScale = std::max(*r.inputScale, *p.inputScale);
     // One tensor scale per stack: parts with different ones keep them per output.
     if (r.perTensorScale && (!p.perTensorScale || p.scales[0] != r.scales[0]))
       r.perTensorScale = false;

@@ -50,6 +50,7 @@ QuantizedTensor takeRows(const QuantizedTensor& q, const std::vector<int64_t>& r
 // column's group carried in gIdx (a row-parallel split of an act-order layer).
 QuantizedTensor takeColumns(const QuantizedTensor& q, int64_t c0, int64_t cols);
 // Parts stacked along the outputs: INVALID_ARGUMENT when their formats or input groups differ.
+// Static fp8 input scales may differ: the stack takes the largest (TGI's and vLLM's rule).
 StatusOr<QuantizedTensor> stackOutputs(std::vector<QuantizedTensor> parts);
 
 // A std::vector<T> whose resize leaves new elements uninitialised: a buffer that the threads

@@ -216,8 +216,10 @@ StatusOr<std::string_view> WeightStore::raw(const std::string& name,
   const std::string_view bytes = file->bytes(*info);
   const uint64_t es = info->dtype == "F32" || info->dtype == "I32"   ? 4
                       : info->dtype == "I64" || info->dtype == "F64" ? 8
-                      : info->dtype == "I8" || info->dtype == "U8"   ? 1
-                                                                     : 2;
+                      : info->dtype == "I8" || info->dtype == "U8" || info->dtype == "BOOL" ||
+                              info->dtype == "F8_E4M3" || info->dtype == "F8_E5M2"
+                          ? 1
+                          : 2;
   uint64_t total = es;
   bool overflow = false;
   for (int64_t d : expectShape)

@@ -586,6 +586,42 @@ TEST(StackOutputs, RefusesMismatchedParts) {
   EXPECT_FLOAT_EQ(differ->scales[1], 4.0f / 448);
 }
 
+// Static fp8 input scales of stacked parts (a checkpoint's q/k/v, gate/up): the largest, as TGI's
+// and vLLM's loaders take it; a part without one beside a part with one is refused.
+TEST(StackOutputs, Fp8StaticInputScalesTakeTheLargest) {
+  const std::vector<float> w = {1, 2};
+  QuantizedTensor a = quantizeFp8PerTensor(w.data(), 1, 2), b = a, c = a;
+  a.inputScale = 0.5f;
+  b.inputScale = 0.75f;
+  c.inputScale = 0.25f;
+  auto s = stackOutputs({a, b, c});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->inputScale.has_value());
+  EXPECT_EQ(*s->inputScale, 0.75f);
+  EXPECT_EQ(pack(*s).inputScale, 0.75f);
+  QuantizedTensor none = a;
+  none.inputScale.reset();
+  EXPECT_FALSE(stackOutputs({a, none}).ok());
+  EXPECT_FALSE(stackOutputs({none, a}).ok());
+}
+
+// One group over all inputs (fp8, GPT-Q group_size -1) stays one group over a row-parallel slice:
+// the scales per output unchanged, no group index.
+TEST(TakeColumns, OneGroupStaysOneGroup) {
+  const std::vector<float> w = {1, -2, 3, -4, 5, -6, 7, -8};
+  const QuantizedTensor q = quantizeFp8PerTensor(w.data(), 2, 4);
+  const QuantizedTensor r = takeColumns(q, 2, 2);
+  EXPECT_TRUE(r.gIdx.empty());
+  EXPECT_EQ(r.groups, 1);
+  EXPECT_EQ(r.groupSize, 2);
+  EXPECT_EQ(r.scales, q.scales);
+  EXPECT_TRUE(r.perTensorScale);
+  ASSERT_TRUE(validate(r, "slice").ok());
+  const Tensor whole = dequantize(q, DType::kF32), part = dequantize(r, DType::kF32);
+  for (int64_t o = 0; o < 2; ++o)
+    for (int64_t j = 0; j < 2; ++j) EXPECT_EQ(part.f32()[o * 2 + j], whole.f32()[o * 4 + 2 + j]);
+}
+
 // ---- the CPU backend ----------------------------------------------------------------------------
 
 TEST(CpuBackendLinear, QuantizedLinearWithBias) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -82,7 +83,8 @@ TEST(QuantizationConfig, UnsupportedOrContradictoryNamesTheField) {
   expectError(R"("gptq")", "'quantization_config' must be an object");
   expectError(R"({"bits":4})", "'quantization_config.quant_method' is missing");
   expectError(R"({"quant_method":7})", "'quantization_config.quant_method' must be a string");
-  expectError(R"({"quant_method":"bitsandbytes"})", "'bitsandbytes' is not supported (gptq, awq)");
+  expectError(R"({"quant_method":"bitsandbytes"})",
+              "'bitsandbytes' is not supported (gptq, awq, fp8, compressed-tensors)");
   expectError(R"({"quant_method":"gptq"})", "'quantization_config.bits' is missing");
   expectError(R"({"quant_method":"gptq","bits":3})", "bits' is 3: GPT-Q checkpoints of 4 or 8");
   expectError(R"({"quant_method":"gptq","bits":-4})", "bits' must be a bit width");
@@ -112,6 +114,86 @@ TEST(QuantizationConfig, UnsupportedOrContradictoryNamesTheField) {
               "zero_point' must be true or false");
 }
 
+TEST(QuantizationConfig, Fp8AsVllmAutoFp8AndTgiWriteIt) {
+  using A = QuantizationConfig::Fp8Activations;
+  auto c =
+      parse(R"({"quant_method":"fp8","activation_scheme":"static","ignored_layers":["lm_head"]})");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->method, QuantMethod::kFp8);
+  EXPECT_EQ(c->bits, 8);
+  EXPECT_EQ(c->fp8Activations, A::kStatic);
+  c = parse(R"({"quant_method":"FP8","activation_scheme":"dynamic","fmt":"e4m3"})");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->fp8Activations, A::kDynamic);
+  c = parse(R"({"quant_method":"fp8"})");  // transformers' default: dynamic
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->fp8Activations, A::kDynamic);
+  expectError(R"({"quant_method":"fp8","activation_scheme":"per-token"})",
+              "activation_scheme' 'per-token' is not supported (static, dynamic)");
+  expectError(R"({"quant_method":"fp8","activation_scheme":1})", "must be a string");
+  expectError(R"({"quant_method":"fp8","fmt":"e5m2"})", "fmt' 'e5m2' is not supported");
+  expectError(
+      R"({"quant_method":"fp8","activation_scheme":"dynamic","weight_block_size":[128,128]})",
+      "'quantization_config.weight_block_size' is set: block-wise fp8");
+  expectError(R"({"quant_method":"fbgemm_fp8"})", "'fbgemm_fp8' is not supported");
+}
+
+// llm-compressor's presets as its checkpoints hold them (FP8, FP8_DYNAMIC).
+std::string compressed(const std::string& weights, const std::string& inputs,
+                       const std::string& format = "float-quantized") {
+  return R"({"quant_method":"compressed-tensors","format":")" + format +
+         R"(","ignore":["lm_head"],"config_groups":{"group_0":{"targets":["Linear"],"weights":)" +
+         weights + R"(,"input_activations":)" + inputs + "}}}";
+}
+
+TEST(QuantizationConfig, CompressedTensorsFloat8) {
+  using A = QuantizationConfig::Fp8Activations;
+  const std::string channel =
+      R"({"num_bits":8,"type":"float","symmetric":true,"strategy":"channel","dynamic":false})";
+  const std::string tensor =
+      R"({"num_bits":8,"type":"float","symmetric":true,"strategy":"tensor","dynamic":false})";
+  const std::string token =
+      R"({"num_bits":8,"type":"float","symmetric":true,"strategy":"token","dynamic":true})";
+  const std::string dynTensor =
+      R"({"num_bits":8,"type":"float","strategy":"tensor","dynamic":true})";
+  struct Case {
+    std::string config;
+    A act;
+  };
+  for (const Case& k :
+       {Case{compressed(channel, token), A::kNone}, Case{compressed(tensor, tensor), A::kStatic},
+        Case{compressed(tensor, dynTensor, "naive-quantized"), A::kDynamic},
+        Case{compressed(channel, "null"), A::kNone}}) {
+    auto c = parse(k.config);
+    ASSERT_TRUE(c.ok()) << k.config << ": " << c.status().message();
+    EXPECT_EQ(c->method, QuantMethod::kFp8) << k.config;
+    EXPECT_EQ(c->fp8Activations, k.act) << k.config;
+  }
+  expectError(compressed(channel, token, "pack-quantized"),
+              "format' 'pack-quantized' is not supported");
+  expectError(compressed(R"({"num_bits":4,"type":"int","strategy":"group"})", "null"),
+              "config_groups.group_0.weights.num_bits' must be 8 (fp8), not 4");
+  expectError(compressed(R"({"num_bits":8,"type":"int","strategy":"channel"})", "null"),
+              "config_groups.group_0.weights.type' must be \"float\"");
+  expectError(compressed(R"({"num_bits":8,"type":"float","strategy":"block"})", "null"),
+              "config_groups.group_0.weights.strategy' 'block' is not supported");
+  expectError(
+      compressed(R"({"num_bits":8,"type":"float","strategy":"tensor","symmetric":false})", "null"),
+      "weights.symmetric' must be true");
+  expectError(compressed(channel, R"({"num_bits":8,"type":"float","strategy":"token"})"),
+              "input_activations.strategy' 'token' is not supported (tensor; token when dynamic)");
+  expectError(
+      compressed(channel, R"({"num_bits":8,"type":"float","strategy":"tensor","dynamic":1})"),
+      "input_activations.dynamic' must be true or false");
+  expectError(compressed(channel, R"("fp8")"), "input_activations' must be an object");
+  expectError(compressed("null", "null"), "config_groups.group_0.weights' is missing");
+  expectError(R"({"quant_method":"compressed-tensors","format":"float-quantized"})",
+              "'quantization_config.config_groups' must hold exactly one quantization scheme");
+  expectError(
+      R"({"quant_method":"compressed-tensors","format":"float-quantized","config_groups":{"a":{},"b":{}}})",
+      "exactly one quantization scheme");
+}
+
 TEST(QuantizationConfig, ParsedOntoModelConfig) {
   auto c = parseModelConfig(R"({"architectures":["LlamaForCausalLM"],"vocab_size":100,
       "hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
@@ -120,7 +202,7 @@ TEST(QuantizationConfig, ParsedOntoModelConfig) {
   EXPECT_EQ(c->quantization.method, QuantMethod::kAwq);
   auto bad = parseModelConfig(R"({"architectures":["LlamaForCausalLM"],"vocab_size":100,
       "hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
-      "quantization_config":{"quant_method":"fp8"}})");
+      "quantization_config":{"quant_method":"eetq"}})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("quant_method"), std::string::npos);
 }
@@ -139,6 +221,14 @@ class Checkpoint {
     std::string b(v.size() * 4, '\0');
     std::memcpy(b.data(), v.data(), b.size());
     add(name, "I32", std::move(shape), std::move(b));
+  }
+  void addF32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
+    std::string b(v.size() * 4, '\0');
+    std::memcpy(b.data(), v.data(), b.size());
+    add(name, "F32", std::move(shape), std::move(b));
+  }
+  void addF8(const std::string& name, std::vector<int64_t> shape, const std::vector<uint8_t>& v) {
+    add(name, "F8_E4M3", std::move(shape), std::string(v.begin(), v.end()));
   }
   void addF16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
     std::string b(v.size() * 2, '\0');
@@ -425,6 +515,187 @@ TEST(DequantizeBadInput, DtypesAndMissingTensors) {
     GptqLayer::write(ck, false);
     expectLayerError(ck, QuantizationConfig{}, 8, 16, "config.json has no quantization_config");
   }
+}
+
+// ---- fp8 checkpoints
+// -----------------------------------------------------------------------------
+
+QuantizationConfig fp8(QuantizationConfig::Fp8Activations act) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kFp8;
+  c.bits = 8;
+  c.fp8Activations = act;
+  return c;
+}
+
+// [out 4, in 8] float8 e4m3fn codes: code(o, i) = 0x30 + 8 o + i (1.0, 1.125, ... 0x30 is 1.0;
+// e4m3fn: sign, 4 exponent bits of bias 7, 3 mantissa bits), and every 5th one negated.
+constexpr int64_t kF8Out = 4, kF8In = 8;
+uint8_t f8Code(int64_t o, int64_t i) {
+  const auto c = static_cast<uint8_t>(0x30 + 8 * o + i);
+  return (o * kF8In + i) % 5 == 0 ? static_cast<uint8_t>(c | 0x80) : c;
+}
+// The value by hand, independently of kernels/fp8.h: (1 + m / 8) * 2^(e - 7).
+float f8Value(uint8_t c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  const float v = std::ldexp(1.0f + static_cast<float>(m) / 8, e - 7);
+  return c & 0x80 ? -v : v;
+}
+std::vector<uint8_t> f8Codes() {
+  std::vector<uint8_t> v;
+  for (int64_t o = 0; o < kF8Out; ++o)
+    for (int64_t i = 0; i < kF8In; ++i) v.push_back(f8Code(o, i));
+  return v;
+}
+
+TEST(DequantizeFp8, PerTensorAndPerChannelScales) {
+  using A = QuantizationConfig::Fp8Activations;
+  const std::vector<float> channel = {0.5f, 0.25f, 2.0f, 0.125f};
+  struct Case {
+    std::vector<int64_t> shape;
+    bool perTensor;
+  };
+  for (const Case& k : {Case{{}, true}, Case{{1}, true}, Case{{4}, false}, Case{{4, 1}, false}}) {
+    Checkpoint ck;
+    ck.addF8("l.weight", {kF8Out, kF8In}, f8Codes());
+    ck.addF32("l.weight_scale", k.shape, k.perTensor ? std::vector<float>{0.75f} : channel);
+    auto store = ck.open();
+    ASSERT_NE(store, nullptr);
+    auto q = readQuantizedLinear(*store, fp8(A::kDynamic), "l", kF8Out, kF8In);
+    ASSERT_TRUE(q.ok()) << q.status().message();
+    EXPECT_EQ(q->code, kernels::QuantCode::kFp8E4M3);
+    EXPECT_EQ(q->act, kernels::ActQuant::kFp8);
+    EXPECT_EQ(q->perTensorScale, k.perTensor);
+    EXPECT_FALSE(q->inputScale.has_value());
+    auto w = dequantizeLinear(*store, fp8(A::kDynamic), "l", kF8Out, kF8In, DType::kF32);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    for (int64_t o = 0; o < kF8Out; ++o)
+      for (int64_t i = 0; i < kF8In; ++i)
+        ASSERT_EQ(w->f32()[o * kF8In + i],
+                  f8Value(f8Code(o, i)) * (k.perTensor ? 0.75f : channel[o]))
+            << "o " << o << " i " << i;
+    // W8A16 (compressed-tensors' per-token activations): the same weights, activations as they are.
+    auto none = readQuantizedLinear(*store, fp8(A::kNone), "l", kF8Out, kF8In);
+    ASSERT_TRUE(none.ok());
+    EXPECT_EQ(none->act, kernels::ActQuant::kNone);
+  }
+}
+
+TEST(DequantizeFp8, StaticInputScaleAndBf16Scales) {
+  Checkpoint ck;
+  ck.addF8("l.weight", {kF8Out, kF8In}, f8Codes());
+  ck.add("l.weight_scale", "BF16", {}, std::string("\x40\x3f", 2));  // bf16 0x3f40 = 0.75
+  ck.addF16("l.input_scale", {1}, {0.0625f});
+  auto store = ck.open();
+  ASSERT_NE(store, nullptr);
+  auto q = readQuantizedLinear(*store, fp8(QuantizationConfig::Fp8Activations::kStatic), "l",
+                               kF8Out, kF8In);
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  ASSERT_TRUE(q->inputScale.has_value());
+  EXPECT_EQ(*q->inputScale, 0.0625f);
+  EXPECT_EQ(q->scales, std::vector<float>(kF8Out, 0.75f));
+  // Dynamic ignores a stored input scale.
+  auto d = readQuantizedLinear(*store, fp8(QuantizationConfig::Fp8Activations::kDynamic), "l",
+                               kF8Out, kF8In);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->inputScale.has_value());
+}
+
+TEST(DequantizeFp8BadInput, ScalesAndCodes) {
+  using A = QuantizationConfig::Fp8Activations;
+  const float nan = std::nanf(""), inf = HUGE_VALF;
+  auto layer = [](Checkpoint& ck) { ck.addF8("l.weight", {kF8Out, kF8In}, f8Codes()); };
+  {
+    Checkpoint ck;
+    layer(ck);
+    expectLayerError(ck, fp8(A::kDynamic), kF8Out, kF8In,
+                     "'l.weight_scale' not found in the checkpoint: an fp8 layer needs");
+  }
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{2}, std::vector<int64_t>{4, 2}, std::vector<int64_t>{1, 4},
+        std::vector<int64_t>{1, 1, 1}}) {
+    Checkpoint ck;  // block-wise or otherwise foreign scale shapes
+    layer(ck);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    ck.addF32("l.weight_scale", shape, std::vector<float>(static_cast<size_t>(n), 1.0f));
+    expectLayerError(ck, fp8(A::kDynamic), kF8Out, kF8In, "'l.weight_scale' has shape");
+  }
+  {
+    Checkpoint ck;
+    layer(ck);
+    ck.addI32("l.weight_scale", {}, {1});
+    expectLayerError(ck, fp8(A::kDynamic), kF8Out, kF8In, "'l.weight_scale' has dtype I32");
+  }
+  for (float bad : {nan, inf, -inf, -1.0f}) {
+    Checkpoint ck;
+    layer(ck);
+    ck.addF32("l.weight_scale", {4}, {1.0f, bad, 1.0f, 1.0f});
+    expectLayerError(ck, fp8(A::kDynamic), kF8Out, kF8In,
+                     "a weight scale must be finite and non-negative");
+  }
+  {
+    Checkpoint ck;  // static activations without input_scale
+    layer(ck);
+    ck.addF32("l.weight_scale", {}, {1.0f});
+    expectLayerError(ck, fp8(A::kStatic), kF8Out, kF8In,
+                     "'l.input_scale' not found in the checkpoint: quantization_config's static");
+  }
+  for (float bad : {nan, inf, 0.0f, -0.5f}) {
+    Checkpoint ck;
+    layer(ck);
+    ck.addF32("l.weight_scale", {}, {1.0f});
+    ck.addF32("l.input_scale", {}, {bad});
+    expectLayerError(ck, fp8(A::kStatic), kF8Out, kF8In,
+                     "an input scale must be finite and positive");
+  }
+  {
+    Checkpoint ck;
+    layer(ck);
+    ck.addF32("l.weight_scale", {}, {1.0f});
+    ck.addF32("l.input_scale", {2}, {1.0f, 1.0f});
+    expectLayerError(ck, fp8(A::kStatic), kF8Out, kF8In,
+                     "'l.input_scale' has shape [2]: expected [] or [1]");
+  }
+  {
+    Checkpoint ck;  // a NaN code (0x7f / 0xff in e4m3fn)
+    std::vector<uint8_t> codes = f8Codes();
+    codes[9] = 0xff;
+    ck.addF8("l.weight", {kF8Out, kF8In}, codes);
+    ck.addF32("l.weight_scale", {}, {1.0f});
+    expectLayerError(ck, fp8(A::kDynamic), kF8Out, kF8In, "'l.weight': element 9 is an fp8 NaN");
+  }
+  {
+    Checkpoint ck;  // weight stored as float16, or of the wrong shape
+    ck.addF16("l.weight", {kF8Out, kF8In}, std::vector<float>(kF8Out * kF8In, 1.0f));
+    ck.addF32("l.weight_scale", {}, {1.0f});
+    expectLayerError(ck, fp8(A::kDynamic), kF8Out, kF8In,
+                     "'l.weight' has dtype F16 (expected F8_E4M3)");
+  }
+  {
+    Checkpoint ck;
+    layer(ck);
+    ck.addF32("l.weight_scale", {}, {1.0f});
+    expectLayerError(ck, fp8(A::kDynamic), kF8Out, 2 * kF8In, "'l.weight' has shape [4, 8]");
+  }
+}
+
+TEST(DequantizeFp8BadInput, TruncatedTensorIsRefusedAtOpen) {
+  // A header whose F8_E4M3 [4, 8] tensor spans 31 bytes: the store refuses the file.
+  const fs::path dir =
+      fs::temp_directory_path() / ("textgen-f8-truncated-" + std::to_string(::getpid()));
+  json header = json::object();
+  header["l.weight"] = {{"dtype", "F8_E4M3"}, {"shape", {4, 8}}, {"data_offsets", {0, 31}}};
+  const std::string h = header.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << out << h << std::string(31, '\x38');
+  auto s = WeightStore::open(dir.string());
+  fs::remove_all(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("l.weight"), std::string::npos) << s.status().message();
 }
 
 }  // namespace

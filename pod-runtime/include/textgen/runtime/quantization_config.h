@@ -15,6 +15,9 @@ enum class QuantMethod {
   kNone,  // a dense checkpoint
   kGptq,  // AutoGPTQ / GPTQModel / optimum: qweight, qzeros, scales, g_idx
   kAwq,   // AutoAWQ's GEMM layout: qweight, qzeros, scales
+  // float8 e4m3fn weights with weight_scale (and input_scale): quant_method "fp8" (vLLM, AutoFP8,
+  // TGI) or "compressed-tensors" float-quantized (llm-compressor)
+  kFp8,
 };
 
 constexpr std::string_view toString(QuantMethod m) {
@@ -22,6 +25,7 @@ constexpr std::string_view toString(QuantMethod m) {
     case QuantMethod::kNone: return "none";
     case QuantMethod::kGptq: return "gptq";
     case QuantMethod::kAwq: return "awq";
+    case QuantMethod::kFp8: return "fp8";
   }
   return "?";
 }
@@ -36,6 +40,11 @@ struct QuantizationConfig {
   // "gptq_v2": the zeros themselves.
   bool zerosMinusOne = true;
   bool zeroPoint = true;  // AWQ zero_point: false reads no qzeros (zero 2^(bits-1))
+  // fp8: how the activations are quantized. kStatic reads each layer's input_scale; kDynamic
+  // takes absmax / 448 per batch; kNone keeps them in the compute dtype (W8A16: compressed-tensors'
+  // per-token dynamic scheme, which the runtime layout does not model, or no input_activations).
+  enum class Fp8Activations { kDynamic, kStatic, kNone };
+  Fp8Activations fp8Activations = Fp8Activations::kDynamic;
 
   bool quantized() const { return method != QuantMethod::kNone; }
 };
