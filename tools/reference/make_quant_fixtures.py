@@ -20,10 +20,33 @@ bits [k * bits, (k + 1) * bits)):
     AWQ's interleaved order: nibble k holds output c*8 + [0, 2, 4, 6, 1, 3, 5, 7][k];
     scales fp16 [groups, out]. Zero points: zero_point true.
 
+  fp8 (vLLM / AutoFP8 / TGI quant_method "fp8"; llm-compressor's "compressed-tensors"):
+    weight F8_E4M3 [out, in] under the layer's own name; weight_scale F32, [] per tensor (AutoFP8:
+    w * (448 / absmax) cast with saturation, the reciprocal stored), [out] or [out, 1] per channel
+    (absmax of the row / 448); input_scale F32 [] when the activations are static. w = e4m3(q) * s.
+
 Fixtures:
   llama-gptq-g32       4-bit, group 32, sym, desc_act false (g_idx = i // 32)
   llama-gptq-actorder  4-bit, group 32, asymmetric, desc_act true with a permuted g_idx
   llama-awq-g32        4-bit AWQ GEMM, group 32, zero_point true
+  llama-fp8            quant_method "fp8", activation_scheme "static": per-tensor weight_scale [],
+                       input_scale [] calibrated on the fixture prompts (absmax / 448 of each
+                       layer's input in the dequantized model) times 1.0 / 1.25 / 1.5 for q / k / v
+                       and 1.0 / 1.25 for gate / up, so the stacked layers' scales differ, all times
+                       the smallest margin c in 1, 1.01, ... that leaves no prefill activation of
+                       the prompts within 1e-6 (relative) of an e4m3 rounding boundary
+  llama-fp8-channel    "compressed-tensors" float-quantized (FP8-Dynamic's config): weight_scale
+                       [out, 1] per channel, input_activations dynamic per token
+  llama-fp8-dynamic    quant_method "fp8", activation_scheme "dynamic", weight_scale [out] per channel
+
+What the fp8 references compute: transformers' LlamaForCausalLM in float32 on the dequantized weights,
+with each quantized Linear's input fake-quantized by a forward pre-hook exactly as textgen's runtime
+layout defines kFp8 (kernels/include/textgen/kernels/quant_gemm.h): x' = e4m3(clamp(x / s, +-448)) * s,
+s the static input scale (for q/k/v and gate/up the largest of the stacked layers', TGI's and vLLM's
+rule) or, dynamic, absmax(x over the whole forward call) / 448. transformers itself has no fp8 W8A8
+path on the CPU, so this hook is the reference's model of the activations, not an upstream kernel.
+llama-fp8-channel's per-token dynamic activations are not modelled by the runtime layout: textgen
+keeps them in the compute dtype (W8A16), and so does its reference (no hook).
 
 Run where transformers and torch are (float32 references only on this CPU):
     bash tools/reference/sid-python.sh tools/reference/make_quant_fixtures.py TOKENIZER_DIR OUT_DIR [NAMES]
@@ -133,6 +156,165 @@ def awq_tensors(w, group_size, gen):
     return tensors, dequantize(q, zeros, scales, g_idx)
 
 
+FP8_MAX = 448.0
+# Stacked layers whose inputs textgen quantizes together, and each one's input-scale factor.
+FP8_STACKS = {"q_proj": ("qkv", 1.0), "k_proj": ("qkv", 1.25), "v_proj": ("qkv", 1.5),
+              "gate_proj": ("gate_up", 1.0), "up_proj": ("gate_up", 1.25)}
+
+
+def to_e4m3(x):
+    """float32 -> float8 e4m3fn, saturating (vLLM's and AutoFP8's clamp before the cast)."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_tensors(w, per_channel):
+    """weight, weight_scale as the writers store them, and the dequantized float32 weight."""
+    if per_channel:  # llm-compressor / TGI's per-channel: absmax of the row / 448
+        scale = (w.abs().amax(1).clamp(min=1e-12) / FP8_MAX).float()
+        q = to_e4m3(w / scale[:, None])
+        return q, scale, q.float() * scale[:, None]
+    mul = FP8_MAX / w.abs().max().clamp(min=1e-12)  # AutoFP8's per_tensor_quantize
+    q = to_e4m3(w * mul)
+    scale = mul.float().reciprocal()
+    return q, scale, q.float() * scale
+
+
+NEAR_BOUNDARY = 1e-6  # relative distance of x / s from an e4m3 rounding boundary counted as near
+
+
+def fake_quant_hook(scale, near=None):
+    """The forward pre-hook that models textgen's kFp8 activations (static scale, or None: dynamic).
+    `near`, a one-element list, counts the elements within NEAR_BOUNDARY of a rounding boundary."""
+    def hook(_module, args):
+        x = args[0]
+        s = scale
+        if s is None:
+            amax = x.abs().max()
+            s = amax / FP8_MAX if amax > 0 else torch.tensor(1.0)
+        y = x / s
+        q = to_e4m3(y).float()
+        if near is not None:
+            up = to_e4m3(y * (1 + NEAR_BOUNDARY)).float()
+            down = to_e4m3(y * (1 - NEAR_BOUNDARY)).float()
+            near[0] += int(((up != q) | (down != q)).sum())
+        return (q * s,) + tuple(args[1:])
+    return hook
+
+
+def prefill_near_boundary(model, tokenizer_dir, stack_scale, calib):
+    """Elements of the prompts' prefill activations within NEAR_BOUNDARY of an e4m3 rounding
+    boundary under these static scales: where float32 summation order (BLAS against PyTorch) could
+    round them the other way."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    near, hooks = [0], []
+    for mname, module in model.named_modules():
+        if mname in calib:
+            hooks.append(module.register_forward_pre_hook(fake_quant_hook(stack_scale[stack_key(mname)], near)))
+    with torch.no_grad():
+        for text in PROMPTS:
+            model(torch.tensor([tok.encode(text).ids]))
+    for h in hooks:
+        h.remove()
+    return near[0]
+
+
+def stack_key(mname):
+    """(decoder layer, stack) of a Linear: q/k/v and gate/up share their input and its scale."""
+    layer, leaf = mname.rsplit(".", 1)
+    return layer.rsplit(".", 1)[0], FP8_STACKS.get(leaf, (leaf, 1.0))[0]
+
+
+def calibrate(model, tokenizer_dir):
+    """absmax / 448 of every quantized Linear's input over the fixture prompts."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    amax, hooks = {}, []
+    for mname, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and mname.split(".")[-1] in QUANTIZED:
+            def record(_m, args, name=mname):
+                amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
+            hooks.append(module.register_forward_pre_hook(record))
+    with torch.no_grad():
+        for text in PROMPTS:
+            model(torch.tensor([tok.encode(text).ids]))
+    for h in hooks:
+        h.remove()
+    return {k: v / FP8_MAX for k, v in amax.items()}
+
+
+def build_fp8(name, kind, outdir, tokenizer_dir, seed):
+    """The fp8 fixtures: the same tiny Llama, decoder Linears stored as float8 e4m3fn."""
+    vocab = Tokenizer_vocab(tokenizer_dir)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=192, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, bos_token_id=1,
+                         eos_token_id=2, max_position_embeddings=256, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    scale_weights(model, seed)
+    per_channel = kind != "fp8-static"
+    if kind == "fp8-static":
+        qc = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+    elif kind == "fp8-dynamic":
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ["lm_head"]}
+    else:  # llm-compressor's FP8_DYNAMIC preset, as neuralmagic's *-FP8-Dynamic checkpoints hold it
+        qc = {"quant_method": "compressed-tensors", "format": "float-quantized",
+              "quantization_status": "compressed", "global_compression_ratio": None,
+              "ignore": ["lm_head"], "kv_cache_scheme": None,
+              "config_groups": {"group_0": {
+                  "targets": ["Linear"], "output_activations": None,
+                  "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel",
+                              "dynamic": False, "group_size": None, "block_structure": None,
+                              "actorder": None, "observer": "minmax", "observer_kwargs": {}},
+                  "input_activations": {"num_bits": 8, "type": "float", "symmetric": True,
+                                        "strategy": "token", "dynamic": True, "group_size": None,
+                                        "block_structure": None, "actorder": None, "observer": None,
+                                        "observer_kwargs": {}}}}}
+    state = {}
+    with torch.no_grad():
+        for mname, module in model.named_modules():
+            if not (isinstance(module, torch.nn.Linear) and mname.split(".")[-1] in QUANTIZED):
+                continue
+            q, scale, deq = fp8_tensors(module.weight.detach().float(), per_channel)
+            state[f"{mname}.weight"] = q.contiguous()
+            if kind == "fp8-channel":
+                scale = scale[:, None]  # compressed-tensors' [out, 1]
+            state[f"{mname}.weight_scale"] = scale.contiguous()
+            module.weight.copy_(deq)
+    hooks = []
+    if kind == "fp8-static":
+        calib = calibrate(model, tokenizer_dir)  # on the dequantized weights, activations as they are
+        # The calibrated scales times a common margin c >= 1, the first of 1, 1.01, ... under which no
+        # prefill activation of the prompts lies within NEAR_BOUNDARY of an e4m3 rounding boundary
+        # (so that the prompts' logits do not hinge on summation order).
+        for step in range(200):
+            c = 1.0 + 0.01 * step
+            scales, stack_scale = {}, {}
+            for mname, s in calib.items():
+                s = torch.tensor(s * c * FP8_STACKS.get(mname.rsplit(".", 1)[1], ("", 1.0))[1],
+                                 dtype=torch.float32)
+                scales[mname] = s
+                key = stack_key(mname)
+                stack_scale[key] = torch.maximum(stack_scale.get(key, s), s)
+            near = prefill_near_boundary(model, tokenizer_dir, stack_scale, calib)
+            if near == 0:
+                break
+        else:
+            raise RuntimeError("no input-scale margin keeps the prefill activations off e4m3 boundaries")
+        print(f"{name}: input scales = calibrated x {c:.2f} (x 1 / 1.25 / 1.5 for q / k / v, x 1 / 1.25 "
+              f"for gate / up)")
+        for mname, s in scales.items():
+            state[f"{mname}.input_scale"] = s
+        for mname, module in model.named_modules():
+            if mname in calib:
+                hooks.append(module.register_forward_pre_hook(fake_quant_hook(stack_scale[stack_key(mname)])))
+    elif kind == "fp8-dynamic":
+        for mname, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and mname.split(".")[-1] in QUANTIZED:
+                hooks.append(module.register_forward_pre_hook(fake_quant_hook(None)))
+    write_fixture(name, model, config, qc, state, outdir, tokenizer_dir)
+
+
 def quant_config(kind):
     if kind == "awq":  # AutoAWQ's, as transformers' AwqConfig writes it
         return {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm",
@@ -169,6 +351,12 @@ def build(name, kind, outdir, tokenizer_dir, seed):
             for k, v in tensors.items():
                 state[f"{mname}.{k}"] = v
             module.weight.copy_(deq)  # the model transformers runs: the dequantized weights
+    write_fixture(name, model, config, qc, state, outdir, tokenizer_dir)
+
+
+def write_fixture(name, model, config, qc, state, outdir, tokenizer_dir):
+    """The checkpoint (quantized tensors in `state`, the rest dense), config.json, tokenizer files and
+    reference.json from `model` as transformers runs it."""
     for k, v in model.state_dict().items():
         if k.endswith(".weight") and k[:-len(".weight")].split(".")[-1] in QUANTIZED:
             continue
@@ -211,10 +399,11 @@ def main():
     tokenizer_dir, outdir = sys.argv[1], sys.argv[2]
     only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
     jobs = [("llama-gptq-g32", "gptq-g32", 41), ("llama-gptq-actorder", "gptq-actorder", 42),
-            ("llama-awq-g32", "awq", 44)]
+            ("llama-awq-g32", "awq", 44), ("llama-fp8", "fp8-static", 45),
+            ("llama-fp8-channel", "fp8-channel", 46), ("llama-fp8-dynamic", "fp8-dynamic", 47)]
     for name, kind, seed in jobs:
         if only is None or name in only:
-            build(name, kind, outdir, tokenizer_dir, seed)
+            (build_fp8 if kind.startswith("fp8") else build)(name, kind, outdir, tokenizer_dir, seed)
     return 0
 
 

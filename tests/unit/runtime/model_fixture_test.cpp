@@ -10,7 +10,10 @@
 // transformers run in the same dtype: tokens equal until the first divergence, which is allowed
 // only where transformers' own top-1/top-2 gap is below the dtype's logit tolerance (a near-tie
 // that rounding may flip); from there on the sequences legitimately differ. Logit errors and top-1
-// agreement are reported as test properties.
+// agreement are reported as test properties. The fp8 W8A8 fixtures' references round activations
+// to e4m3 (tools/reference/make_quant_fixtures.py), at the same float32 tolerance: llama-fp8's
+// input scales are chosen so that no prefill activation lies within 1e-6 of an e4m3 rounding
+// boundary.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -245,6 +248,9 @@ TEST_P(ModelFixtureTest, EachPromptAloneMatchesTransformers) {
 }
 
 TEST_P(ModelFixtureTest, BatchedRequestsJoinAndLeaveMatchAlone) {
+  if (std::string(std::get<0>(GetParam())) == "llama-fp8-dynamic")
+    GTEST_SKIP() << "dynamic fp8 activation scales are taken over the whole batch (as TGI and vLLM "
+                    "take them): a request's logits depend on its batch-mates by design";
   Backend* backend = backend_.get();
   Model* model = model_.get();
   const json& ref = ref_;
@@ -304,7 +310,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
                                          "bloom", "bloom-post-ln", "mpt-clip", "falcon-mqa-rotary",
                                          "falcon-alibi", "falcon-new", "falcon-new-one-norm",
-                                         "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32"),
+                                         "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32",
+                                         "llama-fp8", "llama-fp8-channel", "llama-fp8-dynamic"),
                        ::testing::ValuesIn(kDtypes)),
     [](const ::testing::TestParamInfo<FixtureParam>& param) {
       std::string name = std::get<0>(param.param);

@@ -859,7 +859,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
                                          "bloom", "bloom-post-ln", "mpt-clip", "falcon-mqa-rotary",
                                          "falcon-alibi", "falcon-new", "falcon-new-one-norm",
-                                         "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32"),
+                                         "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32",
+                                         "llama-fp8", "llama-fp8-channel"),
                        ::testing::ValuesIn(kWorlds), ::testing::ValuesIn(kDtypes)),
     [](const auto& param) {
       std::string name = std::get<0>(param.param);
