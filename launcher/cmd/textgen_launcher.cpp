@@ -313,16 +313,17 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
   if (p.values.contains("quantize")) {
     const std::string q = p.get("quantize", "");
     static constexpr std::string_view kServed[] = {
-        "gptq", "awq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "eetq", "fp8"};
+        "gptq", "awq", "compressed-tensors", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4",
+        "eetq", "fp8"};
     if (std::find(std::begin(kServed), std::end(kServed), q) == std::end(kServed)) {
       if (q == "marlin")
         return usage(
             "--quantize marlin is not supported yet: Marlin-format checkpoints are not "
-            "read (gptq, awq, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, eetq "
-            "and fp8 are)");
+            "read (gptq, awq, compressed-tensors, bitsandbytes, bitsandbytes-nf4, "
+            "bitsandbytes-fp4, eetq and fp8 are)");
       return usage("--quantize " + q +
-                   ": expected one of gptq, awq, bitsandbytes, bitsandbytes-nf4, "
-                   "bitsandbytes-fp4, eetq, fp8");
+                   ": expected one of gptq, awq, compressed-tensors, bitsandbytes, "
+                   "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8");
     }
   }
   // TGI's --kv-cache-dtype: the KV cache in fp8 (without it, in the model's dtype).

@@ -2,7 +2,8 @@
 //
 //   textgen-shard --model-id DIR [--uds-path PATH | --port N] [--block-size 16]
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
-//                 [--quantize gptq|awq|bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|fp8]
+//                 [--quantize gptq|awq|compressed-tensors|bitsandbytes|bitsandbytes-nf4|
+//                             bitsandbytes-fp4|eetq|fp8]
 //                 [--kv-cache-dtype fp8_e4m3fn|fp8_e5m2]
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
@@ -279,11 +280,15 @@ StatusOr<runtime::LoadQuantization> checkQuantize(const Flags& f, const runtime:
                                   "'); drop the flag to serve it as it is");
     return atLoad;
   }
-  if (f.quantize != "gptq" && f.quantize != "awq")
+  if (f.quantize != "gptq" && f.quantize != "awq" && f.quantize != "compressed-tensors")
     return invalidArgumentError(
         "--quantize " + f.quantize +
-        ": expected one of gptq, awq (pre-quantized checkpoints), bitsandbytes, "
-        "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8 (quantized at load)");
+        ": expected one of gptq, awq, compressed-tensors (pre-quantized checkpoints), "
+        "bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8 (quantized at load; fp8 "
+        "also names an fp8 checkpoint)");
+  // TGI's --quantize compressed-tensors: the fp8 checkpoints of that format that textgen reads.
+  if (f.quantize == "compressed-tensors" && c.quantization.method == runtime::QuantMethod::kFp8)
+    return LoadQuantization::kNone;
   if (!c.quantization.quantized())
     return invalidArgumentError("--quantize " + f.quantize +
                                 ": config.json has no quantization_config (a pre-quantized " +

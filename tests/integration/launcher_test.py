@@ -167,7 +167,7 @@ def test_refused_flags():
     refused(["--trust-remote-code"], "never runs code")
     # A value TGI does not have, and Marlin (not read yet); a pre-quantized format is checked by the
     # shard against the checkpoint's quantization_config (the demo model has none).
-    refused(["--quantize", "int3"], "--quantize int3: expected one of gptq, awq, bitsandbytes")
+    refused(["--quantize", "int3"], "--quantize int3: expected one of gptq, awq, compressed-tensors, bitsandbytes")
     refused(["--quantize", "marlin"], "--quantize marlin is not supported yet")
     refused(["--quantize", "gptq"], "--quantize gptq: config.json has no quantization_config", env={"CUDA_VISIBLE_DEVICES": ""}, code=1)
     # TGI's two fp8 KV cache formats only (no flag: the model's dtype).
