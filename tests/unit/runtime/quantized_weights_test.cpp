@@ -13,6 +13,8 @@
 
 #include "loader/dequantize.h"
 #include "textgen/kernels/half.h"
+#include "textgen/runtime/backend.h"
+#include "textgen/runtime/model.h"
 #include "textgen/runtime/model_config.h"
 #include "textgen/runtime/quantization_config.h"
 #include "textgen/runtime/weights.h"
@@ -696,6 +698,49 @@ TEST(DequantizeFp8BadInput, TruncatedTensorIsRefusedAtOpen) {
   fs::remove_all(dir);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("l.weight"), std::string::npos) << s.status().message();
+}
+
+// A fixture checkpoint whose config.json or tensors disagree: loadModel fails naming the field or
+// tensor at fault.
+class Fp8FixtureBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("textgen-fp8-fixture-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::copy(std::string(TEXTGEN_MODEL_FIXTURES) + "/llama-fp8-dynamic", dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void setQuantizationConfig(const json& q) {
+    json c = json::parse(std::ifstream(dir_ / "config.json"));
+    c["quantization_config"] = q;
+    std::ofstream(dir_ / "config.json") << c.dump();
+  }
+  void expectLoadError(const std::string& words) {
+    auto backend = makeCpuBackend(1);
+    auto m = loadModel(dir_.string(), *backend, {});
+    ASSERT_FALSE(m.ok()) << words;
+    EXPECT_NE(m.status().message().find(words), std::string::npos) << m.status().message();
+  }
+  fs::path dir_;
+};
+
+TEST_F(Fp8FixtureBadInput, StaticSchemeWithoutInputScales) {
+  setQuantizationConfig({{"quant_method", "fp8"}, {"activation_scheme", "static"}});
+  expectLoadError("input_scale' not found in the checkpoint");
+}
+
+TEST_F(Fp8FixtureBadInput, BlockWiseConfig) {
+  setQuantizationConfig({{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}});
+  expectLoadError("weight_block_size' is set: block-wise fp8");
+}
+
+TEST_F(Fp8FixtureBadInput, Fp8WeightsWithoutQuantizationConfig) {
+  json c = json::parse(std::ifstream(dir_ / "config.json"));
+  c.erase("quantization_config");
+  std::ofstream(dir_ / "config.json") << c.dump();
+  expectLoadError("has dtype F8_E4M3");
 }
 
 }  // namespace
