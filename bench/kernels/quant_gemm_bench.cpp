@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
       {"eetq-int8", false, QuantCode::kUint8, ActQuant::kNone, 0},
       {"fp8-w8a8", false, QuantCode::kFp8E4M3, ActQuant::kFp8, 0},
   };
-  const int64_t rowsList[] = {1, 4, 8, 16, 32};
+  const int64_t rowsList[] = {1, 4, 8, 16, 32, 64};
   float* tensorScale = nullptr;
   BENCH_CUDA(cudaMalloc(&tensorScale, 16));
   const float one = 0.01f;

@@ -7,6 +7,9 @@
 // exponent trick (0x4B000000 | q is 2^23 + q), table codes read a 16-entry table in shared memory,
 // fp8 codes convert in hardware.
 //
+// 16-bit x up to 64 rows runs on the tensor cores instead (quantMmaGemvKernel, quantMmaTileKernel
+// below); the fp32 GEMV above serves LLM.int8 and fp8 with per-group scales up to 8 rows.
+//
 // Larger batches: the weight is dequantized into the workspace and cuBLASLt runs the GEMM (prefill
 // is compute bound; the dequantization streams the packed bytes once). fp8 weights with one tensor
 // scale skip that: x is quantized to e4m3 and cuBLASLt's FP8 GEMM runs on both operands.
@@ -16,6 +19,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "common.cuh"
@@ -290,7 +294,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 // to fill the GPU with blocks of 8 warps (Llama's 4096-output o and down projections).
 constexpr int kMmaWarps = 8, kMmaWarpsFew = 12;
 constexpr int kMmaOuts = 16;  // outputs of a block: one m16 tile
-constexpr int kMmaPipe = 2;   // steps whose weights are loaded ahead
+// Steps whose weights a lane loads ahead of the one it decodes: 1, except 2 for 8-bit weight-only
+// codes on one n8 tile (measured on H100, bench_quant_gemm: a second stage slowed the 4-bit GEMV
+// by 8-15% at every shape, the registers it holds costing more than the latency it hides, sped up
+// EETQ's int8 by 2-7% at 1-8 rows and slowed it by 15-25% at 16 and 32).
+template <QuantCode C, bool kW8A8, int kTiles>
+constexpr int kMmaPipe = quantBits(C) == 8 && !kW8A8 && kTiles == 1 ? 2 : 1;
 
 template <typename T>
 using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
@@ -361,20 +370,31 @@ __device__ __forceinline__ void mmaE4m3(float (&d)[4], uint32_t a0, uint32_t a1,
 template <QuantCode C>
 constexpr int kPairs = quantBits(C) == 4 ? 4 : 2;
 
-// kScaled: the pairs are value * scale rounded to T; else the integer values q - zero themselves
-// (exact in T; the scale is applied to the mma's fp32 sums).
+template <typename T>
+__device__ __forceinline__ float2 pairToFloats(Pair<T> p) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half22float2(p);
+  else
+    return __bfloat1622float2(p);
+}
+
+// kScaled: the pairs are value * scale computed in fp32 and rounded to T once (the dequantized
+// weight the reference defines, rounded as the dequantize + cuBLASLt path rounds it); else the
+// integer values q - zero themselves (exact in T; the scale is applied to the mma's fp32 sums).
 template <typename T, QuantCode C, bool kScaled>
-__device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, Pair<T> scale, float zeroF,
-                                            float scaleF, const uint32_t* lut,
-                                            uint32_t (&b)[kPairs<C>]) {
+__device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, float zeroF, float scaleF,
+                                            const uint32_t* lut, uint32_t (&b)[kPairs<C>]) {
   if constexpr (C == QuantCode::kUint4) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t t = ((q >> (4 * j)) & 0x000F000Fu) | kMagic<T>;
-      if constexpr (kScaled)
-        b[j] = asBits<T>(__hmul2(__hsub2(asPair<T>(t), zero), scale));
-      else
-        b[j] = asBits<T>(__hsub2(asPair<T>(t), zero));
+      const Pair<T> d = __hsub2(asPair<T>(t), zero);  // q - zero, exact
+      if constexpr (kScaled) {
+        const float2 f = pairToFloats<T>(d);
+        b[j] = floatsToPair<T>(f.x * scaleF, f.y * scaleF);
+      } else {
+        b[j] = asBits<T>(d);
+      }
     }
   } else if constexpr (C == QuantCode::kUint8 && !kScaled && std::is_same_v<T, __half>) {
     // 0x64 above a byte is the fp16 1024 + q.
@@ -382,9 +402,13 @@ __device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, Pair<T> sc
     for (int j = 0; j < 2; ++j)
       b[j] = asBits<T>(__hsub2(asPair<T>(__byte_perm(q, 0x64646464u, j ? 0x4342 : 0x4140)), zero));
   } else if constexpr (C == QuantCode::kNf4 || C == QuantCode::kFp4) {
+    // The table's pair in T times the scale in T: the weight carries the table value's and the
+    // scale's roundings to T besides the product's (at most 2 ulps of T more than one rounding,
+    // far below a 4-bit code's own error); scaling in fp32 slowed the batch-1 decode by 12% (H100).
+    const Pair<T> s2{cuda::Convert<T>::fromFloat(scaleF), cuda::Convert<T>::fromFloat(scaleF)};
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      b[j] = asBits<T>(__hmul2(asPair<T>(lut[(q >> (8 * j)) & 0xFFu]), scale));
+      b[j] = asBits<T>(__hmul2(asPair<T>(lut[(q >> (8 * j)) & 0xFFu]), s2));
   } else if constexpr (C == QuantCode::kUint8) {
     const float bias = 8388608.0f + zeroF;  // 2^23 + zero: (2^23 + q) - bias is exact
 #pragma unroll
@@ -484,20 +508,21 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
       if constexpr (quantHasZeros(C)) st.zero[t] = __ldg(zeros + wRow[t] * groups + gr);
     }
   };
-  MmaStage cur[kMmaPipe];
+  constexpr int kPipe = kMmaPipe<C, kW8A8, kTiles>;
+  MmaStage cur[kPipe];
 #pragma unroll
-  for (int u = 0; u < kMmaPipe; ++u) load(warp + u * kWarps, cur[u]);
+  for (int u = 0; u < kPipe; ++u) load(warp + u * kWarps, cur[u]);
   if constexpr (kTable) __syncthreads();
   cuda::waitForPrimary();
   cuda::allowDependents();
   // acc[n][e]: output o0 + g + 8 (e / 2), row 8n + 2c + e % 2 of x.
   float acc[kTiles][4] = {};
-  for (int s0 = warp; s0 < steps; s0 += kMmaPipe * kWarps) {
-    MmaStage next[kMmaPipe];
+  for (int s0 = warp; s0 < steps; s0 += kPipe * kWarps) {
+    MmaStage next[kPipe];
 #pragma unroll
-    for (int u = 0; u < kMmaPipe; ++u) load(s0 + (u + kMmaPipe) * kWarps, next[u]);
+    for (int u = 0; u < kPipe; ++u) load(s0 + (u + kPipe) * kWarps, next[u]);
 #pragma unroll
-    for (int u = 0; u < kMmaPipe; ++u) {
+    for (int u = 0; u < kPipe; ++u) {
       const int s = s0 + u * kWarps;
       const int k0 = s * kStep + c * kVec;
       const bool kOk = s < steps && k0 < in;
@@ -524,15 +549,13 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
             xw[n][4 * i + 3] = v.w;
           }
         }
-        Pair<T> zero[2], scale[2];
+        Pair<T> zero[2];
         float zeroF[2] = {}, scaleF[2];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
           if constexpr (quantHasZeros(C)) zeroF[t] = st.zero[t];
           scaleF[t] = kScaleAfter ? 1.0f : st.scale[t];
-          const T s16 = cuda::Convert<T>::fromFloat(scaleF[t]);
           const T z16 = cuda::Convert<T>::fromFloat(kMagicValue<T> + zeroF[t]);
-          scale[t] = Pair<T>{s16, s16};
           zero[t] = Pair<T>{z16, z16};
         }
         float sums[kTiles][4] = {};
@@ -544,8 +567,7 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
           uint32_t w[2][kPairs<C>];
 #pragma unroll
           for (int t = 0; t < 2; ++t)
-            decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], scale[t], zeroF[t], scaleF[t],
-                                            lut, w[t]);
+            decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], zeroF[t], scaleF[t], lut, w[t]);
 #pragma unroll
           for (int n = 0; n < kTiles; ++n) {
             uint32_t xp[kPairs<C>];
@@ -565,7 +587,7 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
       }
     }
 #pragma unroll
-    for (int u = 0; u < kMmaPipe; ++u) cur[u] = next[u];
+    for (int u = 0; u < kPipe; ++u) cur[u] = next[u];
   }
 #pragma unroll
   for (int n = 0; n < kTiles; ++n)
@@ -579,6 +601,236 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += partial[w][oi][r];
     if constexpr (kW8A8) sum *= *xScale * scales[o];
+    y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(sum);
+  }
+}
+
+// 9 to 64 rows of 16-bit x: the GEMV's per-lane decoding, fed through shared memory. A block of 8
+// warps covers 16 * kMT outputs; its warps are kMT m16 tiles of outputs times kKS = 8 / kMT parts
+// of every k chunk (kKS steps of the GEMV). Each chunk's x rows (shared by all warps: read from L2
+// once per block, not once per warp and 16 outputs) and every warp's weight vectors, scales and
+// zero points go into a ring of kStages shared-memory stages with cp.async, kStages - 1 chunks
+// ahead of the one being decoded, so that neither x nor the weights' memory latency sits between
+// two chunks. Each warp decodes its vectors as the GEMV does and runs kTiles n8 tiles of x on each
+// decoded fragment; the kKS parts' sums are added through shared memory at the end.
+constexpr int kTileWarps = 8;
+
+__device__ __forceinline__ void cpAsync16(void* smem, const void* gmem, bool ok) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cpAsync4(void* smem, const void* gmem, bool ok) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Where 16-byte chunk q of row r of x sits in its shared row: XOR-swizzled so that the eight lanes
+// of a quarter warp (rows g = 0, 1; c = 0..3) read eight different bank groups.
+template <QuantCode C>
+__device__ __forceinline__ int xChunkSlot(int q, int r) {
+  if constexpr (quantBits(C) == 4)
+    return q ^ (((q >> 3) & 1) | ((r & 1) << 1));  // lane c's chunks are 4 apart
+  else
+    return q ^ (r & 1);  // lane c's chunks are 2 apart
+}
+
+// One ring stage, in 16-byte units: x [8 * kTiles rows][kKS steps], the warps' weight vectors
+// [warp][t][lane], their scales [warp][t][lane] and the words holding their zero points
+// [warp][t][lane] (a lane's vector has its own group when groups are shorter than a step).
+template <QuantCode C, int kMT, int kTiles>
+struct TileStage {
+  static constexpr int kKS = kTileWarps / kMT, kStep = 4 * kCodesPerVec<C>;
+  static constexpr int kRows = 8 * kTiles, kRowChunks = kKS * kStep / 8;
+  static constexpr int kX = kRows * kRowChunks, kW = kTileWarps * 2 * 32;
+  static constexpr int kScales = kTileWarps * 64 / 4, kZeros = kTileWarps * 64 / 4;
+  static constexpr int kChunks = kX + kW + kScales + kZeros;
+  static constexpr size_t kBytes = size_t{kChunks} * 16;
+  // As many stages (2 to 4) as fit 110 KB; the epilogue's sums reuse the ring.
+  static constexpr size_t kBudget = 110 * 1024;  // two blocks to a multiprocessor
+  static constexpr int kStages = kBytes * 4 <= kBudget ? 4 : kBytes * 3 <= kBudget ? 3 : 2;
+  static constexpr size_t kRed = size_t{kTileWarps} * kMmaOuts * kRows * sizeof(float);
+  static constexpr size_t kSmem = kBytes * kStages > kRed ? kBytes* kStages : kRed;
+};
+
+template <typename T, QuantCode C, bool kScaleAfter, int kMT, int kTiles>
+__global__ void __launch_bounds__(kTileWarps * 32, 2)
+    quantMmaTileKernel(const T* __restrict__ x, const uint8_t* __restrict__ packed,
+                       const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                       T* __restrict__ y, int rows, int in, int out, int groupSize) {
+  using S = TileStage<C, kMT, kTiles>;
+  constexpr int kVec = kCodesPerVec<C>, kStep = S::kStep, kKS = S::kKS, kRows = S::kRows;
+  constexpr int kXVecs = kVec / 8;  // x's 16-byte chunks of a lane's vector
+  constexpr bool kTable = C == QuantCode::kNf4 || C == QuantCode::kFp4;
+  extern __shared__ uint4 ring[];
+  __shared__ uint32_t lut[kTable ? 256 : 1];
+  if constexpr (kTable) {
+    const float* table = C == QuantCode::kNf4 ? cNf4 : cFp4;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+      lut[i] = floatsToPair<T>(table[i & 15], table[i >> 4]);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int mt = warp % kMT, kp = warp / kMT;
+  const int o0 = (blockIdx.x * kMT + mt) * kMmaOuts;
+  const int steps = (in + kStep - 1) / kStep, groups = in / groupSize;
+  const int iters = (steps + kKS - 1) / kKS;
+  const int64_t rowBytes = static_cast<int64_t>(in) * quantBits(C) / 8;
+  int64_t wRow[2];
+  bool rowOk[2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const int o = o0 + 8 * t + g;
+    rowOk[t] = o < out;
+    wRow[t] = static_cast<int64_t>(min(o, out - 1));
+  }
+  auto slot = [&](int it) { return ring + (it % S::kStages) * S::kChunks; };
+  // The warp's weight vectors, scales and zero-point words of chunk it.
+  auto produceWeights = [&](int it) {
+    uint4* st = slot(it);
+    const int s = it * kKS + kp, k0 = s * kStep + c * kVec;
+    const bool ok = s < steps && k0 < in;
+    const int gr = min(k0, in - 1) / groupSize;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      cpAsync16(st + S::kX + (warp * 2 + t) * 32 + lane,
+                packed + wRow[t] * rowBytes + static_cast<int64_t>(k0) * quantBits(C) / 8,
+                ok && rowOk[t]);
+      // With groups of whole steps the four lanes of a row share them: lane c == 0 loads.
+      if (!kScaleAfter || c == 0) {
+        auto* sc = reinterpret_cast<float*>(st + S::kX + S::kW);
+        cpAsync4(sc + (warp * 2 + t) * 32 + lane, scales + wRow[t] * groups + gr, ok);
+      }
+      if (quantHasZeros(C) && (!kScaleAfter || c == 0)) {
+        // The aligned word holding the zero point (it lies inside the zeros' allocation).
+        const auto a = reinterpret_cast<uintptr_t>(zeros + wRow[t] * groups + gr);
+        auto* zw = reinterpret_cast<uint32_t*>(st + S::kX + S::kW + S::kScales);
+        cpAsync4(zw + (warp * 2 + t) * 32 + lane, reinterpret_cast<const void*>(a & ~uintptr_t{3}),
+                 true);
+      }
+    }
+  };
+  // Chunk it of x (rows past `rows` and inputs past `in` read as zeros).
+  auto produceX = [&](int it) {
+    uint4* st = slot(it);
+    const int kBase = it * kKS * kStep;
+    for (int idx = threadIdx.x; idx < S::kX; idx += kTileWarps * 32) {
+      const int r = idx / S::kRowChunks, q = idx % S::kRowChunks, k = kBase + 8 * q;
+      const bool ok = r < rows && k < in;
+      cpAsync16(st + r * S::kRowChunks + xChunkSlot<C>(q, r),
+                ok ? x + static_cast<int64_t>(r) * in + k : x, ok);
+    }
+  };
+  // The weights do not depend on the kernel before (programmatic dependent launch): the first
+  // chunks' weights are requested before waiting for it, their x after.
+#pragma unroll
+  for (int it = 0; it < S::kStages - 1; ++it)
+    if (it < iters) produceWeights(it);
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+#pragma unroll
+  for (int it = 0; it < S::kStages - 1; ++it) {
+    if (it < iters) produceX(it);
+    cpAsyncCommit();
+  }
+  float acc[kTiles][4] = {};
+  for (int it = 0; it < iters; ++it) {
+    cpAsyncWait<S::kStages - 2>();
+    __syncthreads();  // chunk it is in; every warp is done with chunk it - 1's stage
+    if (it + S::kStages - 1 < iters) {
+      produceWeights(it + S::kStages - 1);
+      produceX(it + S::kStages - 1);
+    }
+    cpAsyncCommit();
+    const uint4* st = slot(it);
+    const auto* sc = reinterpret_cast<const float*>(st + S::kX + S::kW);
+    const int s = it * kKS + kp, k0 = s * kStep + c * kVec;
+    const int gr = min(k0, in - 1) / groupSize;
+    Pair<T> zero[2];
+    float zeroF[2] = {}, scaleAfter[2], scaleF[2];
+    uint32_t words[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const uint4 w = st[S::kX + (warp * 2 + t) * 32 + lane];
+      words[t][0] = w.x;
+      words[t][1] = w.y;
+      words[t][2] = w.z;
+      words[t][3] = w.w;
+      const int slotLane = kScaleAfter ? lane & ~3 : lane;  // whose scale and zero point
+      scaleAfter[t] = sc[(warp * 2 + t) * 32 + slotLane];
+      if constexpr (quantHasZeros(C)) {
+        const auto* zw = reinterpret_cast<const uint32_t*>(st + S::kX + S::kW + S::kScales);
+        const auto a = reinterpret_cast<uintptr_t>(zeros + wRow[t] * groups + gr);
+        zeroF[t] =
+            static_cast<float>((zw[(warp * 2 + t) * 32 + slotLane] >> (8 * (a & 3))) & 0xFFu);
+      }
+      scaleF[t] = kScaleAfter ? 1.0f : scaleAfter[t];
+      const T z16 = cuda::Convert<T>::fromFloat(kMagicValue<T> + zeroF[t]);
+      zero[t] = Pair<T>{z16, z16};
+    }
+    float sums[kTiles][4] = {};
+    float(&dst)[kTiles][4] = kScaleAfter ? sums : acc;
+    constexpr int kWordsPerChunk = 4 / kXVecs;  // weight words whose inputs one x chunk holds
+#pragma unroll
+    for (int v = 0; v < kXVecs; ++v) {
+      uint32_t xv[kTiles][4];
+#pragma unroll
+      for (int n = 0; n < kTiles; ++n) {
+        const int r = 8 * n + g;
+        const uint4 u = st[r * S::kRowChunks + xChunkSlot<C>(kp * (kStep / 8) + c * kXVecs + v, r)];
+        xv[n][0] = u.x;
+        xv[n][1] = u.y;
+        xv[n][2] = u.z;
+        xv[n][3] = u.w;
+      }
+#pragma unroll
+      for (int iw = 0; iw < kWordsPerChunk; ++iw) {
+        const int i = v * kWordsPerChunk + iw;
+        uint32_t w[2][kPairs<C>];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+          decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], zeroF[t], scaleF[t], lut, w[t]);
+#pragma unroll
+        for (int n = 0; n < kTiles; ++n) {
+          uint32_t xp[kPairs<C>];
+          pairX<C>(xv[n] + (32 / quantBits(C) / 2) * iw, xp);
+#pragma unroll
+          for (int h = 0; h < kPairs<C> / 2; ++h)
+            mmaK16<T>(dst[n], w[0][2 * h], w[1][2 * h], w[0][2 * h + 1], w[1][2 * h + 1], xp[2 * h],
+                      xp[2 * h + 1]);
+        }
+      }
+    }
+    if constexpr (kScaleAfter) {
+#pragma unroll
+      for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = fmaf(sums[n][e], scaleAfter[e / 2], acc[n][e]);
+    }
+  }
+  cpAsyncWait<0>();
+  __syncthreads();  // the ring is idle: the kKS parts' sums go through it
+  auto* red = reinterpret_cast<float*>(ring);  // [kp][mt * 16 + output][row]
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      red[(kp * kMT * kMmaOuts + mt * kMmaOuts + g + 8 * (e / 2)) * kRows + 8 * n + 2 * c + e % 2] =
+          acc[n][e];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kMT * kMmaOuts * kRows; idx += kTileWarps * 32) {
+    const int oi = idx / kRows, r = idx % kRows, o = blockIdx.x * kMT * kMmaOuts + oi;
+    if (r >= rows || o >= out) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kKS; ++p) sum += red[(p * kMT * kMmaOuts + oi) * kRows + r];
     y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(sum);
   }
 }
@@ -1031,6 +1283,64 @@ int deviceSms() {
   return sms;
 }
 
+template <typename T, QuantCode C, bool kAfter, int kMT, int kTiles>
+Status tileWith(const QuantGemmParams& p, const T* x, cudaStream_t stream) {
+  constexpr auto kernel = quantMmaTileKernel<T, C, kAfter, kMT, kTiles>;
+  constexpr size_t smem = TileStage<C, kMT, kTiles>::kSmem;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr != cudaSuccess)
+    return internalError(
+        std::string("quant gemm: ") + std::to_string(smem) +
+        " bytes of shared memory for the tile kernel: " + cudaGetErrorString(attr));
+  const dim3 grid(static_cast<unsigned>((p.out + kMT * kMmaOuts - 1) / (kMT * kMmaOuts)));
+  return cuda::launch("quant mma tile", kernel, grid, kTileWarps * 32, smem, stream, x,
+                      static_cast<const uint8_t*>(p.w.packed), p.w.scales, p.w.zeros,
+                      static_cast<T*>(p.y), static_cast<int>(p.rows), static_cast<int>(p.in),
+                      static_cast<int>(p.out), static_cast<int>(p.w.groupSize));
+}
+
+// The tile kernel's instances: 4-bit codes at every size it takes, 8-bit codes past 32 rows (up
+// to 32 the GEMV's n8 tiles are faster for them).
+template <QuantCode C, int kTiles>
+constexpr bool kTileTakes = quantBits(C) == 4 || kTiles == 8;
+
+template <typename T, int kMT, int kTiles, QuantCode C>
+Status tileWithCode(const QuantGemmParams& p, const T* x, bool after, cudaStream_t stream) {
+  if constexpr (!kTileTakes<C, kTiles>) {
+    return internalError("quant gemm: no tile kernel for this code and row count");
+  } else if constexpr (C == QuantCode::kUint4 || C == QuantCode::kUint8) {
+    return after ? tileWith<T, C, true, kMT, kTiles>(p, x, stream)
+                 : tileWith<T, C, false, kMT, kTiles>(p, x, stream);
+  } else {
+    return tileWith<T, C, false, kMT, kTiles>(p, x, stream);
+  }
+}
+
+template <typename T, int kMT, int kTiles>
+Status tileByCode(const QuantGemmParams& p, const T* x, cudaStream_t stream) {
+  const bool after = p.w.groupSize % (4 * (quantBits(p.w.code) == 4 ? 32 : 16)) == 0;
+  switch (p.w.code) {
+    case QuantCode::kUint4:
+      return tileWithCode<T, kMT, kTiles, QuantCode::kUint4>(p, x, after, stream);
+    case QuantCode::kUint8:
+      return tileWithCode<T, kMT, kTiles, QuantCode::kUint8>(p, x, after, stream);
+    case QuantCode::kNf4: return tileWithCode<T, kMT, kTiles, QuantCode::kNf4>(p, x, after, stream);
+    case QuantCode::kFp4: return tileWithCode<T, kMT, kTiles, QuantCode::kFp4>(p, x, after, stream);
+    case QuantCode::kFp8E4M3:
+      return tileWithCode<T, kMT, kTiles, QuantCode::kFp8E4M3>(p, x, after, stream);
+  }
+  return invalidArgumentError("quant gemm: unknown code");
+}
+
+template <typename T, int kTiles>
+Status tileByShape(const QuantGemmParams& p, const T* x, cudaStream_t stream) {
+  // Blocks of 64 outputs while they still give every multiprocessor one; else 32 (Llama's
+  // 4096-output o and down projections).
+  if ((p.out + 63) / 64 >= deviceSms()) return tileByCode<T, 4, kTiles>(p, x, stream);
+  return tileByCode<T, 2, kTiles>(p, x, stream);
+}
+
 template <typename T>
 Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
                cudaStream_t stream) {
@@ -1041,15 +1351,22 @@ Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, 
     // it a third idle, so their blocks take 12 warps (2 to a multiprocessor).
     const int64_t tiles = (p.out + kMmaOuts - 1) / kMmaOuts;
     const bool few = tiles <= 2 * static_cast<int64_t>(deviceSms());
-    // x's rows in n8 tiles: 1, 2 or 4 of them share every decoded weight fragment.
+    if (w8a8 || p.rows <= 8)
+      return few ? mmaGemvWith<T, kMmaWarpsFew, 1>(p, x, xScale, w8a8, stream)
+                 : mmaGemvWith<T, kMmaWarps, 1>(p, x, xScale, w8a8, stream);
+    // Past 8 rows, by the time per decode step of Llama-2-7B's layers (bench_quant_gemm, H100):
+    // the tile kernel (x through shared memory) for 4-bit codes past 16 rows, nf4/fp4 past 8 and
+    // every code past 32; the GEMV's 2 or 4 n8 tiles (x through L1) otherwise.
+    const auto* xt = reinterpret_cast<const T*>(x);
+    const bool table = p.w.code == QuantCode::kNf4 || p.w.code == QuantCode::kFp4;
+    if (p.rows > 32) return tileByShape<T, 8>(p, xt, stream);
     if (p.rows > 16)
-      return few ? mmaGemvWith<T, kMmaWarpsFew, 4>(p, x, xScale, w8a8, stream)
-                 : mmaGemvWith<T, kMmaWarps, 4>(p, x, xScale, w8a8, stream);
-    if (p.rows > 8)
-      return few ? mmaGemvWith<T, kMmaWarpsFew, 2>(p, x, xScale, w8a8, stream)
-                 : mmaGemvWith<T, kMmaWarps, 2>(p, x, xScale, w8a8, stream);
-    return few ? mmaGemvWith<T, kMmaWarpsFew, 1>(p, x, xScale, w8a8, stream)
-               : mmaGemvWith<T, kMmaWarps, 1>(p, x, xScale, w8a8, stream);
+      return quantBits(p.w.code) == 4 ? tileByShape<T, 4>(p, xt, stream)
+             : few                    ? mmaGemvWith<T, kMmaWarpsFew, 4>(p, x, xScale, false, stream)
+                                      : mmaGemvWith<T, kMmaWarps, 4>(p, x, xScale, false, stream);
+    return table ? tileByShape<T, 2>(p, xt, stream)
+           : few ? mmaGemvWith<T, kMmaWarpsFew, 2>(p, x, xScale, false, stream)
+                 : mmaGemvWith<T, kMmaWarps, 2>(p, x, xScale, false, stream);
   }
 }
 

@@ -1,9 +1,11 @@
 // invokeQuantGemm against quantGemmReference (kernels/quant_gemm.h) over every code, activation
 // scheme, dtype and every path: the tensor-core GEMV (16-bit x up to 32 rows in one, two or four
-// n8 tiles; fp8 W8A8 with one scale per output up to 8), the fp32 register-decoding GEMV (rows <=
-// 8, LLM.int8 and other fp8 layouts), and the dequantize + cuBLASLt GEMM (more rows; fp8 with one
-// tensor scale: cuBLASLt's FP8 GEMM), with and without an act-order permutation, groups from 32
-// inputs to one per output, and rows long enough to cross every stage of the GEMV's pipeline.
+// n8 tiles; fp8 W8A8 with one scale per output up to 8), the tile kernel (9 to 64 rows, x through
+// shared memory; LongRows' 8464 outputs take its 64-output blocks), the fp32 register-decoding GEMV
+// (rows <= 8, LLM.int8 and other fp8 layouts), and the dequantize + cuBLASLt GEMM (more rows; fp8
+// with one tensor scale: cuBLASLt's FP8 GEMM), with and without an act-order permutation, groups
+// from 32 inputs to one per output, and rows long enough to cross every stage of the GEMV's
+// pipeline.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -177,7 +179,7 @@ TEST_F(QuantGemmCudaTest, WeightOnlyCodesMatchTheReference) {
   for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
     for (QuantCode code : {QuantCode::kUint4, QuantCode::kUint8, QuantCode::kNf4, QuantCode::kFp4,
                            QuantCode::kFp8E4M3}) {
-      for (int64_t rows : {1, 2, 3, 8, 9, 16, 17, 32, 40}) {
+      for (int64_t rows : {1, 2, 3, 8, 9, 16, 17, 32, 40, 64, 65}) {
         runCase({code, ActQuant::kNone, dt, rows, 512, 96, 128}, rng_, *runner_);
         runCase({code, ActQuant::kNone, dt, rows, 256, 40, 256}, rng_, *runner_);
       }

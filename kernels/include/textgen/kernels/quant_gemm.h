@@ -104,7 +104,7 @@ Status quantizeActivationsReference(const QuantGemmParams& p, float* xq);
 // ones dequantize the weight into the workspace and run cuBLASLt, or, for fp8 with one tensor
 // scale, quantize the activations to e4m3 and run cuBLASLt's FP8 GEMM.
 constexpr int64_t kMaxQuantGemvRows = 8;
-constexpr int64_t kMaxQuantMmaRows = 32;
+constexpr int64_t kMaxQuantMmaRows = 64;
 class GemmRunner;
 // Workspace bytes invokeQuantGemm needs for p.
 size_t quantGemmWorkspaceBytes(const QuantGemmParams& p);
