@@ -312,17 +312,23 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
   // checks its quantization_config), the load-time ones quantize a dense checkpoint.
   if (p.values.contains("quantize")) {
     const std::string q = p.get("quantize", "");
-    static constexpr std::string_view kServed[] = {
-        "gptq", "awq", "compressed-tensors", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4",
-        "eetq", "fp8"};
+    static constexpr std::string_view kServed[] = {"gptq",
+                                                   "awq",
+                                                   "compressed-tensors",
+                                                   "marlin",
+                                                   "bitsandbytes",
+                                                   "bitsandbytes-nf4",
+                                                   "bitsandbytes-fp4",
+                                                   "eetq",
+                                                   "fp8"};
     if (std::find(std::begin(kServed), std::end(kServed), q) == std::end(kServed)) {
-      if (q == "marlin")
+      if (q == "exl2")
         return usage(
-            "--quantize marlin is not supported yet: Marlin-format checkpoints are not "
-            "read (gptq, awq, compressed-tensors, bitsandbytes, bitsandbytes-nf4, "
-            "bitsandbytes-fp4, eetq and fp8 are)");
+            "--quantize exl2 is not supported: ExLlamaV2 checkpoints are not read (gptq, awq, "
+            "compressed-tensors, marlin, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, eetq "
+            "and fp8 are)");
       return usage("--quantize " + q +
-                   ": expected one of gptq, awq, compressed-tensors, bitsandbytes, "
+                   ": expected one of gptq, awq, compressed-tensors, marlin, bitsandbytes, "
                    "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8");
     }
   }

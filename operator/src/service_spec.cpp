@@ -38,7 +38,7 @@ StatusOr<std::string> oneOf(const json& j, const char* key, const char* const (&
   const std::string v = j[key].get<std::string>();
   for (const char* a : allowed)
     if (v == a) return v;
-  if (std::string_view(key) == "quantize" && (v == "marlin" || v == "exl2"))
+  if (std::string_view(key) == "quantize" && v == "exl2")
     return fieldError(key, v + " is not served (its checkpoints are not read): one of " + list);
   return fieldError(key, "must be one of " + list + ", not '" + v + "'");
 }

@@ -2,8 +2,8 @@
 //
 //   textgen-shard --model-id DIR [--uds-path PATH | --port N] [--block-size 16]
 //                 [--device auto|cuda|cpu] [--dtype float16|bfloat16|float32]
-//                 [--quantize gptq|awq|compressed-tensors|bitsandbytes|bitsandbytes-nf4|
-//                             bitsandbytes-fp4|eetq|fp8]
+//                 [--quantize gptq|awq|compressed-tensors|marlin|bitsandbytes|
+//                             bitsandbytes-nf4|bitsandbytes-fp4|eetq|fp8]
 //                 [--kv-cache-dtype fp8_e4m3fn|fp8_e5m2]
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
@@ -280,10 +280,11 @@ StatusOr<runtime::LoadQuantization> checkQuantize(const Flags& f, const runtime:
                                   "'); drop the flag to serve it as it is");
     return atLoad;
   }
-  if (f.quantize != "gptq" && f.quantize != "awq" && f.quantize != "compressed-tensors")
+  if (f.quantize != "gptq" && f.quantize != "awq" && f.quantize != "compressed-tensors" &&
+      f.quantize != "marlin")
     return invalidArgumentError(
         "--quantize " + f.quantize +
-        ": expected one of gptq, awq, compressed-tensors (pre-quantized checkpoints), "
+        ": expected one of gptq, awq, compressed-tensors, marlin (pre-quantized checkpoints), "
         "bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8 (quantized at load; fp8 "
         "also names an fp8 checkpoint)");
   // TGI's --quantize compressed-tensors: the fp8 checkpoints of that format that textgen reads.
@@ -293,6 +294,15 @@ StatusOr<runtime::LoadQuantization> checkQuantize(const Flags& f, const runtime:
     return invalidArgumentError("--quantize " + f.quantize +
                                 ": config.json has no quantization_config (a pre-quantized " +
                                 f.quantize + " checkpoint is needed)");
+  // A GPT-Q config with checkpoint_format "marlin" is named by --quantize gptq too (vLLM's rule).
+  if (f.quantize == "gptq" && c.quantization.marlinAsGptq) return LoadQuantization::kNone;
+  // TGI's --quantize marlin reads B and s alone: a GPT-Q checkpoint is not repacked under it.
+  if (f.quantize == "marlin" && c.quantization.method != runtime::QuantMethod::kMarlin)
+    return invalidArgumentError(
+        "--quantize marlin needs a Marlin-format checkpoint (B and s "
+        "tensors), but config.json's quantization_config.quant_method is '" +
+        std::string(toString(c.quantization.method)) + "'; drop the flag (or pass --quantize " +
+        std::string(toString(c.quantization.method)) + ") to serve it as it is");
   if (f.quantize != toString(c.quantization.method))
     return invalidArgumentError("--quantize " + f.quantize +
                                 " contradicts config.json's quantization_config.quant_method '" +

@@ -165,10 +165,15 @@ def refused(args, words, env=None, code=2):
 
 def test_refused_flags():
     refused(["--trust-remote-code"], "never runs code")
-    # A value TGI does not have, and Marlin (not read yet); a pre-quantized format is checked by the
+    # A value TGI does not have, and ExLlamaV2's (not read); a pre-quantized format is checked by the
     # shard against the checkpoint's quantization_config (the demo model has none).
-    refused(["--quantize", "int3"], "--quantize int3: expected one of gptq, awq, compressed-tensors, bitsandbytes")
-    refused(["--quantize", "marlin"], "--quantize marlin is not supported yet")
+    refused(["--quantize", "int3"], "--quantize int3: expected one of gptq, awq, compressed-tensors, marlin, bitsandbytes")
+    refused(["--quantize", "exl2"], "--quantize exl2 is not supported")
+    refused(["--quantize", "marlin"], "--quantize marlin: config.json has no quantization_config", env={"CUDA_VISIBLE_DEVICES": ""}, code=1)
+    # TGI's --quantize marlin reads Marlin's B and s only: a GPT-Q checkpoint is refused under it.
+    gptq = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference", "models", "llama-gptq-g32")
+    refused(["--model-id", gptq, "--quantize", "marlin"], "--quantize marlin needs a Marlin-format checkpoint",
+            env={"CUDA_VISIBLE_DEVICES": ""}, code=1)
     refused(["--quantize", "gptq"], "--quantize gptq: config.json has no quantization_config", env={"CUDA_VISIBLE_DEVICES": ""}, code=1)
     # TGI's two fp8 KV cache formats only (no flag: the model's dtype).
     for kv in ("fp8", "auto", "float16", "FP8_E4M3FN", ""):

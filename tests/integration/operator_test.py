@@ -173,7 +173,6 @@ def test_crd(server):
                ("no model", {"apiVersion": "textgen.dev/v1alpha1", "kind": "TextGenerationService",
                              "metadata": {"name": "bad"}, "spec": {"replicas": 1}}),
                ("bad dtype", service("bad", dtype="float8")),
-               ("quantize marlin (the shard refuses it)", service("bad", quantize="marlin")),
                ("quantize exl2", service("bad", quantize="exl2")),
                ("quantize a number", service("bad", quantize=4)),
                ("bad kvCacheDtype", service("bad", kvCacheDtype="fp8")),
@@ -186,7 +185,6 @@ def test_crd(server):
                 "shardsPerPod 2 of the default 1 shard": "shardsPerPod must not exceed shards",
                 "shardEnv sets RANK": "are set by the operator",
                 "shardEnv turns NVLink multicast on": "NVLink multicast stays off",
-                "quantize marlin (the shard refuses it)": "spec.quantize",
                 "quantize exl2": "spec.quantize",
                 "quantize a number": "spec.quantize",
                 "bad kvCacheDtype": "spec.kvCacheDtype"}

@@ -35,7 +35,8 @@ FIXTURES = ["llama-gqa", "llama-tied-linear", "llama-dynamic", "mistral-sharded"
             "codellama", "gptneox-parallel", "gptneox-sequential", "bigcode-mqa", "bigcode-mha",
             "bloom", "bloom-post-ln", "mpt-clip",
             "falcon-mqa-rotary", "falcon-alibi", "falcon-new", "falcon-new-one-norm",
-            "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32", "llama-fp8", "llama-fp8-channel"]
+            "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32", "llama-fp8", "llama-fp8-channel",
+            "llama-marlin"]
 NEW_TOKENS = 12
 results = {"passed": 0, "failed": 0}
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes textgen's pre-quantized GPT-Q and AWQ fixtures (issue 16) with Hugging Face transformers.
+"""Writes textgen's pre-quantized GPT-Q, AWQ, fp8 and Marlin fixtures (issue 16) with Hugging Face transformers.
 
 Each fixture is a tiny float32 Llama (make_model_fixtures.py's weights, prompts and reference format)
 whose decoder-layer Linears (q/k/v/o, gate/up/down) are quantized by round-to-nearest per group (how
@@ -25,6 +25,14 @@ bits [k * bits, (k + 1) * bits)):
     w * (448 / absmax) cast with saturation, the reciprocal stored), [out] or [out, 1] per channel
     (absmax of the row / 448); input_scale F32 [] when the activations are static. w = e4m3(q) * s.
 
+  Marlin (IST-DASLab/marlin's Layer.pack; vLLM's quant_method "marlin", TGI's --quantize marlin):
+    4-bit symmetric codes q = clamp(round(w / s) + 8, 0, 15) of the [in, out] weight w (fp16, with
+    s = 2 absmax / 15 per group, as Marlin's GPT-Q quantizer computes it), w = (q - 8) * s.
+    B int32 [in / 16, out * 2]: q cut into 16x16 tiles (a tile row = 16 inputs; its tiles in output
+    order, each row-major), every 1024 codes of a tile row reordered by Marlin's permutation
+    (marlin_perm below), packed 8 to a word, low nibble first. s fp16 [groups, out], flattened and
+    reordered in runs of 64 (an 8x8 transpose) with several groups, of 32 with one.
+
 Fixtures:
   llama-gptq-g32       4-bit, group 32, sym, desc_act false (g_idx = i // 32)
   llama-gptq-actorder  4-bit, group 32, asymmetric, desc_act true with a permuted g_idx
@@ -38,6 +46,11 @@ Fixtures:
   llama-fp8-channel    "compressed-tensors" float-quantized (FP8-Dynamic's config): weight_scale
                        [out, 1] per channel, input_activations dynamic per token
   llama-fp8-dynamic    quant_method "fp8", activation_scheme "dynamic", weight_scale [out] per channel
+  llama-marlin         quant_method "marlin", group_size 128, on a Llama of hidden 128 and
+                       intermediate 384 (Marlin's shapes: inputs % 128, outputs % 64), 2 layers: the
+                       layers of 128 inputs have one group (Marlin's per-channel scale order),
+                       down_proj three; embeddings stored in float16 (the model's values are
+                       float16's, so the reference is unchanged) to keep the fixture under 1 MB
 
 What the fp8 references compute: transformers' LlamaForCausalLM in float32 on the dequantized weights,
 with each quantized Linear's input fake-quantized by a forward pre-hook exactly as textgen's runtime
@@ -154,6 +167,75 @@ def awq_tensors(w, group_size, gen):
         "scales": scales.contiguous(),                            # [groups, out] fp16
     }
     return tensors, dequantize(q, zeros, scales, g_idx)
+
+
+def marlin_perm():
+    """Position x of a 1024-code run of a Marlin tile row holds element perm[x] of the run's 4 tiles
+    (tile perm[x] // 256, row-major within it): warp thread i takes tile columns i // 4 and
+    i // 4 + 8 at tile rows 2 (i % 4) + {0, 1, 8, 9} in each tile, evens of each 8 first."""
+    perm = []
+    for i in range(32):
+        frag = [16 * (2 * (i % 4) + dr) + i // 4 + 8 * half for half in (0, 1) for dr in (0, 1, 8, 9)]
+        for tile in range(4):
+            perm += [frag[m] + 256 * tile for m in (0, 2, 4, 6, 1, 3, 5, 7)]
+    assert sorted(perm) == list(range(1024))
+    return torch.tensor(perm)
+
+
+def marlin_scale_perm(groups):
+    if groups > 1:  # runs of 64: an 8x8 transpose
+        return torch.tensor([a + 8 * b for a in range(8) for b in range(8)])
+    return torch.tensor([2 * a + b for a in range(4) for b in (0, 1, 8, 9, 16, 17, 24, 25)])
+
+
+def marlin_pack(weight, scales):
+    """Layer.pack's bytes: weight [out, in] float16 holding (q - 8) * s, scales [groups, out]
+    float16. Codes are recomputed from the fp16 weight in fp16 as Layer.pack does. Returns B int32
+    [in / 16, out * 2], s float16 [groups, out] (both permuted) and the codes [in, out]."""
+    out, k = weight.shape
+    groups = scales.shape[0]
+    w = weight.t()  # [in, out]
+    s_in = scales.repeat_interleave(k // groups, 0)  # [in, out]: each input's group scale
+    q = (torch.round(w / s_in).int() + 8).clamp(0, 15)
+    t = q.reshape(k // 16, 16, out // 16, 16).permute(0, 2, 1, 3).reshape(k // 16, out * 16)
+    t = t.reshape(-1, 1024)[:, marlin_perm()].reshape(k // 16, out * 16).long()
+    words = torch.zeros(k // 16, out * 2, dtype=torch.int64)
+    for m in range(8):
+        words |= t[:, m::8] << (4 * m)
+    sperm = marlin_scale_perm(groups)
+    s = scales.reshape(-1, len(sperm))[:, sperm].reshape(groups, out)
+    return to_int32(words), s.contiguous(), q
+
+
+def marlin_unpack(B, s, out, k):
+    """An independent reader of the layout: each code found from its (input, output) position, each
+    scale from its own; returns codes [in, out] and scales [groups, out]."""
+    inv = torch.argsort(marlin_perm())  # inv[element] = its position in the run
+    kk, nn = torch.meshgrid(torch.arange(k), torch.arange(out), indexing="ij")
+    elem = (nn // 16) * 256 + (kk % 16) * 16 + nn % 16  # index within the tile row
+    pos = (elem // 1024) * 1024 + inv[elem % 1024]
+    words = B.long() & 0xFFFFFFFF
+    codes = (words[kk // 16, pos // 8] >> (4 * (pos % 8))) & 15
+    groups = s.shape[0]
+    sperm = marlin_scale_perm(groups)
+    run = len(sperm)
+    x = torch.arange(groups * out)
+    flat = torch.empty_like(x)
+    flat[x - x % run + sperm[x % run]] = x  # stored index of each [groups, out] element
+    return codes, s.reshape(-1)[flat].reshape(groups, out)
+
+
+def marlin_tensors(w, group_size):
+    k = w.shape[1]
+    gs = k if group_size == -1 else group_size
+    g_idx = torch.arange(k) // gs
+    q, zeros, scales = rtn(w, gs, 4, True, g_idx)  # zero 8, s = 2 absmax / 15 in fp16
+    deq = dequantize(q, zeros, scales, g_idx)
+    B, s, codes = marlin_pack(deq.half(), scales)
+    assert torch.equal(codes.t().long(), q), "Layer.pack's fp16 codes differ from the RTN codes"
+    back, s_back = marlin_unpack(B, s, w.shape[0], k)
+    assert torch.equal(back.t(), q) and torch.equal(s_back, scales), "Marlin unpack(pack) differs"
+    return {"B": B, "s": s}, deq
 
 
 FP8_MAX = 448.0
@@ -316,6 +398,8 @@ def build_fp8(name, kind, outdir, tokenizer_dir, seed):
 
 
 def quant_config(kind):
+    if kind == "marlin":  # vLLM's MarlinConfig reads group_size (and lm_head)
+        return {"quant_method": "marlin", "group_size": 128, "lm_head": False}
     if kind == "awq":  # AutoAWQ's, as transformers' AwqConfig writes it
         return {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm",
                 "modules_to_not_convert": None}
@@ -330,12 +414,20 @@ def quant_config(kind):
 
 def build(name, kind, outdir, tokenizer_dir, seed):
     vocab = Tokenizer_vocab(tokenizer_dir)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=192, num_hidden_layers=3,
+    marlin = kind == "marlin"
+    config = LlamaConfig(vocab_size=vocab, hidden_size=128 if marlin else 64,
+                         intermediate_size=384 if marlin else 192, num_hidden_layers=2 if marlin else 3,
                          num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, bos_token_id=1,
                          eos_token_id=2, max_position_embeddings=256, tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     scale_weights(model, seed)
+    half_dense = set()
+    if marlin:  # the embeddings' values made float16's and stored so (half the bytes, same model)
+        with torch.no_grad():
+            emb = model.model.embed_tokens.weight
+            emb.copy_(emb.half().float())
+        half_dense.add("model.embed_tokens.weight")
     gen = torch.Generator().manual_seed(seed + 1000)
     qc = quant_config(kind)
     state = {}
@@ -346,15 +438,17 @@ def build(name, kind, outdir, tokenizer_dir, seed):
             w = module.weight.detach().float()
             if kind == "awq":
                 tensors, deq = awq_tensors(w, qc["group_size"], gen)
+            elif marlin:
+                tensors, deq = marlin_tensors(w, qc["group_size"])
             else:
                 tensors, deq = gptq_tensors(w, qc["group_size"], 4, qc["sym"], qc["desc_act"], gen)
             for k, v in tensors.items():
                 state[f"{mname}.{k}"] = v
             module.weight.copy_(deq)  # the model transformers runs: the dequantized weights
-    write_fixture(name, model, config, qc, state, outdir, tokenizer_dir)
+    write_fixture(name, model, config, qc, state, outdir, tokenizer_dir, half_dense)
 
 
-def write_fixture(name, model, config, qc, state, outdir, tokenizer_dir):
+def write_fixture(name, model, config, qc, state, outdir, tokenizer_dir, half_dense=()):
     """The checkpoint (quantized tensors in `state`, the rest dense), config.json, tokenizer files and
     reference.json from `model` as transformers runs it."""
     for k, v in model.state_dict().items():
@@ -362,7 +456,7 @@ def write_fixture(name, model, config, qc, state, outdir, tokenizer_dir):
             continue
         if k == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        state[k] = v.contiguous()
+        state[k] = (v.half() if k in half_dense else v).contiguous()
     d = os.path.join(outdir, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
@@ -400,7 +494,8 @@ def main():
     only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
     jobs = [("llama-gptq-g32", "gptq-g32", 41), ("llama-gptq-actorder", "gptq-actorder", 42),
             ("llama-awq-g32", "awq", 44), ("llama-fp8", "fp8-static", 45),
-            ("llama-fp8-channel", "fp8-channel", 46), ("llama-fp8-dynamic", "fp8-dynamic", 47)]
+            ("llama-fp8-channel", "fp8-channel", 46), ("llama-fp8-dynamic", "fp8-dynamic", 47),
+            ("llama-marlin", "marlin", 48)]
     for name, kind, seed in jobs:
         if only is None or name in only:
             (build_fp8 if kind.startswith("fp8") else build)(name, kind, outdir, tokenizer_dir, seed)

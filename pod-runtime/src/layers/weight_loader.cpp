@@ -98,7 +98,9 @@ bool WeightLoader::quantized(const std::string& name) const {
     const TensorInfo* info = store_.info(name);
     return info != nullptr && info->dtype == "F8_E4M3";
   }
-  return !store_.contains(name) && store_.contains(quantizedPrefix(name) + ".qweight");
+  // Marlin's packed codes are "x.B"; GPT-Q's and AWQ's "x.qweight".
+  const char* codes = config_.quantization.method == QuantMethod::kMarlin ? ".B" : ".qweight";
+  return !store_.contains(name) && store_.contains(quantizedPrefix(name) + codes);
 }
 
 StatusOr<Tensor> WeightLoader::dequantized(const Part& p) const {

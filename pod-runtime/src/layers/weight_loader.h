@@ -69,7 +69,7 @@ class WeightLoader {
   DType dtype() const { return dtype_; }
 
  private:
-  // `name` ("x.weight") is absent and "x.qweight" present.
+  // `name` ("x.weight") is absent and "x.qweight" present ("x.B" for Marlin; fp8: stored F8_E4M3).
   bool quantized(const std::string& name) const;
   StatusOr<Tensor> dequantized(const Part& p) const;
   // The part's slice for this rank on the host in `dtype` (dequantized when pre-quantized).

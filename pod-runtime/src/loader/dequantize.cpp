@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "loader/marlin.h"
 #include "textgen/kernels/half.h"
 
 namespace textgen::runtime {
@@ -172,6 +173,21 @@ QuantizedTensor unpackAwq(const QuantizationConfig& c, const Packed& p, int64_t 
   return q;
 }
 
+// Marlin (IST-DASLab's Layer.pack; loader/marlin.h): B int32 [in / 16, out * 2], s [groups, out].
+StatusOr<QuantizedTensor> readMarlin(const WeightStore& store, const QuantizationConfig& c,
+                                     const std::string& prefix, int64_t out, int64_t in) {
+  if (in % kMarlinTile != 0 || out % 64 != 0)
+    return invalidArgumentError("'" + prefix + ".B': the layer's [" + std::to_string(out) + ", " +
+                                std::to_string(in) +
+                                "] (outputs, inputs) does not fit Marlin's layout, which needs "
+                                "inputs divisible by 16 and outputs by 64");
+  TG_ASSIGN_OR_RETURN(const int64_t groups, groupsOf(c, prefix, in));
+  TG_ASSIGN_OR_RETURN(std::string_view b,
+                      store.raw(prefix + ".B", {"I32"}, {in / kMarlinTile, out * 2}));
+  TG_ASSIGN_OR_RETURN(std::vector<float> s, readScales(store, prefix + ".s", groups, out));
+  return unpackMarlin(b, s, out, in, groups);
+}
+
 // A float32/float16/bfloat16 tensor of any shape (checked by the caller) as float32.
 StatusOr<std::vector<float>> readFloats(const WeightStore& store, const std::string& name,
                                         const std::vector<int64_t>& shape) {
@@ -284,6 +300,7 @@ StatusOr<QuantizedTensor> readQuantizedLinear(const WeightStore& store,
       return unpackAwq(config, p, out, in);
     }
     case QuantMethod::kFp8: return readFp8(store, config, prefix, out, in);
+    case QuantMethod::kMarlin: return readMarlin(store, config, prefix, out, in);
     case QuantMethod::kNone: break;
   }
   return invalidArgumentError("weight '" + prefix + ".qweight' is a pre-quantized layer, but " +

@@ -14,6 +14,9 @@
 //   qweight int32 [in, out / 8], qzeros int32 [groups, out / 8]: word c holds outputs c*8 .. c*8+7,
 //   output c*8 + j in nibble [0, 4, 1, 5, 2, 6, 3, 7][j] (AWQ's interleaved order)
 //   scales  fp16  [groups, out]; zero_point false: no qzeros, zero 8
+// Marlin (IST-DASLab's Layer.pack: quant_method "marlin", or "gptq" with checkpoint_format
+// "marlin") "<prefix>.": B int32 [in / 16, out * 2], s fp16 [groups, out], both permuted; 4-bit
+// symmetric codes, zero 8 (loader/marlin.h).
 // fp8 (quant_method "fp8": vLLM / AutoFP8 / TGI; "compressed-tensors" float-quantized) "<prefix>.":
 //   weight       F8_E4M3 [out, in]   (the layer's own name; layers left dense stay 16-bit)
 //   weight_scale F32/F16/BF16 [] or [1] (per tensor), [out] or [out, 1] (per output channel)

@@ -85,6 +85,46 @@ StatusOr<int64_t> groupSize(const json& q, const char* alias) {
   return g.get<int64_t>();
 }
 
+// IST-DASLab's Marlin layout: quant_method "marlin" ({"group_size": 128 | -1}, vLLM's MarlinConfig,
+// TGI's --quantize marlin), or a GPT-Q config with checkpoint_format "marlin" (AutoGPTQ >= 0.8;
+// "is_marlin_format": true before). 4-bit symmetric codes, group 128 or per channel; the 2:4
+// sparse variant (checkpoint_format "marlin_24", is_marlin_24: B_24 and B_meta) is refused.
+StatusOr<QuantizationConfig> parseMarlin(const json& q, bool asGptq) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kMarlin;
+  c.marlinAsGptq = asGptq;
+  TG_ASSIGN_OR_RETURN(const bool sparse, boolean(q, "is_marlin_24", false));
+  TG_ASSIGN_OR_RETURN(auto format, lowerString(q, "checkpoint_format", "format"));
+  if (sparse || format == "marlin_24")
+    return fieldError(sparse ? "is_marlin_24" : "checkpoint_format",
+                      sparse ? "is true: 2:4 sparse Marlin checkpoints (B_24, B_meta) are not "
+                               "supported; dense Marlin checkpoints (B, s) are"
+                             : "'marlin_24': 2:4 sparse Marlin checkpoints (B_24, B_meta) are not "
+                               "supported; dense Marlin checkpoints (B, s) are");
+  if (!asGptq && format.value_or("marlin") != "marlin")
+    return fieldError(q.contains("checkpoint_format") ? "checkpoint_format" : "format",
+                      "'" + *format + "' is not supported with quant_method 'marlin'");
+  TG_ASSIGN_OR_RETURN(auto b, find(q, "bits"));
+  c.bits = 4;
+  if (b || asGptq) {
+    TG_ASSIGN_OR_RETURN(c.bits, bits(q, nullptr));
+  }
+  if (c.bits != 4)
+    return fieldError("bits", "is " + std::to_string(c.bits) + ": Marlin checkpoints are 4-bit");
+  TG_ASSIGN_OR_RETURN(c.groupSize, groupSize(q, nullptr));
+  if (c.groupSize != 128 && c.groupSize != 0)
+    return fieldError("group_size", "is " + std::to_string(c.groupSize) +
+                                        ": Marlin checkpoints have group_size 128 or -1 (one "
+                                        "scale per output channel)");
+  TG_ASSIGN_OR_RETURN(const bool descAct, boolean(q, "desc_act", false));
+  if (descAct) return fieldError("desc_act", "is true: Marlin's format has no act-order (g_idx)");
+  TG_ASSIGN_OR_RETURN(const bool sym, boolean(q, "sym", true));
+  if (!sym) return fieldError("sym", "is false: Marlin's codes are symmetric (zero 8)");
+  TG_ASSIGN_OR_RETURN(const bool lmHead, boolean(q, "lm_head", false));
+  if (lmHead) return fieldError("lm_head", "is true: a quantized lm_head is not supported");
+  return c;
+}
+
 StatusOr<QuantizationConfig> parseGptq(const json& q) {
   QuantizationConfig c;
   c.method = QuantMethod::kGptq;
@@ -99,11 +139,13 @@ StatusOr<QuantizationConfig> parseGptq(const json& q) {
   // absent.
   TG_ASSIGN_OR_RETURN(auto format, lowerString(q, "checkpoint_format", "format"));
   const std::string f = format.value_or("gptq");
+  TG_ASSIGN_OR_RETURN(const bool marlinFormat, boolean(q, "is_marlin_format", false));
+  if (f == "marlin" || f == "marlin_24" || marlinFormat) return parseMarlin(q, true);
   if (f == "gptq_v2") {
     c.zerosMinusOne = false;
   } else if (f != "gptq") {
     return fieldError(q.contains("checkpoint_format") ? "checkpoint_format" : "format",
-                      "'" + f + "' is not supported (gptq, gptq_v2)");
+                      "'" + f + "' is not supported (gptq, gptq_v2, marlin)");
   }
   TG_ASSIGN_OR_RETURN(const bool lmHead, boolean(q, "lm_head", false));
   if (lmHead) return fieldError("lm_head", "is true: a quantized lm_head is not supported");
@@ -253,8 +295,10 @@ StatusOr<QuantizationConfig> parseQuantizationConfig(const json& config) {
   if (*method == "awq") return parseAwq(q);
   if (*method == "fp8") return parseFp8(q);
   if (*method == "compressed-tensors") return parseCompressedTensors(q);
-  return fieldError("quant_method",
-                    "'" + *method + "' is not supported (gptq, awq, fp8, compressed-tensors)");
+  if (*method == "marlin") return parseMarlin(q, false);
+  return fieldError("quant_method", "'" + *method +
+                                        "' is not supported (gptq, awq, fp8, compressed-tensors, "
+                                        "marlin)");
 }
 
 }  // namespace textgen::runtime

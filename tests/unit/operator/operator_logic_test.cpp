@@ -80,10 +80,9 @@ TEST(ServiceSpecTest, DefaultsAndErrorsNameTheField) {
       {{{"model", {{"id", "m"}}}, {"dtype", "float8"}},
        "spec.dtype must be one of float16, bfloat16, float32, not 'float8'"},
       {{{"model", {{"id", "m"}}}, {"quantize", "int4"}},
-       "spec.quantize must be one of gptq, awq, bitsandbytes, bitsandbytes-nf4, "
-       "bitsandbytes-fp4, eetq, fp8, not 'int4'"},
+       "spec.quantize must be one of gptq, awq, compressed-tensors, marlin, bitsandbytes, "
+       "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8, not 'int4'"},
       {{{"model", {{"id", "m"}}}, {"quantize", "GPTQ"}}, "spec.quantize must be one of"},
-      {{{"model", {{"id", "m"}}}, {"quantize", "marlin"}}, "spec.quantize marlin is not served"},
       {{{"model", {{"id", "m"}}}, {"quantize", "exl2"}}, "spec.quantize exl2 is not served"},
       {{{"model", {{"id", "m"}}}, {"quantize", 4}}, "spec.quantize must be a string"},
       {{{"model", {{"id", "m"}}}, {"quantize", {{"bits", 4}}}}, "spec.quantize must be a string"},

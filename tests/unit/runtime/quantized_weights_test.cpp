@@ -86,7 +86,7 @@ TEST(QuantizationConfig, UnsupportedOrContradictoryNamesTheField) {
   expectError(R"({"bits":4})", "'quantization_config.quant_method' is missing");
   expectError(R"({"quant_method":7})", "'quantization_config.quant_method' must be a string");
   expectError(R"({"quant_method":"bitsandbytes"})",
-              "'bitsandbytes' is not supported (gptq, awq, fp8, compressed-tensors)");
+              "'bitsandbytes' is not supported (gptq, awq, fp8, compressed-tensors, marlin)");
   expectError(R"({"quant_method":"gptq"})", "'quantization_config.bits' is missing");
   expectError(R"({"quant_method":"gptq","bits":3})", "bits' is 3: GPT-Q checkpoints of 4 or 8");
   expectError(R"({"quant_method":"gptq","bits":-4})", "bits' must be a bit width");
@@ -103,8 +103,8 @@ TEST(QuantizationConfig, UnsupportedOrContradictoryNamesTheField) {
   expectError(R"({"quant_method":"gptq","bits":4,"desc_act":"yes"})",
               "desc_act' must be true or false");
   expectError(R"({"quant_method":"gptq","bits":4,"sym":1})", "sym' must be true or false");
-  expectError(R"({"quant_method":"gptq","bits":4,"checkpoint_format":"marlin"})",
-              "checkpoint_format' 'marlin' is not supported (gptq, gptq_v2)");
+  expectError(R"({"quant_method":"gptq","bits":4,"checkpoint_format":"exllama"})",
+              "checkpoint_format' 'exllama' is not supported (gptq, gptq_v2, marlin)");
   expectError(R"({"quant_method":"gptq","bits":4,"checkpoint_format":"gptq","format":"gptq_v2"})",
               "disagree");
   expectError(R"({"quant_method":"gptq","bits":4,"lm_head":true})", "a quantized lm_head");

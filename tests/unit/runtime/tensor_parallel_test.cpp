@@ -860,7 +860,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          "bloom", "bloom-post-ln", "mpt-clip", "falcon-mqa-rotary",
                                          "falcon-alibi", "falcon-new", "falcon-new-one-norm",
                                          "llama-gptq-g32", "llama-gptq-actorder", "llama-awq-g32",
-                                         "llama-fp8", "llama-fp8-channel"),
+                                         "llama-fp8", "llama-fp8-channel", "llama-marlin"),
                        ::testing::ValuesIn(kWorlds), ::testing::ValuesIn(kDtypes)),
     [](const auto& param) {
       std::string name = std::get<0>(param.param);

@@ -61,11 +61,18 @@ inline constexpr const char* kReservedShardEnv[] = {
     "MODEL_ID", "MODEL_REVISION", "HF_HOME",     "HF_TOKEN"};
 
 // The values spec.dtype, spec.quantize and spec.kvCacheDtype may take: the CRD's enums, and what
-// textgen-launcher/textgen-shard accept (TGI's names; --quantize marlin and exl2 are refused by
-// the shard, so neither is listed).
+// textgen-launcher/textgen-shard accept (TGI's names; --quantize exl2 is refused by the launcher,
+// so it is not listed).
 inline constexpr const char* kDtypes[] = {"float16", "bfloat16", "float32"};
-inline constexpr const char* kQuantizeFormats[] = {
-    "gptq", "awq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "eetq", "fp8"};
+inline constexpr const char* kQuantizeFormats[] = {"gptq",
+                                                   "awq",
+                                                   "compressed-tensors",
+                                                   "marlin",
+                                                   "bitsandbytes",
+                                                   "bitsandbytes-nf4",
+                                                   "bitsandbytes-fp4",
+                                                   "eetq",
+                                                   "fp8"};
 inline constexpr const char* kKvCacheDtypes[] = {"fp8_e4m3fn", "fp8_e5m2"};
 
 // INVALID_ARGUMENT naming the field for what the CRD's schema would also refuse. `defaultImage`

@@ -18,6 +18,9 @@ enum class QuantMethod {
   // float8 e4m3fn weights with weight_scale (and input_scale): quant_method "fp8" (vLLM, AutoFP8,
   // TGI) or "compressed-tensors" float-quantized (llm-compressor)
   kFp8,
+  // IST-DASLab's Marlin layout (B, s; 4-bit symmetric, group 128 or per channel): quant_method
+  // "marlin" (vLLM, TGI's --quantize marlin), or "gptq" with checkpoint_format "marlin" (AutoGPTQ)
+  kMarlin,
 };
 
 constexpr std::string_view toString(QuantMethod m) {
@@ -26,13 +29,14 @@ constexpr std::string_view toString(QuantMethod m) {
     case QuantMethod::kGptq: return "gptq";
     case QuantMethod::kAwq: return "awq";
     case QuantMethod::kFp8: return "fp8";
+    case QuantMethod::kMarlin: return "marlin";
   }
   return "?";
 }
 
 struct QuantizationConfig {
   QuantMethod method = QuantMethod::kNone;
-  int bits = 0;           // GPT-Q: 4 or 8; AWQ: 4
+  int bits = 0;           // GPT-Q: 4 or 8; AWQ, Marlin: 4
   int64_t groupSize = 0;  // inputs per group of scales and zeros; 0: one group (group_size -1)
   bool descAct = false;   // GPT-Q act-order: each input's group given by g_idx
   bool sym = true;        // GPT-Q: symmetric (zero 2^(bits-1), still read from qzeros)
@@ -40,6 +44,9 @@ struct QuantizationConfig {
   // "gptq_v2": the zeros themselves.
   bool zerosMinusOne = true;
   bool zeroPoint = true;  // AWQ zero_point: false reads no qzeros (zero 2^(bits-1))
+  // Marlin: quant_method "gptq" with checkpoint_format "marlin" (which --quantize gptq names too,
+  // as vLLM accepts it), rather than quant_method "marlin".
+  bool marlinAsGptq = false;
   // fp8: how the activations are quantized. kStatic reads each layer's input_scale; kDynamic
   // takes absmax / 448 per batch; kNone keeps them in the compute dtype (W8A16: compressed-tensors'
   // per-token dynamic scheme, which the runtime layout does not model, or no input_activations).
