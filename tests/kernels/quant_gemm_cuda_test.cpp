@@ -210,6 +210,10 @@ TEST_F(QuantGemmCudaTest, ActOrderPermutationMatchesTheReference) {
       for (int64_t rows : {1, 4, 8, 20, 33}) {
         runCase({code, ActQuant::kNone, dt, rows, 512, 72, 128, true}, rng_, *runner_);
         runCase({code, ActQuant::kNone, dt, rows, 384, 64, 32, true}, rng_, *runner_);
+        // A row-parallel shard of an act-order layer: its groups' runs have uneven lengths, so
+        // the runtime groups are their gcd (1 or a few inputs) and the dequantize path serves it.
+        runCase({code, ActQuant::kNone, dt, rows, 96, 48, 1, true}, rng_, *runner_);
+        runCase({code, ActQuant::kNone, dt, rows, 32, 64, 4, true}, rng_, *runner_);
       }
     }
   }
