@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
 #include "textgen/kernels/gemm_runner.h"
 #include "textgen/runtime/backend.h"
@@ -57,6 +58,7 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     attentionWorkspace_.reset();
     quantWorkspace_.reset();
+    retiredQuantWorkspaces_.clear();
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -124,6 +126,7 @@ class CudaBackend final : public Backend {
   }
 
   Status beginCapture() override {
+    quantWorkspaceCaptured_ = true;
     return cudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                       "begin graph capture");
   }
@@ -204,8 +207,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> attentionWorkspace_;
   // Quantized GEMMs' dequantized weights and transformed activations: grown to the largest need,
   // which Warmup's largest prefill reaches before any graph is captured (a capture cannot
-  // allocate).
+  // allocate). One a graph may have captured (a runner used without Warmup, a later call larger)
+  // is kept when it is replaced, not freed: the graph still points at it.
   std::unique_ptr<Buffer> quantWorkspace_;
+  bool quantWorkspaceCaptured_ = false;  // a capture began since quantWorkspace_ was allocated
+  std::vector<std::unique_ptr<Buffer>> retiredQuantWorkspaces_;
 
   Status reserveQuantWorkspace(size_t bytes) {
     if (quantWorkspace_ && quantWorkspace_->bytes() >= bytes) return okStatus();
@@ -214,8 +220,11 @@ class CudaBackend final : public Backend {
     if (capturing != cudaStreamCaptureStatusNone)
       return failedPreconditionError("quantized GEMM: the workspace needs " + mib(bytes) +
                                      " inside a graph capture; run a larger batch first");
+    if (quantWorkspaceCaptured_ && quantWorkspace_)
+      retiredQuantWorkspaces_.push_back(std::move(quantWorkspace_));
     quantWorkspace_.reset();  // cudaFree waits for the work that uses it
     TG_ASSIGN_OR_RETURN(quantWorkspace_, allocate(bytes));
+    quantWorkspaceCaptured_ = false;
     return okStatus();
   }
 };
