@@ -26,6 +26,7 @@ import math
 import os
 import queue
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -395,9 +396,10 @@ class Launcher:
             except queue.Empty:
                 line = ""
             if line is None or time.monotonic() > deadline:
-                self.stop()
                 why = "exited" if line is None else f"was not ready within {timeout:.0f} s"
+                self.log.flush()
                 tail = open(self.log_path).read().splitlines()[-15:]
+                self.stop()
                 fail(f"textgen-launcher {why} (waiting for its 'textgen-launcher ready' line); its log:\n  "
                      + "\n  ".join(tail))
             if line and line.startswith("textgen-launcher ready "):
@@ -412,6 +414,7 @@ class Launcher:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.work, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -434,7 +437,8 @@ def parse_args(argv):
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--launcher", help="textgen-launcher binary to start (default: build/textgen-launcher)")
     where.add_argument("--url", help="a running server (http://HOST:PORT) instead of starting one")
-    ap.add_argument("--arrival", choices=["poisson", "burst"], default="poisson")
+    ap.add_argument("--arrival", choices=["poisson", "burst"], default="burst",
+                    help="burst (default, vllm's --request-rate inf): every request at once")
     ap.add_argument("--rate", type=float, help="requests per second for --arrival poisson (required there)")
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--max-concurrency", type=int, default=0, help="requests in flight at most (0: no limit)")
@@ -493,7 +497,10 @@ def main(argv):
     try:
         u = urllib.parse.urlparse(url)
         host, port = u.hostname, u.port
-        status, info = asyncio.run(http_json(host, port, "GET", "/info"))
+        try:
+            status, info = asyncio.run(http_json(host, port, "GET", "/info"))
+        except (OSError, asyncio.TimeoutError) as e:
+            fail(f"{url}/info: {type(e).__name__}: {e}")
         if status != 200 or not isinstance(info, dict):
             fail(f"{url}/info answered {status}: not a TGI-compatible server?")
         rng = random.Random(a.seed)
@@ -514,7 +521,7 @@ def main(argv):
     for m in ("decode", "prefill"):
         n = after.get((m, "count"), 0) - before.get((m, "count"), 0)
         if n > 0:
-            forward[m] = {"mean": (after[(m, "sum")] - before[(m, "sum")]) / n * 1e3, "steps": int(n)}
+            forward[m] = {"mean": (after[(m, "sum")] - before.get((m, "sum"), 0)) / n * 1e3, "steps": int(n)}
     s = summarize(a, results, duration, clipped, forward)
     s["model_id"] = info.get("model_id")
     s["prompt_build_s"] = prep
