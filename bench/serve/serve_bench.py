@@ -199,7 +199,11 @@ class Prompter:
 
     async def tokenize(self, text):
         """The tokens of `text`, or None when it is over the server's input limit."""
-        status, toks = await http_json(self.host, self.port, "POST", "/tokenize", {"inputs": text})
+        for attempt in range(200):  # /tokenize shares --max-concurrent-requests: wait out 429s
+            status, toks = await http_json(self.host, self.port, "POST", "/tokenize", {"inputs": text})
+            if status != 429:
+                break
+            await asyncio.sleep(0.05)
         if status == 422 and "must have less than" in str(toks):
             return None
         if status != 200 or not isinstance(toks, list):
