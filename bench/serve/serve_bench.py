@@ -447,9 +447,9 @@ def parse_args(argv):
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--max-concurrency", type=int, default=0, help="requests in flight at most (0: no limit)")
     ap.add_argument("--dataset", choices=["fixed", "sharegpt-like", "shared-prefix"], default="fixed")
-    ap.add_argument("--input-len", type=int, default=128,
-                    help="prompt tokens (fixed), or the unique suffix's tokens (shared-prefix)")
-    ap.add_argument("--output-len", type=int, default=128, help="max_new_tokens of each request")
+    ap.add_argument("--input-len", type=int,
+                    help="prompt tokens (fixed), or the unique suffix's tokens (shared-prefix); default 128")
+    ap.add_argument("--output-len", type=int, help="max_new_tokens of each request; default 128")
     ap.add_argument("--prefix-len", type=int, help="tokens of the common prefix (shared-prefix; required there)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--startup-timeout", type=float, default=600)
@@ -472,10 +472,14 @@ def parse_args(argv):
             fail("--dataset shared-prefix needs --prefix-len of at least 2 tokens")
     elif a.prefix_len is not None:
         fail("--prefix-len applies to --dataset shared-prefix only")
+    if a.dataset == "sharegpt-like":
+        if a.input_len is not None or a.output_len is not None:
+            fail("--dataset sharegpt-like draws its own lengths: drop --input-len/--output-len")
+    else:
+        a.input_len = 128 if a.input_len is None else a.input_len
+        a.output_len = 128 if a.output_len is None else a.output_len
     if a.dataset != "sharegpt-like" and a.input_len < 1:
         fail("--input-len must be at least 1")
-    if a.dataset == "fixed" and a.input_len < 2:
-        pass  # one token is the BOS alone for most tokenizers; allowed, /tokenize decides
     if a.dataset != "sharegpt-like" and a.output_len < 1:
         fail("--output-len must be at least 1")
     if a.url and passthrough:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/serve/serve_bench.py's smoke run on the CPU with the demo model (what `make run` serves): a short
-burst and a short Poisson run through the real textgen-launcher, each JSON line checked for its structure
+burst, a short Poisson run and a short shared-prefix burst through the real textgen-launcher, each JSON line checked for its structure
 and sanity (every request completed, the prompts' token counts, p50 <= p99, TTFT <= e2e), not for speed;
 and bad arguments exit 2 naming the problem.
 
@@ -64,11 +64,14 @@ check_run("burst", ["--arrival", "burst", "--num-prompts", "6", "--input-len", "
                     "--seed", "1"] + PASS, 6, 24, 6)
 check_run("poisson", ["--arrival", "poisson", "--rate", "8", "--num-prompts", "6", "--input-len", "16",
                       "--output-len", "4", "--seed", "2"] + PASS, 6, 16, 4)
+check_run("shared-prefix", ["--dataset", "shared-prefix", "--prefix-len", "32", "--input-len", "8",
+                            "--num-prompts", "4", "--output-len", "4"] + PASS, 4, 40, 4)
 
 for args, want in ((["--arrival", "poisson"], "--rate"),
                    (["--arrival", "burst", "--rate", "2"], "--rate"),
                    (["--num-prompts", "0"], "--num-prompts"),
                    (["--dataset", "shared-prefix"], "--prefix-len"),
+                   (["--dataset", "sharegpt-like", "--output-len", "8"], "--output-len"),
                    (["--input-len", "100000"] + PASS, "max_input_tokens"),
                    (["--", "--num-shard", "0"], "--num-shard")):
     rc, _, err = bench(args)
