@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench/serve/serve_bench.py's smoke run on the CPU with the demo model (what `make run` serves): a short
-burst, a short Poisson run and a short shared-prefix burst through the real textgen-launcher, each JSON line checked for its structure
-and sanity (every request completed, the prompts' token counts, p50 <= p99, TTFT <= e2e), not for speed;
-and bad arguments exit 2 naming the problem.
+burst, a short Poisson run and a short shared-prefix burst through the real textgen-launcher, each JSON line
+checked for its structure and sanity (every request completed, the prompts' token counts, p50 <= p99, TTFT
+<= e2e), not for speed; and bad arguments exit 2 naming the problem.
 
 Usage: serve_bench_test.py LAUNCHER REPO
 """
