@@ -132,7 +132,7 @@ async def stream_request(host, port, prompt, input_len, max_new, timeout):
             buf = b""
             async for piece in body_pieces(reader, headers):
                 now = time.perf_counter()
-                buf += piece.replace(b"\r\n", b"\n")  # SSE allows CRLF line ends
+                buf = (buf + piece).replace(b"\r\n", b"\n")  # SSE allows CRLF line ends
                 while b"\n\n" in buf:
                     event, buf = buf.split(b"\n\n", 1)
                     data = b"".join(l[5:] for l in event.split(b"\n") if l.startswith(b"data:"))
