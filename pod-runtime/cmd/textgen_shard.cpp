@@ -73,6 +73,8 @@ struct Flags {
   int worldSize = 1;
   std::string masterAddr = "localhost";
   int masterPort = 29500;
+  bool prefixCaching =
+      true;  // TGI's PREFIX_CACHING environment variable ("0" or "false" turns off)
   int collectiveTimeoutS = 300;
   std::vector<std::string> shardUrls;
 };
@@ -206,6 +208,14 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
     return invalidArgumentError("RANK must be in [0, WORLD_SIZE) and WORLD_SIZE in [1, 1024]");
   }
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) f.masterAddr = a;
+  if (const char* p = std::getenv("PREFIX_CACHING"); p && *p) {
+    const std::string v = p;
+    if (v == "0" || v == "false") {
+      f.prefixCaching = false;
+    } else if (v != "1" && v != "true") {
+      return invalidArgumentError("PREFIX_CACHING must be 1, true, 0 or false, not " + v);
+    }
+  }
   TG_ASSIGN_OR_RETURN(f.masterPort, envInt("MASTER_PORT", 29500));
   if (f.masterPort < 1 || f.masterPort > 65535)
     return invalidArgumentError("MASTER_PORT must be in [1, 65535]");
@@ -437,6 +447,7 @@ int run(int argc, char** argv) {
   options.dtype = std::string(kernels::dtypeName(*dtype));
   options.deviceType = cuda ? "cuda" : "cpu";
   options.worldSize = f.worldSize;
+  options.prefixCaching = f.prefixCaching;
   if (f.worldSize > 1) {
     options.stepTimeout = std::chrono::seconds(f.collectiveTimeoutS);
     options.warmupTimeout = std::chrono::seconds(std::max(f.collectiveTimeoutS, 1800));

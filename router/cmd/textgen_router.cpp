@@ -274,6 +274,7 @@ int run(int argc, char** argv) {
     bo.waitingServedRatio = f.waitingServedRatio;
     bo.maxWaitingTokens = f.maxWaitingTokens;
     bo.supportChunking = info.supportChunking;
+    bo.prefixCaching = info.usePrefixCaching;
     bo.blockSize = info.blockSize;
     bo.numBlocks = batchTotal / info.blockSize;
     // A shard that comes back after a failure starts with no KV cache: redo ClearCache + Warmup.
@@ -295,9 +296,11 @@ int run(int argc, char** argv) {
     replica->master = master;
     replica->shards = std::move(group);
     replica->batcher = std::make_unique<Batcher>(*replica->shards, bo, &metrics);
-    spdlog::info("replica {}: {} rank(s), max_batch_total_tokens {}, block size {}, chunking {}",
-                 master, replica->shards->urls().size(), batchTotal, info.blockSize,
-                 info.supportChunking);
+    spdlog::info(
+        "replica {}: {} rank(s), max_batch_total_tokens {}, block size {}, chunking {}, prefix "
+        "caching {}",
+        master, replica->shards->urls().size(), batchTotal, info.blockSize, info.supportChunking,
+        info.usePrefixCaching);
     return replica;
   };
   ReplicaSet replicas(factory, [&metrics](size_t n) {

@@ -147,6 +147,45 @@ def test_generate_equals_reference(s):
         check(body["details"]["finish_reason"] == "length", "finish_reason")
 
 
+def test_prefix_cache(s):
+    """A repeated prompt reuses its cached blocks (cache_len on the shard) and answers the same tokens."""
+    prompt = " ".join(["The quick brown fox jumps over the lazy dog near the quiet river bank."] * 6)
+    n_prompt = len(json.loads(request(s.port, "POST", "/tokenize", {"inputs": prompt})[2]))
+    check(n_prompt > 48, f"prompt of {n_prompt} tokens")
+    hits_before = float((metric(s.port, "textgen_prefix_cache_hit_tokens_total") or "x 0").split()[-1])
+    # decoder_input_details computes every prompt token: the uncached reference.
+    status, _, first = generate(s.port, prompt, 16, decoder_input_details=True)
+    check(status == 200 and len(first["details"]["prefill"]) == n_prompt, f"uncached run {status}")
+    ref = [t["id"] for t in first["details"]["tokens"]]
+    status, _, again = generate(s.port, prompt, 16)
+    check(status == 200 and [t["id"] for t in again["details"]["tokens"]] == ref,
+          f"cached run {again} != {ref}")
+    status, _, body = request(s.port, "POST", "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 16,
+                                                             "temperature": 0})
+    out = json.loads(body)
+    cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
+    pieces = "".join(t["text"] for t in first["details"]["tokens"])
+    check(status == 200 and out["choices"][0]["text"] == pieces,
+          f"completion {out['choices'][0]['text']!r} != {pieces!r} (generated_text {first['generated_text']!r})")
+    check(cached > 0 and cached % 16 == 0 and cached < n_prompt, f"cached_tokens {cached} of {n_prompt}")
+    hits = float(metric(s.port, "textgen_prefix_cache_hit_tokens_total").split()[-1])
+    check(hits >= hits_before + 2 * cached, f"textgen_prefix_cache_hit_tokens_total {hits}")
+    # A follow-up turn (prompt + answer + more) reuses the answer's fed tokens too, where the turn's
+    # text tokenizes back to the same ids.
+    turn = prompt + first["generated_text"] + " And then?"
+    ids = [t["id"] for t in json.loads(request(s.port, "POST", "/tokenize", {"inputs": turn})[2])]
+    prompt_ids = [t["id"] for t in json.loads(request(s.port, "POST", "/tokenize", {"inputs": prompt})[2])]
+    written = prompt_ids + ref[:-1]
+    same = 0
+    while same < min(len(ids), len(written)) and ids[same] == written[same]:
+        same += 1
+    expect = min(same, len(ids) - 1) // 16 * 16
+    status, _, body = request(s.port, "POST", "/v1/completions", {"model": "m", "prompt": turn, "max_tokens": 2})
+    got = json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    check(status == 200 and got == expect, f"follow-up turn: cached {got}, expected {expect} ({same} ids agree)")
+    print(f"prefix cache: {cached} of {n_prompt} prompt tokens reused; follow-up turn {got} of {len(ids)}")
+
+
 def test_concurrent_equals_alone(s):
     out = in_parallel(8, lambda i: generate(s.port, PROMPTS[i % 4], 10 + i)[2])
     for i in range(8):
@@ -581,7 +620,7 @@ def main():
     workdir = tempfile.mkdtemp(prefix="textgen-router-test-")
     s = Server(workdir)
     try:
-        for test in (test_routes, test_generate_equals_reference, test_concurrent_equals_alone, test_stream, test_errors,
+        for test in (test_routes, test_generate_equals_reference, test_prefix_cache, test_concurrent_equals_alone, test_stream, test_errors,
                      test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_promtool):
             test(s)
         test_prometheus_scrape(s, workdir)

@@ -144,7 +144,7 @@ class ShardService final : public pb::ShardService::Service {
     if (c.slidingWindow) out->set_window_size(static_cast<uint32_t>(*c.slidingWindow));
     out->set_speculate(0);
     out->set_support_chunking(true);
-    out->set_use_prefix_caching(true);
+    out->set_use_prefix_caching(options_.prefixCaching);
     out->set_attention_impl("paged");
     out->set_block_size(static_cast<uint32_t>(engine_.options().blockSize));
     out->set_max_position_embeddings(static_cast<uint32_t>(engine_.maxContext()));

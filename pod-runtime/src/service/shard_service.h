@@ -22,6 +22,9 @@ struct ShardServiceOptions {
   std::string dtype = "float32";
   std::string deviceType = "cpu";
   int worldSize = 1;
+  // Reported in Info as use_prefix_caching: the router then reuses cached prompt prefixes
+  // (cache_len). The engine honours cache_len either way.
+  bool prefixCaching = true;
   // Tensor parallelism: a Warmup, Prefill or Decode still running after this long, or one that
   // fails, calls onGroupFailure — the ranks must make the same collective calls in the same order,
   // so a rank that failed a step (or a peer stuck inside one) leaves the group unusable and it

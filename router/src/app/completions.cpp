@@ -40,6 +40,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
         texts_(promptTokens_.size()),
         finish_(promptTokens_.size()),
         generated_(promptTokens_.size(), 0),
+        cached_(promptTokens_.size(), 0),
         maxNewTokens_(std::move(maxNewTokens)),
         start_(start),
         release_(std::move(release)),
@@ -47,9 +48,10 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
         created_(unixNow()) {}
 
   void onGeneration(size_t index, const Generation& g,
-                    const std::shared_ptr<RequestControl>& control) {
+                    const std::shared_ptr<RequestControl>& control, uint32_t cachedTokens) {
     std::lock_guard lock(mutex_);
     if (done_) return;
+    cached_[index] = cachedTokens;
     std::string piece;
     for (const std::string& t : g.tokens.texts) piece += t;
     texts_[index] += piece;
@@ -118,7 +120,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
       stream_->close();
     } else {
       json choices = json::array();
-      uint32_t prompt = 0, completion = 0;
+      uint32_t prompt = 0, completion = 0, cached = 0;
       for (size_t i = 0; i < texts_.size(); ++i) {
         choices.push_back({{"index", i},
                            {"text", texts_[i]},
@@ -126,11 +128,13 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
                            {"finish_reason", finish_[i]}});
         prompt += promptTokens_[i];
         completion += generated_[i];
+        cached += cached_[i];
       }
       json out = chunk(choices, "text_completion");
       out["usage"] = {{"prompt_tokens", prompt},
                       {"completion_tokens", completion},
-                      {"total_tokens", prompt + completion}};
+                      {"total_tokens", prompt + completion},
+                      {"prompt_tokens_details", {{"cached_tokens", cached}}}};
       responder_->reply(200, dump(out), headers_);
     }
     release_();
@@ -146,6 +150,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
   std::vector<std::string> texts_;
   std::vector<std::string> finish_;
   std::vector<uint32_t> generated_;
+  std::vector<uint32_t> cached_;  // prompt tokens served from the prefix cache
   std::vector<uint32_t> maxNewTokens_;
   std::chrono::steady_clock::time_point start_;
   size_t finished_ = 0;
@@ -160,8 +165,8 @@ class PromptSink final : public ResponseSink {
   PromptSink(std::shared_ptr<CompletionSink> parent, size_t index,
              std::shared_ptr<RequestControl> control)
       : parent_(std::move(parent)), index_(index), control_(std::move(control)) {}
-  void onGeneration(const Generation& g, const RequestTimes&) override {
-    parent_->onGeneration(index_, g, control_);
+  void onGeneration(const Generation& g, const RequestTimes& times) override {
+    parent_->onGeneration(index_, g, control_, times.cachedTokens);
   }
   void onError(const Status& e) override { parent_->onError(e); }
 
@@ -197,7 +202,7 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
     if (!v.ok()) return fail(v.status().message());
     valid.push_back(std::move(*v));
   }
-  std::shared_ptr<Replica> replica = admit(responder);
+  std::shared_ptr<Replica> replica = admit(responder, valid.front().inputIds);
   if (!replica) return;
   std::shared_ptr<HttpStream> httpStream;
   if (stream) {

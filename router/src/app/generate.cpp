@@ -336,7 +336,7 @@ void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpRespond
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;
-  std::shared_ptr<Replica> replica = admit(responder);
+  std::shared_ptr<Replica> replica = admit(responder, v->inputIds);
   if (!replica) return;
   const size_t n = v->bestOf;
   auto sink = std::make_shared<GenerateSink>(responder, headers, *v, n, compatList, tracker);
@@ -361,7 +361,7 @@ void RouterApp::generateStream(const HttpRequest& request,
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;
-  std::shared_ptr<Replica> replica = admit(responder);
+  std::shared_ptr<Replica> replica = admit(responder, v->inputIds);
   if (!replica) return;
   headers["Content-Type"] = "text/event-stream";
   headers["Cache-Control"] = "no-cache";

@@ -80,6 +80,11 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       {"tgi_batch_inference_success", "Prefill and Decode calls that succeeded"},
       {"tgi_batch_inference_failure", "Prefill and Decode calls that failed"},
       {"textgen_replicas", "Replicas the router is serving (discovery adds and drains them)"},
+      {"textgen_prefix_cache_queried_tokens_total",
+       "Prompt tokens of requests batched while prefix caching is on"},
+      {"textgen_prefix_cache_hit_tokens_total",
+       "Prompt tokens served from the prefix cache (their KV entries reused, not computed)"},
+      {"textgen_prefix_cache_blocks", "KV-cache blocks the prefix cache holds, in use or not"},
   };
   for (const auto& [name, help] : others) metrics_.describe(name, help);
   metrics_.gaugeSet("tgi_queue_size", 0);
@@ -101,14 +106,15 @@ HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
   return h;
 }
 
-std::shared_ptr<Replica> RouterApp::admit(std::shared_ptr<HttpResponder>& responder) {
+std::shared_ptr<Replica> RouterApp::admit(std::shared_ptr<HttpResponder>& responder,
+                                          std::span<const uint32_t> prompt) {
   if (inFlight_.fetch_add(1) >= options_.maxConcurrentRequests) {
     inFlight_.fetch_sub(1);
     metrics_.counterAdd("tgi_request_failure", 1, {{"err", "overloaded"}});
     responder->reply(429, errorJson("Model is overloaded", "overloaded"), {});
     return nullptr;
   }
-  std::shared_ptr<Replica> replica = replicas_.pick();
+  std::shared_ptr<Replica> replica = replicas_.pick(prompt);
   if (!replica) {
     inFlight_.fetch_sub(1);
     responder->reply(503, errorJson("No replica is serving", "unhealthy"), {});

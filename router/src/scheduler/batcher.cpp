@@ -9,7 +9,7 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
       options_(options),
       metrics_(metrics),
       queue_(options.blockSize, options.supportChunking, metrics),
-      allocator_(options.numBlocks, options.blockSize) {
+      allocator_(options.numBlocks, options.blockSize, options.prefixCaching) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -47,6 +47,16 @@ uint32_t Batcher::freeBlocks() const {
   return allocator_.freeBlocks();
 }
 
+uint32_t Batcher::cachedBlocks() const {
+  std::lock_guard lock(mutex_);
+  return allocator_.cachedBlocks();
+}
+
+uint32_t Batcher::cachedPrefix(std::span<const uint32_t> prompt) const {
+  std::lock_guard lock(mutex_);
+  return allocator_.cachedPrefix(prompt);
+}
+
 namespace {
 
 Status clientLeft() {
@@ -68,14 +78,31 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
       sinks_.erase(id);
       --load_;
     }
+    uint64_t queried = 0, hit = 0;
     for (const BatchEntry& e : batch) {
-      active_[e.entry.id] = {e.blocks,
-                             e.entry.control,
-                             sinks_[e.entry.id],
-                             {e.entry.queuedAt, std::chrono::steady_clock::now()}};
+      Active& a = active_[e.entry.id];
+      a = {e.blocks,
+           e.entry.control,
+           sinks_[e.entry.id],
+           {e.entry.queuedAt, std::chrono::steady_clock::now(), e.blocks.cacheLen},
+           {},
+           false};
+      if (allocator_.prefixCaching() &&
+          e.entry.request.inputIds.size() == e.entry.request.inputLength)
+        a.tokens = e.entry.request.inputIds;
       sinks_.erase(e.entry.id);
+      queried += e.entry.request.inputLength;
+      hit += e.blocks.cacheLen;
     }
-    if (metrics_) metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
+    if (metrics_) {
+      metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
+      if (allocator_.prefixCaching() && !batch.empty()) {
+        metrics_->counterAdd("textgen_prefix_cache_queried_tokens_total",
+                             static_cast<double>(queried));
+        metrics_->counterAdd("textgen_prefix_cache_hit_tokens_total", static_cast<double>(hit));
+        metrics_->gaugeSet("textgen_prefix_cache_blocks", allocator_.cachedBlocks());
+      }
+    }
   }
   for (auto& sink : left) sink->onError(clientLeft());  // the queue counted them as dropped
   return batch;
@@ -89,6 +116,13 @@ void Batcher::drop(uint64_t id, const Status& why) {
   if (metrics_ && why.code() == StatusCode::kCancelled)
     metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
   sink->onError(why);
+}
+
+void Batcher::publish(Active& a, size_t written) {
+  if (a.tokens.empty()) return;
+  std::lock_guard lock(mutex_);
+  allocator_.publish(std::span<const uint32_t>(a.tokens).first(std::min(written, a.tokens.size())),
+                     a.blocks.blocks);
 }
 
 void Batcher::finish(uint64_t id) {
@@ -112,6 +146,9 @@ void Batcher::failAll(const Status& error) {
       sinks.push_back(a.sink);
       --load_;
     }
+    // A failed step may have left the shards' KV memory partly written, and recovery rewrites it
+    // (Warmup): nothing cached can be trusted.
+    allocator_.dropCache();
   }
   active_.clear();
   for (auto& sink : sinks) sink->onError(error);
@@ -150,6 +187,17 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     if (g.error) {  // the shard refused this request alone; it is not in the batch
       drop(g.requestId, invalidArgumentError(*g.error));
       continue;
+    }
+    Active& a = it->second;
+    if (!a.tokens.empty()) {
+      // Its first tokens mean its whole prompt is in the cache; at the end, so are all the tokens
+      // but the last (which was sampled, never fed).
+      if (!a.published) {
+        publish(a, a.tokens.size());
+        a.published = true;
+      }
+      a.tokens.insert(a.tokens.end(), g.tokens.ids.begin(), g.tokens.ids.end());
+      if (g.generatedText) publish(a, a.tokens.size() - 1);
     }
     if (g.generatedText) {  // free before the last delivery, as in failAll
       const std::shared_ptr<ResponseSink> sink = it->second.sink;

@@ -29,12 +29,18 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
       continue;
     }
     const uint32_t tokens = entry.request.inputLength + entry.request.maxNewTokens;
-    std::optional<BlockAllocation> blocks = allocator.allocate(tokens);
+    // A request that wants its prompt's logprobs computes every prompt token: no cached prefix.
+    const bool reuse = !entry.request.decoderInputDetails &&
+                       entry.request.inputIds.size() == entry.request.inputLength;
+    const std::span<const uint32_t> prompt =
+        reuse ? std::span<const uint32_t>(entry.request.inputIds) : std::span<const uint32_t>();
+    std::optional<BlockAllocation> blocks = allocator.allocate(prompt, tokens);
     if (!blocks) {  // not enough free blocks: wait for requests to finish
       entries_.push_front(std::move(entry));
       break;
     }
-    const uint32_t postfix = entry.request.inputLength;
+    const uint32_t postfix =
+        entry.request.inputLength - blocks->cacheLen;  // what the shard computes
     if (prefillTokens + postfix > budget) {
       const uint32_t chunk = budget > prefillTokens ? budget - prefillTokens : 0;
       if (supportChunking_ && chunk > 0) {

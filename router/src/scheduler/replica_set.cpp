@@ -50,7 +50,7 @@ Status ReplicaSet::update(const std::vector<std::string>& masters) {
   return first;
 }
 
-std::shared_ptr<Replica> ReplicaSet::pick() const {
+std::shared_ptr<Replica> ReplicaSet::pick(std::span<const uint32_t> prompt) const {
   std::lock_guard lock(mutex_);
   std::shared_ptr<Replica> best;
   for (const auto& [m, r] : replicas_) {
@@ -60,7 +60,23 @@ std::shared_ptr<Replica> ReplicaSet::pick() const {
       best = r;
     }
   }
-  return best;
+  if (prompt.empty() || replicas_.size() < 2) return best;
+  // The healthy replica that caches the longest prefix of the prompt (the least loaded among
+  // equals), as long as it is not much busier than the least loaded one: then load wins.
+  std::shared_ptr<Replica> warm;
+  uint32_t warmLen = 0;
+  for (const auto& [m, r] : replicas_) {
+    if (!r->batcher->healthy()) continue;
+    const uint32_t len = r->batcher->cachedPrefix(prompt);
+    if (len > warmLen || (len == warmLen && warm && r->batcher->load() < warm->batcher->load())) {
+      warm = r;
+      warmLen = len;
+    }
+  }
+  if (!warm || warmLen == 0) return best;
+  const size_t minLoad = best->batcher->load();
+  const size_t slack = std::max<size_t>(kPrefixLoadSlack, minLoad / 4);
+  return warm->batcher->load() <= minLoad + slack ? warm : best;
 }
 
 std::vector<std::shared_ptr<Replica>> ReplicaSet::serving() const {

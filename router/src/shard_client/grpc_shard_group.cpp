@@ -63,6 +63,7 @@ void toProto(uint64_t batchId, const std::vector<BatchEntry>& batch, pb::Batch* 
     for (uint32_t b : e.blocks.blocks) r->add_blocks(b);
     for (uint32_t sl : e.blocks.slots) r->add_slots(sl);
     r->set_add_special_tokens(v.addSpecialTokens);
+    r->set_cache_len(e.blocks.cacheLen);
     if (e.chunkLen) r->set_chunk_len(*e.chunkLen);
     maxTokens += v.inputLength + v.maxNewTokens;
     maxBlocks = std::max<uint32_t>(maxBlocks, static_cast<uint32_t>(e.blocks.blocks.size()));

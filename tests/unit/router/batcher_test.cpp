@@ -9,14 +9,26 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 
 namespace textgen::router {
 namespace {
 
-// Emits token id*100 + n for request id's n-th token; prompts are prefilled in chunks when asked.
+// Emits token id*100 + n for request id's n-th token; prompts are prefilled in chunks when asked,
+// from cache_len on. It keeps a KV memory: each slot holds the token last written there (prompt
+// tokens at prefill, each fed token at decode), so a request's cached prefix can be checked against
+// its prompt, and a write into a block another live request reads as its cached prefix is counted.
 class FakeShards final : public ShardGroup {
  public:
+  static constexpr uint32_t kBlockSize = 4;  // options() below
+  std::atomic<int> kvMismatches{0}, sharedWrites{0};
+  std::map<uint64_t, uint32_t> cacheLens;  // per request, as Prefill received it (under mu_)
+  uint32_t cacheLenOf(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = cacheLens.find(id);
+    return it == cacheLens.end() ? UINT32_MAX : it->second;
+  }
   std::atomic<int> failDecodes{0};
   std::atomic<int> filters{0}, prefills{0}, decodes{0};
   // Requests the shard refuses alone at Prefill (a Generation with only `error`), as a real shard
@@ -31,9 +43,13 @@ class FakeShards final : public ShardGroup {
   Status clearCache(std::optional<uint64_t> id) override {
     std::lock_guard lock(mu_);
     if (id) {
-      batches_.erase(*id);
+      if (auto it = batches_.find(*id); it != batches_.end()) {
+        for (const Req& r : it->second) reads_.erase(r.id);
+        batches_.erase(it);
+      }
     } else {
       batches_.clear();
+      reads_.clear();
     }
     return okStatus();
   }
@@ -51,6 +67,10 @@ class FakeShards final : public ShardGroup {
       reqs = std::move(batches_.at(cached->id));
       batches_.erase(cached->id);
     }
+    if (clearedKv_) {  // a failure lost the KV memory (a restarted shard)
+      kv_.clear();
+      clearedKv_ = false;
+    }
     std::vector<Generation> refused;
     for (const BatchEntry& e : batch) {
       if (refuse.contains(e.entry.id)) {
@@ -60,8 +80,16 @@ class FakeShards final : public ShardGroup {
         refused.push_back(g);
         continue;
       }
-      reqs.push_back({e.entry.id, e.entry.request.inputLength, e.entry.request.maxNewTokens, 0,
-                      e.chunkLen, 0});
+      const uint32_t cacheLen = e.blocks.cacheLen;
+      cacheLens[e.entry.id] = cacheLen;
+      std::set<uint32_t>& reads = reads_[e.entry.id];
+      for (uint32_t p = 0; p < cacheLen; ++p) {
+        reads.insert(e.blocks.slots[p] / kBlockSize);
+        auto it = kv_.find(e.blocks.slots[p]);
+        if (it == kv_.end() || it->second != e.entry.request.inputIds[p]) ++kvMismatches;
+      }
+      reqs.push_back({e.entry.id, e.entry.request.inputLength, e.entry.request.maxNewTokens,
+                      cacheLen, e.chunkLen, 0, e.blocks.slots, e.entry.request.inputIds});
     }
     StepOutput out = step(id, std::move(reqs));
     for (Generation& g : refused) out.generations.push_back(std::move(g));
@@ -71,6 +99,8 @@ class FakeShards final : public ShardGroup {
     ++decodes;
     if (failDecodes > 0) {
       --failDecodes;
+      std::lock_guard lock(mu_);
+      clearedKv_ = true;
       return unavailableError("shard 0 died");
     }
     std::lock_guard lock(mu_);
@@ -87,7 +117,9 @@ class FakeShards final : public ShardGroup {
     std::lock_guard lock(mu_);
     auto& reqs = batches_.at(id);
     std::erase_if(reqs, [&](const Req& r) {
-      return std::find(keep.begin(), keep.end(), r.id) == keep.end();
+      if (std::find(keep.begin(), keep.end(), r.id) != keep.end()) return false;
+      reads_.erase(r.id);
+      return true;
     });
     return info(id, reqs);
   }
@@ -99,6 +131,8 @@ class FakeShards final : public ShardGroup {
     uint32_t input, maxNew, computed;
     std::optional<uint32_t> chunk;
     uint32_t generated;
+    std::vector<uint32_t> slots;
+    std::vector<uint32_t> ids;  // the prompt, then each generated token
     uint32_t nextRows() const {
       if (computed >= input) return 1;
       return chunk ? std::min(*chunk, input - computed) : input - computed;
@@ -113,12 +147,25 @@ class FakeShards final : public ShardGroup {
     }
     return b;
   }
+  void write(uint64_t writer, uint32_t slot, uint32_t token) {
+    for (const auto& [id, blocks] : reads_) {
+      if (id != writer && blocks.contains(slot / kBlockSize)) ++sharedWrites;
+    }
+    kv_[slot] = token;
+  }
   StepOutput step(uint64_t id, std::vector<Req> reqs) {
     StepOutput out;
     std::vector<Req> alive;
     for (Req& r : reqs) {
+      if (r.computed >= r.input) {  // decode: the last token is fed
+        const uint32_t pos = r.input + r.generated - 1;
+        if (!r.slots.empty()) write(r.id, r.slots[pos], r.ids[pos]);
+      }
       if (r.computed < r.input) {
-        r.computed += r.nextRows();
+        const uint32_t rows = r.nextRows();
+        for (uint32_t p = r.computed; p < r.computed + rows && !r.slots.empty(); ++p)
+          write(r.id, r.slots[p], r.ids[p]);
+        r.computed += rows;
         if (r.computed < r.input) {
           alive.push_back(r);
           continue;
@@ -129,7 +176,9 @@ class FakeShards final : public ShardGroup {
       g.requestId = r.id;
       g.tokens.ids = {static_cast<uint32_t>(r.id * 100 + r.generated)};
       g.tokens.texts = {"t"};
+      r.ids.push_back(g.tokens.ids[0]);
       if (r.generated == r.maxNew) {
+        reads_.erase(r.id);
         g.generatedText = GeneratedText{"done", r.generated, FinishReason::kLength, std::nullopt};
       } else {
         alive.push_back(r);
@@ -144,6 +193,9 @@ class FakeShards final : public ShardGroup {
   }
   std::mutex mu_;
   std::map<uint64_t, std::vector<Req>> batches_;
+  std::map<uint32_t, uint32_t> kv_;               // slot -> token written there
+  std::map<uint64_t, std::set<uint32_t>> reads_;  // live request -> blocks of its cached prefix
+  bool clearedKv_ = false;
   std::vector<std::string> urls_{"fake"};
 };
 
@@ -423,6 +475,203 @@ TEST(BatcherRecoveryTest, RecoverRunsBeforeTheNextBatchAfterAFailure) {
   EXPECT_EQ(recoveries.load(), 2);
   EXPECT_TRUE(b.healthy());
   EXPECT_EQ(b.freeBlocks(), 63u);
+}
+
+}  // namespace
+}  // namespace textgen::router
+
+// Prefix caching through the batching loop, against the fake's KV memory: a reused prefix always
+// holds the prompt's tokens, and no request writes a block another one reads as its prefix.
+namespace textgen::router {
+namespace {
+
+ValidRequest prompted(std::vector<uint32_t> ids, uint32_t maxNew) {
+  ValidRequest v;
+  v.inputLength = static_cast<uint32_t>(ids.size());
+  v.inputIds = std::move(ids);
+  v.maxNewTokens = maxNew;
+  return v;
+}
+
+std::vector<uint32_t> iota(uint32_t from, uint32_t n) {
+  std::vector<uint32_t> v(n);
+  for (uint32_t i = 0; i < n; ++i) v[i] = from + i;
+  return v;
+}
+
+BatcherOptions cachingOptions(uint32_t numBlocks, bool chunking = false,
+                              uint32_t prefillBudget = 4096) {
+  BatcherOptions o = options(numBlocks, chunking, prefillBudget);
+  o.prefixCaching = true;
+  return o;
+}
+
+TEST(BatcherPrefixTest, AFinishedRequestsPromptAndAnswerAreReused) {
+  FakeShards shards;
+  MetricsRegistry metrics;
+  Batcher b(shards, cachingOptions(64), &metrics);
+  const std::vector<uint32_t> prompt = iota(1000, 10);  // two full blocks of 4, and 2 tokens
+  auto first = std::make_shared<Collector>();
+  b.submit(1, prompted(prompt, 3), std::make_shared<RequestControl>(), first);
+  ASSERT_TRUE(first->wait());
+  EXPECT_EQ(shards.cacheLenOf(1), 0u);
+  EXPECT_EQ(first->times.cachedTokens, 0u);
+  // The same prompt: its two full blocks come from the cache.
+  auto second = std::make_shared<Collector>();
+  b.submit(2, prompted(prompt, 3), std::make_shared<RequestControl>(), second);
+  ASSERT_TRUE(second->wait());
+  EXPECT_EQ(second->tokens, expected(2, 3));
+  EXPECT_EQ(shards.cacheLenOf(2), 8u);
+  EXPECT_EQ(second->times.cachedTokens, 8u);
+  // A follow-up turn: prompt + the first answer (whose last token was never fed) + new text. The
+  // fed answer tokens 101, 102 completed a third block.
+  std::vector<uint32_t> turn = prompt;
+  for (uint32_t t : {101u, 102u, 103u, 5u, 6u, 7u}) turn.push_back(t);
+  auto third = std::make_shared<Collector>();
+  b.submit(3, prompted(turn, 2), std::make_shared<RequestControl>(), third);
+  ASSERT_TRUE(third->wait());
+  EXPECT_EQ(shards.cacheLenOf(3), 12u);
+  // A prompt of exactly two blocks reuses one: the shard computes at least one token.
+  auto fourth = std::make_shared<Collector>();
+  b.submit(4, prompted(iota(1000, 8), 2), std::make_shared<RequestControl>(), fourth);
+  ASSERT_TRUE(fourth->wait());
+  EXPECT_EQ(shards.cacheLenOf(4), 4u);
+  // A request that wants prompt logprobs computes its whole prompt.
+  ValidRequest details = prompted(prompt, 2);
+  details.decoderInputDetails = true;
+  auto fifth = std::make_shared<Collector>();
+  b.submit(5, details, std::make_shared<RequestControl>(), fifth);
+  ASSERT_TRUE(fifth->wait());
+  EXPECT_EQ(shards.cacheLenOf(5), 0u);
+  EXPECT_EQ(shards.kvMismatches.load(), 0);
+  EXPECT_EQ(shards.sharedWrites.load(), 0);
+  EXPECT_EQ(b.freeBlocks(), 63u);  // cached blocks nobody holds count as free (evictable)
+  EXPECT_GT(b.cachedBlocks(), 0u);
+  const std::string text = metrics.render();
+  EXPECT_NE(text.find("textgen_prefix_cache_hit_tokens_total 24"), std::string::npos) << text;
+  EXPECT_NE(text.find("textgen_prefix_cache_queried_tokens_total 54"), std::string::npos) << text;
+}
+
+TEST(BatcherPrefixTest, ARunningRequestsPromptIsSharedOnceItsPrefillIsDone) {
+  for (bool chunking : {false, true}) {
+    SCOPED_TRACE(chunking);
+    FakeShards shards;
+    Batcher b(shards, cachingOptions(64, chunking, chunking ? 8 : 4096), nullptr);
+    const std::vector<uint32_t> prompt = iota(50, 13);
+    auto running = std::make_shared<Collector>();
+    auto late = std::make_shared<Collector>();
+    running->onToken = [&](size_t n) {
+      if (n == 2) b.submit(2, prompted(prompt, 4), std::make_shared<RequestControl>(), late);
+    };
+    b.submit(1, prompted(prompt, 30), std::make_shared<RequestControl>(), running);
+    ASSERT_TRUE(late->wait());
+    ASSERT_TRUE(running->wait());
+    EXPECT_EQ(running->tokens, expected(1, 30));
+    EXPECT_EQ(late->tokens, expected(2, 4));
+    EXPECT_EQ(shards.cacheLenOf(2), 12u);
+    EXPECT_EQ(shards.kvMismatches.load(), 0);
+    EXPECT_EQ(shards.sharedWrites.load(), 0);
+    EXPECT_EQ(b.freeBlocks(), 63u);
+  }
+}
+
+TEST(BatcherPrefixTest, CancellingASharerFreesItsReferencesAndTheCacheStaysValid) {
+  FakeShards shards;
+  Batcher b(shards, cachingOptions(32), nullptr);
+  const std::vector<uint32_t> prompt = iota(7, 17);
+  auto warm = std::make_shared<Collector>();
+  b.submit(1, prompted(prompt, 2), std::make_shared<RequestControl>(), warm);
+  ASSERT_TRUE(warm->wait());
+  auto control = std::make_shared<RequestControl>();
+  auto cancelled = std::make_shared<Collector>();
+  cancelled->onToken = [&](size_t n) {
+    if (n == 3) control->cancelled = true;
+  };
+  b.submit(2, prompted(prompt, 20), control, cancelled);
+  ASSERT_TRUE(cancelled->wait());
+  ASSERT_TRUE(cancelled->error.has_value());
+  EXPECT_EQ(cancelled->error->code(), StatusCode::kCancelled);
+  EXPECT_EQ(shards.cacheLenOf(2), 16u);
+  EXPECT_EQ(b.freeBlocks(), 31u);
+  // A request needing every block evicts the whole cache; then the prefix is gone.
+  auto big = std::make_shared<Collector>();
+  b.submit(3, prompted(iota(900, 100), 24), std::make_shared<RequestControl>(), big);
+  ASSERT_TRUE(big->wait());
+  EXPECT_FALSE(big->error.has_value());
+  auto again = std::make_shared<Collector>();
+  b.submit(4, prompted(prompt, 2), std::make_shared<RequestControl>(), again);
+  ASSERT_TRUE(again->wait());
+  EXPECT_EQ(shards.cacheLenOf(4), 0u);
+  EXPECT_EQ(shards.kvMismatches.load(), 0);
+  EXPECT_EQ(shards.sharedWrites.load(), 0);
+  EXPECT_EQ(b.freeBlocks(), 31u);
+}
+
+TEST(BatcherPrefixTest, AShardFailureForgetsTheCache) {
+  FakeShards shards;
+  Batcher b(shards, cachingOptions(64), nullptr);
+  const std::vector<uint32_t> prompt = iota(300, 9);
+  auto warm = std::make_shared<Collector>();
+  b.submit(1, prompted(prompt, 1), std::make_shared<RequestControl>(), warm);
+  ASSERT_TRUE(warm->wait());
+  shards.failDecodes = 1;
+  auto failed = std::make_shared<Collector>();
+  b.submit(2, prompted(prompt, 5), std::make_shared<RequestControl>(), failed);
+  ASSERT_TRUE(failed->wait());
+  ASSERT_TRUE(failed->error.has_value());
+  EXPECT_EQ(shards.cacheLenOf(2), 8u);
+  EXPECT_EQ(b.cachedBlocks(), 0u);
+  auto after = std::make_shared<Collector>();
+  b.submit(3, prompted(prompt, 3), std::make_shared<RequestControl>(), after);
+  ASSERT_TRUE(after->wait());
+  EXPECT_EQ(after->tokens, expected(3, 3));
+  EXPECT_EQ(shards.cacheLenOf(3), 0u);  // the fake lost its KV memory: a hit would mismatch
+  EXPECT_EQ(shards.kvMismatches.load(), 0);
+  EXPECT_EQ(b.freeBlocks(), 63u);
+}
+
+// Many requests over a few shared prefixes, a pool too small for all of them, chunked joins and
+// random disconnects: every reused prefix is right, no shared block is written, nothing leaks.
+TEST(BatcherPrefixTest, ManySharersUnderBlockPressure) {
+  for (bool chunking : {false, true}) {
+    SCOPED_TRACE(chunking);
+    FakeShards shards;
+    Batcher b(shards, cachingOptions(40, chunking, chunking ? 24 : 64), nullptr);
+    std::mt19937 rng(chunking ? 7 : 3);
+    std::vector<std::vector<uint32_t>> stems = {iota(10, 12), iota(500, 9), iota(800, 21)};
+    std::vector<std::shared_ptr<Collector>> sinks;
+    std::vector<uint32_t> lengths;
+    for (uint64_t id = 1; id <= 60; ++id) {
+      std::vector<uint32_t> p = stems[rng() % stems.size()];
+      const uint32_t tail = rng() % 7;
+      for (uint32_t i = 0; i < tail; ++i) p.push_back(2000 + static_cast<uint32_t>(rng() % 3));
+      const uint32_t maxNew = 1 + rng() % 12;
+      auto control = std::make_shared<RequestControl>();
+      auto sink = std::make_shared<Collector>();
+      if (rng() % 5 == 0) {
+        const size_t at = 1 + rng() % maxNew;
+        sink->onToken = [control, at](size_t n) {
+          if (n == at) control->cancelled = true;
+        };
+      }
+      b.submit(id, prompted(std::move(p), maxNew), control, sink);
+      sinks.push_back(sink);
+      lengths.push_back(maxNew);
+    }
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      ASSERT_TRUE(sinks[i]->wait());
+      if (!sinks[i]->error) {
+        EXPECT_EQ(sinks[i]->tokens, expected(i + 1, lengths[i]));
+      }
+    }
+    EXPECT_EQ(shards.kvMismatches.load(), 0);
+    EXPECT_EQ(shards.sharedWrites.load(), 0);
+    uint32_t hits = 0;
+    for (uint64_t id = 1; id <= 60; ++id) hits += shards.cacheLenOf(id) > 0;
+    EXPECT_GT(hits, 10u);
+    EXPECT_EQ(b.freeBlocks(), 39u);
+    EXPECT_EQ(b.load(), 0u);
+  }
 }
 
 }  // namespace

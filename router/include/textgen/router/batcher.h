@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include "textgen/router/block_allocator.h"
@@ -23,10 +24,12 @@
 namespace textgen::router {
 
 // When a request entered the queue and when it entered a batch (TGI's queue time is the
-// difference; its inference time runs from the batch).
+// difference; its inference time runs from the batch), and how much of its prompt the prefix cache
+// served.
 struct RequestTimes {
   std::chrono::steady_clock::time_point queued;
   std::chrono::steady_clock::time_point batched;
+  uint32_t cachedTokens = 0;  // OpenAI's usage.prompt_tokens_details.cached_tokens
 };
 
 // Receives one request's results, on the batcher's thread. Implementations must not block.
@@ -48,6 +51,8 @@ struct BatcherOptions {
   float waitingServedRatio = 0.3f;
   uint32_t maxWaitingTokens = 20;
   bool supportChunking = false;
+  // Reuse cached prompt prefixes (cache_len); only when the shards honour it.
+  bool prefixCaching = false;
   uint32_t blockSize = 16;
   uint32_t numBlocks = 1024;
   // After a shard failure, run before the next batch (ClearCache + Warmup on a restarted shard). A
@@ -69,6 +74,9 @@ class Batcher {
   size_t load() const { return load_.load(); }
   bool healthy() const { return healthy_.load(); }
   uint32_t freeBlocks() const;
+  uint32_t cachedBlocks() const;
+  // Prompt tokens this replica's prefix cache holds for `prompt` now (for picking a replica).
+  uint32_t cachedPrefix(std::span<const uint32_t> prompt) const;
 
  private:
   struct Active {
@@ -76,6 +84,9 @@ class Batcher {
     std::shared_ptr<RequestControl> control;
     std::shared_ptr<ResponseSink> sink;
     RequestTimes times;
+    // With prefix caching: the prompt, then each generated token, for publishing written blocks.
+    std::vector<uint32_t> tokens;
+    bool published = false;  // the prompt's blocks (after its prefill)
   };
 
   void run();
@@ -85,6 +96,8 @@ class Batcher {
   std::optional<CachedBatch> absorb(StatusOr<StepOutput> out, const char* method);
   void failAll(const Status& error);
   void finish(uint64_t id);
+  // Offers the blocks of the first `written` tokens of a running request to the prefix cache.
+  void publish(Active& a, size_t written);
   // Ends one running request: frees its blocks, then tells its sink `why` (CANCELLED when its
   // client left, which is also counted as a "dropped" failure).
   void drop(uint64_t id, const Status& why);

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,8 +41,11 @@ class ReplicaSet {
   // retried on the next update), drains the ones no longer listed, reaps drained idle ones.
   Status update(const std::vector<std::string>& masters);
 
-  // The least-loaded replica, healthy ones first; nullptr when none is serving.
-  std::shared_ptr<Replica> pick() const;
+  // The least-loaded replica, healthy ones first; nullptr when none is serving. Given the request's
+  // prompt, a healthy replica whose prefix cache holds a longer part of it is preferred while its
+  // load is within max(kPrefixLoadSlack, a quarter of the least load) of the least loaded one's.
+  std::shared_ptr<Replica> pick(std::span<const uint32_t> prompt = {}) const;
+  static constexpr size_t kPrefixLoadSlack = 8;
   std::vector<std::shared_ptr<Replica>> serving() const;
 
  private:

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,9 @@ class RouterApp {
   void health(std::shared_ptr<HttpResponder> responder);
 
   // Admission and replica choice; nullptr and a 429 (or 503 without replicas) already sent.
-  std::shared_ptr<Replica> admit(std::shared_ptr<HttpResponder>& responder);
+  // A replica for a request whose (first) prompt is `prompt`, or nullptr after answering 429/503.
+  std::shared_ptr<Replica> admit(std::shared_ptr<HttpResponder>& responder,
+                                 std::span<const uint32_t> prompt);
   HttpHeaders baseHeaders(const HttpRequest& request) const;
   // --api-key: "Authorization: Bearer <key>", compared in constant time.
   bool authorized(const HttpRequest& request) const;
