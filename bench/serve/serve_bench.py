@@ -259,7 +259,8 @@ class Prompter:
 # --- the run --------------------------------------------------------------------------------------
 
 def metric_sums(host, port):
-    """The router's shard forward histograms (sum, count) per method: tgi_batch_forward_duration."""
+    """The router's shard forward histograms (sum, count) per method (tgi_batch_forward_duration) and its
+    prefix-cache counters (textgen_prefix_cache_{hit,queried}_tokens_total)."""
     import http.client
     out = {}
     try:
@@ -270,6 +271,9 @@ def metric_sums(host, port):
                 for kind in ("sum", "count"):
                     if line.startswith(f'tgi_batch_forward_duration_{kind}{{method="{m}"}}'):
                         out[(m, kind)] = float(line.split()[-1])
+            for kind in ("hit", "queried"):
+                if line.startswith(f"textgen_prefix_cache_{kind}_tokens_total "):
+                    out[("prefix", kind)] = float(line.split()[-1])
     except OSError:
         pass
     return out
@@ -343,6 +347,9 @@ def summarize(a, results, duration, clipped, forward):
         "itl_ms": stats_ms([g for r in ok for g in r.itl]),
         "e2e_ms": stats_ms([r.e2e for r in ok]),
         "shard_forward_ms": forward,
+        # The shared-prefix figure: the first request computes the prefix, the later ones can reuse it.
+        "ttft_first_ms": ms(results[0].ttft) if results and results[0].ok else None,
+        "ttft_later_ms": stats_ms([r.ttft for r in results[1:] if r.ok]),
     }
 
 
@@ -366,6 +373,11 @@ def print_table(s, label):
         print(f"  {name:<18} {f(st['mean']):>10} {f(st['p50']):>10} {f(st['p99']):>10} {st['n']:>8}")
     for m, v in (s["shard_forward_ms"] or {}).items():
         print(f"  shard forward, {m} (mean over {v['steps']} steps, ms): {v['mean']:.2f}")
+    if s["ttft_first_ms"] is not None and s["ttft_later_ms"]["n"]:
+        print(f"  TTFT of the first request / p50 of the later ones (ms): {s['ttft_first_ms']:.2f} / "
+              f"{s['ttft_later_ms']['p50']:.2f}")
+    if s.get("prefix_cache_hit_rate") is not None:
+        print(f"  prompt tokens served from the prefix cache: {100 * s['prefix_cache_hit_rate']:.1f}%")
     for err, n in s["errors"].items():
         print(f"  failed x{n}: {err}")
 
@@ -531,6 +543,9 @@ def main(argv):
         if n > 0:
             forward[m] = {"mean": (after[(m, "sum")] - before.get((m, "sum"), 0)) / n * 1e3, "steps": int(n)}
     s = summarize(a, results, duration, clipped, forward)
+    queried = after.get(("prefix", "queried"), 0) - before.get(("prefix", "queried"), 0)
+    s["prefix_cache_hit_rate"] = ((after.get(("prefix", "hit"), 0) - before.get(("prefix", "hit"), 0)) / queried
+                                  if queried > 0 else None)
     s["model_id"] = info.get("model_id")
     s["prompt_build_s"] = prep
     workload = (f"{a.dataset}" + (f" {a.input_len} in / {a.output_len} out" if a.dataset == "fixed" else "")

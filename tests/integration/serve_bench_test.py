@@ -22,6 +22,7 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         failures.append(what)
+    return cond
 
 
 def bench(args):
@@ -33,7 +34,7 @@ def bench(args):
 def check_run(name, args, n, input_len, output_len):
     rc, out, err = bench(args)
     if not check(rc == 0, f"{name}: exit 0 (rc {rc}; stderr tail: {err[-600:]!r})"):
-        return
+        return None
     lines = out.strip().splitlines()
     check(len(lines) > 2, f"{name}: a table before the JSON line")
     s = json.loads(lines[-1])
@@ -58,14 +59,21 @@ def check_run(name, args, n, input_len, output_len):
     check(s["duration_s"] > 0 and s["request_throughput"] > 0 and s["output_throughput"] > 0
           and s["total_token_throughput"] >= s["output_throughput"], f"{name}: throughputs positive and ordered")
     check(abs(s["request_throughput"] * s["duration_s"] - n) < 1e-6, f"{name}: request throughput = N / duration")
+    return s
 
 
 check_run("burst", ["--arrival", "burst", "--num-prompts", "6", "--input-len", "24", "--output-len", "6",
                     "--seed", "1"] + PASS, 6, 24, 6)
 check_run("poisson", ["--arrival", "poisson", "--rate", "8", "--num-prompts", "6", "--input-len", "16",
                       "--output-len", "4", "--seed", "2"] + PASS, 6, 16, 4)
-check_run("shared-prefix", ["--dataset", "shared-prefix", "--prefix-len", "32", "--input-len", "8",
-                            "--num-prompts", "4", "--output-len", "4"] + PASS, 4, 40, 4)
+shared = check_run("shared-prefix", ["--dataset", "shared-prefix", "--prefix-len", "32", "--input-len", "8",
+                                     "--num-prompts", "4", "--output-len", "4", "--max-concurrency", "1"] + PASS,
+                   4, 40, 4)
+# One request at a time: each later one finds the prefix its predecessors left in the cache.
+check(shared is not None and shared["prefix_cache_hit_rate"] is not None
+      and shared["prefix_cache_hit_rate"] > 0.3,
+      f"shared-prefix: prompt tokens served from the prefix cache {shared['prefix_cache_hit_rate']}")
+check(shared is not None and shared["ttft_first_ms"] > 0 and shared["ttft_later_ms"]["n"] == 3, "shared-prefix: first and later TTFTs")
 
 for args, want in ((["--arrival", "poisson"], "--rate"),
                    (["--arrival", "burst", "--rate", "2"], "--rate"),
