@@ -225,7 +225,14 @@ class Prompter:
             if len(toks) < n:  # too short: about the words the missing tokens need, a little under
                 words += [rng.choice(WORDS) for _ in range(max(1, int((n - len(toks)) / per_word * 0.9)))]
                 continue
-            cut = text[:toks[n - 1]["stop"]]  # after token n; a cut can retokenize differently: check
+            # After token n, less the special tokens a template appends (EOS: empty offsets at 0), which
+            # the cut text gets again; a cut can retokenize differently: check.
+            trailing = 0
+            while trailing < len(toks) and toks[-1 - trailing]["start"] == toks[-1 - trailing]["stop"] == 0:
+                trailing += 1
+            if n - trailing < 1:
+                raise RuntimeError(f"a prompt of {n} tokens is shorter than the template's own tokens")
+            cut = text[:toks[n - 1 - trailing]["stop"]]
             toks = await self.tokenize(cut)
             if toks is not None and len(toks) == n:
                 return cut, [t["id"] for t in toks]

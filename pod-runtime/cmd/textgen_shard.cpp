@@ -209,11 +209,13 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
   }
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) f.masterAddr = a;
   if (const char* p = std::getenv("PREFIX_CACHING"); p && *p) {
-    const std::string v = p;
+    std::string v = p;
+    for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (v == "0" || v == "false") {
       f.prefixCaching = false;
     } else if (v != "1" && v != "true") {
-      return invalidArgumentError("PREFIX_CACHING must be 1, true, 0 or false, not " + v);
+      return invalidArgumentError(std::string("PREFIX_CACHING must be 1, true, 0 or false, not ") +
+                                  p);
     }
   }
   TG_ASSIGN_OR_RETURN(f.masterPort, envInt("MASTER_PORT", 29500));

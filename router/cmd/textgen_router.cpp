@@ -264,6 +264,18 @@ int run(int argc, char** argv) {
                                   ", what the KV cache holds) must be >= `max_total_tokens` (" +
                                   std::to_string(maxTotal) + ")");
     }
+    // Block 0 is reserved: a request of max_total_tokens must fit in the rest, or it would wait at
+    // the head of the queue forever (and every request behind it).
+    const uint32_t usableBlocks =
+        batchTotal / info.blockSize > 0 ? batchTotal / info.blockSize - 1 : 0;
+    const uint32_t neededBlocks = (maxTotal + info.blockSize - 1) / info.blockSize;
+    if (neededBlocks > usableBlocks) {
+      return invalidArgumentError(
+          "`max_batch_total_tokens` (" + std::to_string(batchTotal) + ") leaves " +
+          std::to_string(usableBlocks) + " KV-cache blocks of " + std::to_string(info.blockSize) +
+          " tokens besides the reserved one, fewer than a request of `max_total_tokens` (" +
+          std::to_string(maxTotal) + ") needs (" + std::to_string(neededBlocks) + ")");
+    }
     if (f.maxBatchPrefillTokens > batchTotal) {
       return invalidArgumentError("`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`");
     }
@@ -275,6 +287,7 @@ int run(int argc, char** argv) {
     bo.maxWaitingTokens = f.maxWaitingTokens;
     bo.supportChunking = info.supportChunking;
     bo.prefixCaching = info.usePrefixCaching;
+    bo.name = master;
     bo.blockSize = info.blockSize;
     bo.numBlocks = batchTotal / info.blockSize;
     // A shard that comes back after a failure starts with no KV cache: redo ClearCache + Warmup.

@@ -143,6 +143,10 @@ Status Engine::validate(const RequestSpec& r) const {
   }
   if (r.cacheLen >= r.inputIds.size())
     return invalidArgumentError(who + "cache_len must be below the prompt length");
+  if (r.cacheLen > 0 && r.prefillLogprobs) {
+    return invalidArgumentError(
+        who + "prefill_logprobs needs every prompt token computed: cache_len must be 0");
+  }
   const int64_t bs = cache_->blockSize();
   if (static_cast<int64_t>(r.blocks.size()) * bs < total) {
     return invalidArgumentError(who + std::to_string(r.blocks.size()) + " blocks of " +

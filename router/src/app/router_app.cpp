@@ -54,6 +54,13 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
        "Time of a batch's sampling and detokenization on the shards, in seconds"},
       {"tgi_batch_inference_duration", "Time of a batch's Prefill or Decode call, in seconds"},
       {"tgi_batch_filter_duration", "Time of a FilterBatch call, in seconds"},
+      {"textgen_batch_host_duration",
+       "Router time between a step's answer and the next step's call (delivering tokens, "
+       "filtering, "
+       "planning), in seconds"},
+      {"textgen_batch_transport_duration",
+       "Time of a Prefill or Decode call beyond the shard's own total (gRPC, protobuf), in "
+       "seconds"},
   };
   for (const auto& [name, help] : durations) metrics_.describe(name, help, duration);
   metrics_.describe("tgi_request_input_length", "Prompt length of a request, in tokens",

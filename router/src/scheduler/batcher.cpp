@@ -1,6 +1,7 @@
 #include "textgen/router/batcher.h"
 
 #include <cmath>
+#include <future>
 
 namespace textgen::router {
 
@@ -97,10 +98,10 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
     if (metrics_) {
       metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
       if (allocator_.prefixCaching() && !batch.empty()) {
+        cacheGauge();  // allocations may have evicted
         metrics_->counterAdd("textgen_prefix_cache_queried_tokens_total",
                              static_cast<double>(queried));
         metrics_->counterAdd("textgen_prefix_cache_hit_tokens_total", static_cast<double>(hit));
-        metrics_->gaugeSet("textgen_prefix_cache_blocks", allocator_.cachedBlocks());
       }
     }
   }
@@ -123,6 +124,13 @@ void Batcher::publish(Active& a, size_t written) {
   std::lock_guard lock(mutex_);
   allocator_.publish(std::span<const uint32_t>(a.tokens).first(std::min(written, a.tokens.size())),
                      a.blocks.blocks);
+  cacheGauge();
+}
+
+void Batcher::cacheGauge() {
+  if (metrics_ && allocator_.prefixCaching())
+    metrics_->gaugeSet("textgen_prefix_cache_blocks", allocator_.cachedBlocks(),
+                       {{"replica", options_.name}});
 }
 
 void Batcher::finish(uint64_t id) {
@@ -149,12 +157,14 @@ void Batcher::failAll(const Status& error) {
     // A failed step may have left the shards' KV memory partly written, and recovery rewrites it
     // (Warmup): nothing cached can be trusted.
     allocator_.dropCache();
+    cacheGauge();
   }
   active_.clear();
   for (auto& sink : sinks) sink->onError(error);
 }
 
-std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char* method) {
+std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char* method,
+                                           bool mayFilter) {
   const Labels m{{"method", method}};
   if (metrics_) metrics_->counterAdd("tgi_batch_inference_count", 1, m);
   if (!out.ok()) {
@@ -210,6 +220,8 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   }
   std::optional<CachedBatch> batch = out->batch;
   if (!batch) return std::nullopt;
+  // The next step already runs this batch: the requests dropped above are filtered after it.
+  if (!mayFilter) return batch;
   // Keep what is still running and still wanted; a disconnected client is dropped within this step.
   std::vector<uint64_t> keep;
   for (uint64_t id : batch->requestIds) {
@@ -243,6 +255,34 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   return *filtered;
 }
 
+StatusOr<StepOutput> Batcher::call(const char* method,
+                                   const std::function<StatusOr<StepOutput>()>& rpc) {
+  using Seconds = std::chrono::duration<double>;
+  const auto start = std::chrono::steady_clock::now();
+  const Labels m{{"method", method}};
+  if (metrics_ && lastStepEnd_)
+    metrics_->histogramObserve("textgen_batch_host_duration",
+                               Seconds(start - *lastStepEnd_).count(), m);
+  StatusOr<StepOutput> out = rpc();
+  lastStepEnd_ = std::chrono::steady_clock::now();
+  if (metrics_ && out.ok()) {
+    const auto wall = *lastStepEnd_ - start;
+    metrics_->histogramObserve("textgen_batch_transport_duration",
+                               Seconds(std::max(wall - out->total, wall.zero())).count(), m);
+  }
+  return out;
+}
+
+bool Batcher::pipelinable(const StatusOr<StepOutput>& out) {
+  if (!options_.pipelineDecode || !out.ok() || !out->batch || stop_) return false;
+  for (uint64_t id : out->batch->requestIds) {
+    auto it = active_.find(id);
+    if (it == active_.end() || (it->second.control && it->second.control->cancelled)) return false;
+  }
+  std::lock_guard lock(mutex_);
+  return queue_.empty();
+}
+
 void Batcher::run() {
   while (true) {
     {
@@ -259,15 +299,19 @@ void Batcher::run() {
         continue;
       }
     }
-    std::optional<CachedBatch> cached =
-        absorb(shards_.prefill(nextBatchId_++, first, std::nullopt), "prefill");
+    std::optional<CachedBatch> cached = absorb(
+        call("prefill", [&] { return shards_.prefill(nextBatchId_++, first, std::nullopt); }),
+        "prefill");
     uint32_t waitingTokens = 1;
-    while (cached && !stop_) {
-      if (metrics_) {
+    auto gauges = [&] {
+      if (metrics_ && cached) {
         metrics_->gaugeSet("tgi_batch_current_size",
                            static_cast<double>(cached->requestIds.size()));
         metrics_->gaugeSet("tgi_batch_current_max_tokens", cached->maxTokens);
       }
+    };
+    while (cached && !stop_) {
+      gauges();
       std::optional<size_t> minSize, maxSize;
       uint32_t prefillBudget = options_.maxBatchPrefillTokens;
       if (options_.supportChunking) {
@@ -296,24 +340,46 @@ void Batcher::run() {
         const uint64_t id = nextBatchId_++;
         if (options_.supportChunking) {
           // The running batch joins the new one in a single forward.
-          cached = absorb(shards_.prefill(id, more, cached), "prefill");
+          cached =
+              absorb(call("prefill", [&] { return shards_.prefill(id, more, cached); }), "prefill");
           waitingTokens = 1;
           if (!cached) break;
         } else {
-          std::optional<CachedBatch> added =
-              absorb(shards_.prefill(id, more, std::nullopt), "prefill");
+          std::optional<CachedBatch> added = absorb(
+              call("prefill", [&] { return shards_.prefill(id, more, std::nullopt); }), "prefill");
           waitingTokens = 1;
           if (added) {
-            auto merged = absorb(shards_.decode({*cached, *added}), "decode");
+            auto merged = absorb(call("decode",
+                                      [&] {
+                                        return shards_.decode({*cached, *added});
+                                      }),
+                                 "decode");
             cached = merged;
             ++waitingTokens;
             continue;
           }
         }
       }
-      cached = absorb(shards_.decode({*cached}), "decode");
-      ++waitingTokens;
+      // Decode steps, pipelined while nothing waits to join: step N+1 goes to the shards before
+      // step N's tokens are delivered, so streaming, publishing and freeing finished requests
+      // happen while the shards compute (vLLM's asynchronous scheduling). A client that leaves
+      // meanwhile is filtered out after the step in flight, which computes one token it discards.
+      StatusOr<StepOutput> out = call("decode", [&] { return shards_.decode({*cached}); });
+      while (true) {
+        std::future<StatusOr<StepOutput>> next;
+        if (pipelinable(out)) {
+          next = std::async(std::launch::async, [this, b = *out->batch] {
+            return call("decode", [&] { return shards_.decode({b}); });
+          });
+        }
+        cached = absorb(std::move(out), "decode", /*mayFilter=*/!next.valid());
+        ++waitingTokens;
+        if (!next.valid()) break;
+        gauges();  // the batch as the step in flight runs it
+        out = next.get();
+      }
     }
+    lastStepEnd_.reset();  // idle: the wait for the next request is not host time
     if (metrics_) {
       metrics_->gaugeSet("tgi_batch_current_size", 0);
       metrics_->gaugeSet("tgi_batch_current_max_tokens", 0);

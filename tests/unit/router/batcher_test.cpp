@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 namespace textgen::router {
 namespace {
@@ -671,6 +672,42 @@ TEST(BatcherPrefixTest, ManySharersUnderBlockPressure) {
     EXPECT_GT(hits, 10u);
     EXPECT_EQ(b.freeBlocks(), 39u);
     EXPECT_EQ(b.load(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace textgen::router
+
+namespace textgen::router {
+namespace {
+
+// Decode steps are pipelined: while step N's tokens are delivered, step N+1 is already on the
+// shards (nothing waits in the queue). Without pipelining, delivery comes first.
+TEST(BatcherPipelineTest, TheNextDecodeIsSentBeforeATokenIsDelivered) {
+  for (bool pipeline : {true, false}) {
+    SCOPED_TRACE(pipeline);
+    FakeShards shards;
+    BatcherOptions o = options(64);
+    o.pipelineDecode = pipeline;
+    Batcher b(shards, o, nullptr);
+    auto sink = std::make_shared<Collector>();
+    std::vector<int> seen;  // decodes sent when token n (n >= 2, from decode n - 1) was delivered
+    sink->onToken = [&](size_t n) {
+      if (n < 2 || n == 10) return;  // the first comes from Prefill; after the last, no step
+      if (pipeline) {  // the next step is sent from another thread: wait for it (bounded)
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (shards.decodes.load() < static_cast<int>(n) &&
+               std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      seen.push_back(shards.decodes.load() - static_cast<int>(n));
+    };
+    b.submit(1, request(4, 10), std::make_shared<RequestControl>(), sink);
+    ASSERT_TRUE(sink->wait());
+    EXPECT_EQ(sink->tokens, expected(1, 10));
+    EXPECT_EQ(seen, std::vector<int>(8, pipeline ? 0 : -1));
+    EXPECT_EQ(shards.decodes.load(), 9);  // no step beyond the last token
+    EXPECT_EQ(b.freeBlocks(), 63u);
   }
 }
 

@@ -129,6 +129,17 @@ TEST_F(EngineTest, CacheLenReusesAPrefixAlreadyInTheBlocks) {
     got.push_back(second->generations[0].tokens.ids[0]);
   }
   EXPECT_EQ(got, greedy(2, 6));
+  // Prompt logprobs need every prompt token computed: a cached prefix is refused, naming why.
+  RequestSpec withLogprobs = spec(3, 2, 6, 0);
+  withLogprobs.cacheLen = 1;
+  withLogprobs.prefillLogprobs = true;
+  auto refused = engine_->prefill(3, {withLogprobs}, std::nullopt);
+  const bool named =
+      refused.ok()
+          ? refused->generations.size() == 1 && refused->generations[0].error &&
+                refused->generations[0].error->find("prefill_logprobs") != std::string::npos
+          : refused.status().message().find("prefill_logprobs") != std::string::npos;
+  EXPECT_TRUE(named);
 }
 
 TEST_F(EngineTest, StopSequenceAndFilterErrors) {

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <thread>
 
 #include "textgen/router/block_allocator.h"
@@ -53,6 +54,10 @@ struct BatcherOptions {
   bool supportChunking = false;
   // Reuse cached prompt prefixes (cache_len); only when the shards honour it.
   bool prefixCaching = false;
+  // Send each decode step before delivering the previous one's tokens (while nothing waits).
+  bool pipelineDecode = true;
+  // The replica's master address: the `replica` label of per-replica gauges.
+  std::string name;
   uint32_t blockSize = 16;
   uint32_t numBlocks = 1024;
   // After a shard failure, run before the next batch (ClearCache + Warmup on a restarted shard). A
@@ -90,14 +95,27 @@ class Batcher {
   };
 
   void run();
+  // Runs one Prefill or Decode, timing the router's side of the step: the host time since the
+  // previous step returned (textgen_batch_host_duration: delivering tokens, filtering, planning)
+  // and the call's time beyond the shard's own total (textgen_batch_transport_duration: gRPC,
+  // protobuf).
+  StatusOr<StepOutput> call(const char* method, const std::function<StatusOr<StepOutput>()>& rpc);
   std::vector<BatchEntry> takeBatch(std::optional<size_t> minSize, std::optional<size_t> maxSize,
                                     uint32_t prefillBudget);
   // Delivers a step's output; returns the batch to keep running (after filtering), if any.
-  std::optional<CachedBatch> absorb(StatusOr<StepOutput> out, const char* method);
+  // With mayFilter false (the next step already runs the batch) nothing is filtered: the requests
+  // dropped here are filtered after that step.
+  std::optional<CachedBatch> absorb(StatusOr<StepOutput> out, const char* method,
+                                    bool mayFilter = true);
+  // Whether the decode after `out` can be sent before `out` is delivered: a batch left, every
+  // request in it still wanted, nobody waiting in the queue.
+  bool pipelinable(const StatusOr<StepOutput>& out);
   void failAll(const Status& error);
   void finish(uint64_t id);
   // Offers the blocks of the first `written` tokens of a running request to the prefix cache.
   void publish(Active& a, size_t written);
+  // textgen_prefix_cache_blocks for this replica; under mutex_.
+  void cacheGauge();
   // Ends one running request: frees its blocks, then tells its sink `why` (CANCELLED when its
   // client left, which is also counted as a "dropped" failure).
   void drop(uint64_t id, const Status& why);
@@ -115,6 +133,7 @@ class Batcher {
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};
   uint64_t nextBatchId_ = 1;
+  std::optional<std::chrono::steady_clock::time_point> lastStepEnd_;  // the thread's alone
   std::thread thread_;
 };
 
