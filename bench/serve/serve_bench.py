@@ -211,7 +211,8 @@ class Prompter:
         return toks
 
     async def exact(self, rng, n, head=""):
-        """Text of exactly n tokens that starts with `head` (whose tokens it keeps)."""
+        """Text of exactly n tokens that starts with `head` (whose tokens it keeps), and its token ids less
+        those a template appends at the end (EOS), which a longer text that starts with it has later."""
         words, per_word = [], 2.0  # tokens per word: measured as the text grows
         base = len(await self.tokenize(head)) if head else 0
         for _ in range(60):
@@ -235,7 +236,7 @@ class Prompter:
             cut = text[:toks[n - 1 - trailing]["stop"]]
             toks = await self.tokenize(cut)
             if toks is not None and len(toks) == n:
-                return cut, [t["id"] for t in toks]
+                return cut, [t["id"] for t in toks[:n - trailing]]  # without the appended ones
             words.pop()  # retry from one word fewer
         raise RuntimeError(f"could not build a prompt of exactly {n} tokens")
 

@@ -216,17 +216,17 @@ class GrpcShardGroup final : public ShardGroup {
     std::vector<std::future<grpc::Status>> calls;
     std::vector<Resp> others(stubs_.size());
     const auto until = std::chrono::system_clock::now() + deadline;
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      Resp* out = i == 0 ? rank0 : &others[i];
-      calls.push_back(std::async(std::launch::async, [&, i, out] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(until);
-        return (stubs_[i].get()->*method)(&ctx, req, out);
-      }));
-    }
-    Status first;
-    for (size_t i = 0; i < calls.size(); ++i) {
-      Status s = fromGrpc(calls[i].get(), std::string(what) + " on " + urls_[i]);
+    auto one = [&](size_t i, Resp* out) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(until);
+      return (stubs_[i].get()->*method)(&ctx, req, out);
+    };
+    // Ranks 1.. on their own threads, rank 0 on this one (a single rank costs no thread).
+    for (size_t i = 1; i < stubs_.size(); ++i)
+      calls.push_back(std::async(std::launch::async, one, i, &others[i]));
+    Status first = fromGrpc(one(0, rank0), std::string(what) + " on " + urls_[0]);
+    for (size_t i = 1; i < stubs_.size(); ++i) {
+      Status s = fromGrpc(calls[i - 1].get(), std::string(what) + " on " + urls_[i]);
       if (first.ok() && !s.ok()) first = s;
     }
     return first;
