@@ -892,6 +892,11 @@ TEST_F(OpsCudaTest, PagedAttentionPrefillAndChunks) {
     runAttention({dt, 2, 8, 4, 64, 16, 64, 0, 400}, rng_);      // sliding window inside the prompt
     runAttention({dt, 4, 4, 2, 128, 16, 0, 100, 70}, rng_);  // mixed lengths: decode-sized to tiles
     runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90}, rng_);    // head size without a tensor-core path
+    // A prompt's tail after a long cached prefix: few rows, one tile's blocks under a wave, so the
+    // split kernel takes them (16 and 24 rows); a full tile after the prefix stays on tensor cores.
+    runAttention({dt, 1, 32, 32, 128, 16, 0, 2096, 16}, rng_);
+    runAttention({dt, 2, 32, 8, 128, 16, 0, 1500, 24}, rng_);
+    runAttention({dt, 1, 32, 32, 128, 16, 0, 2048, 64}, rng_);
   }
 }
 
