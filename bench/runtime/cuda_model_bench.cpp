@@ -258,7 +258,8 @@ int main(int argc, char** argv) {
   kernels::KvCacheDType cacheDtype = kernels::KvCacheDType::kAuto;
   int64_t prompt = 128, steps = 32;
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
-  int64_t profileBatch = 0;  // > 0: a short prefill and a traced decode step of this batch
+  int64_t profileBatch = 0;    // > 0: a short prefill and a traced decode step of this batch
+  int64_t profilePrefill = 0;  // > 0: traced prefills of this many rows, alone and after 2048
   bool gemv = true, hostLogits = false;
   std::string quantize;  // --quantize: a load-time format (a pre-quantized checkpoint needs none)
   for (int i = 1; i < argc; ++i) {
@@ -280,6 +281,8 @@ int main(int argc, char** argv) {
       steps = std::atol(argv[++i]);
     } else if (a == "--profile" && i + 1 < argc) {
       profileBatch = std::atol(argv[++i]);
+    } else if (a == "--profile-prefill" && i + 1 < argc) {
+      profilePrefill = std::atol(argv[++i]);
     } else if (a == "--quantize" && i + 1 < argc) {
       quantize = argv[++i];
     } else if (a == "--host-logits") {
@@ -302,7 +305,8 @@ int main(int argc, char** argv) {
                    "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] "
                    "[--kv-cache-dtype fp8_e4m3fn|fp8_e5m2] [--prompt N] "
                    "[--steps N] [--cuda-graphs 1,2,4,...|0] [--host-logits] [--no-gemv] [--no-pdl] "
-                   "[--profile B] [--quantize bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|"
+                   "[--profile B] [--profile-prefill ROWS] [--quantize "
+                   "bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|"
                    "fp8]\n");
       return 2;
     }
@@ -315,8 +319,9 @@ int main(int argc, char** argv) {
       dtypeName == "float16" ? kernels::DType::kF16 : kernels::DType::kBF16;
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const double copyGBs = profileBatch > 0 ? 1.0 : copyBandwidthGBs();
-  const double peak = profileBatch > 0 ? 1.0 : gemmPeakTflops(dtype);
+  const bool profiling = profileBatch > 0 || profilePrefill > 0;
+  const double copyGBs = profiling ? 1.0 : copyBandwidthGBs();
+  const double peak = profiling ? 1.0 : gemmPeakTflops(dtype);
   std::printf("device %s: copy bandwidth %.0f GB/s, %s GEMM (8192^3, cuBLASLt) %.0f TFLOP/s\n",
               prop.name, copyGBs, dtypeName.c_str(), peak);
   std::printf("programmatic dependent launch: %s\n", kernels::programmaticLaunch() ? "on" : "off");
@@ -362,7 +367,7 @@ int main(int argc, char** argv) {
       (params->streamed - static_cast<double>(c.vocabSize * h)) / static_cast<double>(c.numLayers);
   std::printf("loaded %s (%s) in %.1f s: %.2f GB of weights\n", modelDir.c_str(),
               c.architecture.c_str(), now() - tLoad, weightBytes / 1e9);
-  if (profileBatch == 0 && !quantized) gemvTable(c, params->gated, dtype, copyGBs);
+  if (!profiling && !quantized) gemvTable(c, params->gated, dtype, copyGBs);
 
   // One KV pool for every scenario: what the device has left, less 4 GiB for activations.
   size_t freeBytes = 0, total = 0;
@@ -396,6 +401,28 @@ int main(int argc, char** argv) {
     std::printf("traced decode step of %ld sequences: %.1f us wall\n",
                 static_cast<long>(profileBatch), wall * 1e6);
     bench::printKernelTable(spans, 1);
+    return 0;
+  }
+  if (profilePrefill > 0) {
+    // One sequence's prefill of `profilePrefill` rows, alone and after 2048 tokens already in its
+    // blocks (a prefix-cache hit as the shard runs it): an untraced step of the same shape first
+    // (GEMM plans, modules), then the traced one.
+    for (int64_t prefix : {int64_t{0}, int64_t{2048}}) {
+      d.reset();
+      const int64_t s = d.add(prefix + 2 * profilePrefill + 8);
+      if (prefix > 0) d.step(s, 1, prefix);
+      std::printf("\nprefill of %ld rows after %ld: %.3f ms (first of this shape)\n",
+                  static_cast<long>(profilePrefill), static_cast<long>(prefix),
+                  d.step(s, 1, profilePrefill) * 1e3);
+      bench::KernelTrace trace;
+      if (!trace.start()) return 1;
+      const double wall = d.step(s, 1, profilePrefill);
+      const std::vector<bench::KernelSpan> spans = trace.stop();
+      std::printf("traced prefill of %ld rows after %ld: %.1f us wall\n",
+                  static_cast<long>(profilePrefill), static_cast<long>(prefix + profilePrefill),
+                  wall * 1e6);
+      bench::printKernelTable(spans, 1);
+    }
     return 0;
   }
   json results = json::object();
