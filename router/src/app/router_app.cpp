@@ -55,9 +55,9 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       {"tgi_batch_inference_duration", "Time of a batch's Prefill or Decode call, in seconds"},
       {"tgi_batch_filter_duration", "Time of a FilterBatch call, in seconds"},
       {"textgen_batch_host_duration",
-       "Router time between a step's answer and the next step's call (delivering tokens, "
-       "filtering, "
-       "planning), in seconds"},
+       "Router time on the critical path between a step's answer and the next step's call "
+       "(delivering tokens, filtering, planning; a pipelined decode is sent before its "
+       "predecessor's tokens are delivered), in seconds"},
       {"textgen_batch_transport_duration",
        "Time of a Prefill or Decode call beyond the shard's own total (gRPC, protobuf), in "
        "seconds"},

@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <future>
+#include <system_error>
+
+#include "textgen/base/log.h"
 
 namespace textgen::router {
 
@@ -368,9 +371,13 @@ void Batcher::run() {
       while (true) {
         std::future<StatusOr<StepOutput>> next;
         if (pipelinable(out)) {
-          next = std::async(std::launch::async, [this, b = *out->batch] {
-            return call("decode", [&] { return shards_.decode({b}); });
-          });
+          try {
+            next = std::async(std::launch::async, [this, b = *out->batch] {
+              return call("decode", [&] { return shards_.decode({b}); });
+            });
+          } catch (const std::system_error& e) {  // no thread: this step goes unpipelined
+            spdlog::warn("pipelined decode: {}; stepping without it", e.what());
+          }
         }
         cached = absorb(std::move(out), "decode", /*mayFilter=*/!next.valid());
         ++waitingTokens;

@@ -175,7 +175,7 @@ class GrpcShardGroup final : public ShardGroup {
     uint64_t tokens = 0;
     for (const BatchEntry& e : batch)
       tokens += e.chunkLen ? *e.chunkLen : e.entry.request.inputIds.size();
-    if (cached) tokens += cached->requestIds.size();
+    if (cached) tokens += std::max<uint64_t>(cached->currentTokens, cached->requestIds.size());
     TG_RETURN_IF_ERROR(
         fanOut(&pb::ShardService::Stub::Prefill, req, &r, "Prefill", stepDeadline(tokens)));
     return stepFromProto(r);
@@ -185,8 +185,11 @@ class GrpcShardGroup final : public ShardGroup {
     pb::DecodeRequest req;
     for (const CachedBatch& b : batches) toProto(b, req.add_batches());
     pb::DecodeResponse r;
+    // The rows the step computes: one per request, more for a request still prefilling in chunks
+    // (its next chunk runs in this Decode).
     uint64_t tokens = 0;
-    for (const CachedBatch& b : batches) tokens += b.requestIds.size();
+    for (const CachedBatch& b : batches)
+      tokens += std::max<uint64_t>(b.currentTokens, b.requestIds.size());
     TG_RETURN_IF_ERROR(
         fanOut(&pb::ShardService::Stub::Decode, req, &r, "Decode", stepDeadline(tokens)));
     return stepFromProto(r);

@@ -133,7 +133,9 @@ class Batcher {
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};
   uint64_t nextBatchId_ = 1;
-  std::optional<std::chrono::steady_clock::time_point> lastStepEnd_;  // the thread's alone
+  // When the last step returned; written by whichever thread ran it (the batching thread, or a
+  // pipelined step's), one step at a time.
+  std::optional<std::chrono::steady_clock::time_point> lastStepEnd_;
   std::thread thread_;
 };
 
