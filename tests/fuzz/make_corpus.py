@@ -7,6 +7,7 @@ Usage: make_corpus.py [REPO_ROOT]
 """
 import hashlib
 import json
+import re
 import os
 import shutil
 import struct
@@ -412,6 +413,14 @@ def shard_rpc_corpus():
     write("shard_rpc", calls(("Decode", "batches { id: 77 }"), ("FilterBatch", "batch_id: 77")), "unknown-batch")
     write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0, 'slots: 0 slots: 1 slots: 2')), decode1), "slots")
     write("shard_rpc", calls(prefill(1, request(1, 0, 4, 0, "", "watermark: true"))), "watermark")
+    # A growing router: blocks for the prompt only, more by extension; a request resumed after preemption.
+    grow = request(1, 0, 40, 0)
+    grow = re.sub(r" blocks: [1-9]\d*", "", grow)  # the prompt fits in block 0
+    write("shard_rpc", calls(prefill(1, grow), decode1, ("Decode", "batches { id: 1 } extensions { request_id: 1 blocks: 9 }"),
+                             decode1, ("Prefill", "batch { id: 2 size: 0 } cached_batch { id: 1 } "
+                                                  "extensions { request_id: 1 blocks: 10 }")), "grow-extend")
+    resumed = request(1, 1, 8, 0, "generated_tokens: 3", "do_sample: true seed: 3")
+    write("shard_rpc", calls(prefill(1, resumed), decode1, decode1), "resumed")
 
 
 def main():

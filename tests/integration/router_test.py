@@ -50,9 +50,9 @@ def stop(p):
 
 
 class Server:
-    def __init__(self, workdir, router_flags=(), router_nofile=None):
+    def __init__(self, workdir, router_flags=(), router_nofile=None, kv_bytes=8000000):
         self.shard, self.shard_addr = start(
-            [SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, "sock"), "--kv-cache-memory", "8000000",
+            [SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, "sock"), "--kv-cache-memory", str(kv_bytes),
              "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")
         self.router, url = start(
             [ROUTER, "--tokenizer-name", MODEL, "--model-id", "llama-gqa", "--shard-master", self.shard_addr,
@@ -191,6 +191,40 @@ def test_concurrent_equals_alone(s):
     for i in range(8):
         ids = [t["id"] for t in out[i]["details"]["tokens"]]
         check(ids == GREEDY[i % 4][:10 + i], f"concurrent request {i}: {ids}")
+
+
+def test_preemption(workdir):
+    """A KV pool of 10 blocks (160 tokens) for six requests that each reach 56: blocks grow as they generate, the
+    newest are preempted and recomputed, and every answer equals the same request run alone."""
+    # 768 bytes a token (3 layers, 2 KV heads of 16, K and V in float32): 10 blocks of 16.
+    os.makedirs(workdir + "/preempt", exist_ok=True)
+    s = Server(workdir + "/preempt", ("--max-total-tokens", "64", "--max-input-tokens", "32",
+                                      "--max-batch-prefill-tokens", "64"), kv_bytes=10 * 16 * 768)
+    try:
+        params = [{} if i % 2 == 0 else dict(do_sample=True, seed=100 + i, temperature=0.9, top_k=50)
+                  for i in range(6)]
+        params[1]["decoder_input_details"] = True  # its prompt details are sent once, before any preemption
+        alone = [generate(s.port, PROMPTS[i % 4], 48, **params[i]) for i in range(6)]
+        check(metric(s.port, "textgen_preemptions_total") in (None, "textgen_preemptions_total 0"),
+              "one request at a time is never preempted")
+        together = in_parallel(6, lambda i: generate(s.port, PROMPTS[i % 4], 48, **params[i]), timeout=120)
+        for i in range(6):
+            a, t = alone[i], together[i]
+            check(a[0] == 200 and t is not None and t[0] == 200, f"preemption: request {i} answered {t and t[0]}")
+            if t is None or t[0] != 200:
+                continue
+            ids = lambda r: [x["id"] for x in r[2]["details"]["tokens"]]
+            check(ids(t) == ids(a) and t[2]["generated_text"] == a[2]["generated_text"],
+                  f"preemption: request {i} {ids(t)} != alone {ids(a)}")
+            check(t[2]["details"]["generated_tokens"] == a[2]["details"]["generated_tokens"], "generated_tokens")
+            check(len(t[2]["details"].get("prefill", [])) == len(a[2]["details"].get("prefill", [])),
+                  f"preemption: request {i} prefill details")
+        line = metric(s.port, "textgen_preemptions_total")
+        preempted = float(line.split()[-1]) if line else 0
+        check(preempted > 0, f"textgen_preemptions_total {line}")
+        print(f"preemption: {int(preempted)} preemptions for 6 requests in a pool of 10 blocks")
+    finally:
+        s.close()
 
 
 def test_stream(s):
@@ -628,6 +662,7 @@ def main():
         test_shard_death(s)
     finally:
         s.close()
+    test_preemption(workdir)
     test_overload(workdir)
     test_api_key(workdir)
     test_descriptor_exhaustion(workdir)

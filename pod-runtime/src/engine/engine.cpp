@@ -52,7 +52,26 @@ struct Engine::Request {
         computed(spec.cacheLen),
         sampler(spec.sampling),
         stopping(spec.stopping, std::move(eos)),
-        detok(tok, false, spec.inputIds) {}
+        detok(tok, false,
+              std::span<const uint32_t>(spec.inputIds)
+                  .first(spec.inputIds.size() - spec.generatedTokens)) {}
+
+  // A resumed request replays its earlier output (validate() bounds generatedTokens): the text
+  // stream, the stopping criteria and the seeded draws end where they were when it was preempted.
+  // FAILED_PRECONDITION when that output had already finished it.
+  Status replayGenerated() {
+    const size_t first = spec.inputIds.size() - spec.generatedTokens;
+    for (size_t i = first; i < spec.inputIds.size(); ++i) {
+      const uint32_t id = spec.inputIds[i];
+      generated.push_back(id);
+      sampler.skipDraw();
+      if (stopping.update(id, detok.step(id))) {
+        return failedPreconditionError("request " + std::to_string(spec.id) +
+                                       ": its generated_tokens already end it");
+      }
+    }
+    return okStatus();
+  }
 
   bool prefilling() const { return state == RequestState::kPrefilling; }
   // Arg-max of the raw logits is the whole choice: no sampling, penalty, bias, top-n or prefill
@@ -129,7 +148,6 @@ int64_t Engine::maxContext() const {
 Status Engine::validate(const RequestSpec& r) const {
   const std::string who = "request " + std::to_string(r.id) + ": ";
   if (r.inputIds.empty()) return invalidArgumentError(who + "empty prompt");
-  const int64_t total = static_cast<int64_t>(r.inputIds.size()) + r.stopping.maxNewTokens;
   if (static_cast<int64_t>(r.inputIds.size()) > maxContext()) {
     return invalidArgumentError(who + "prompt of " + std::to_string(r.inputIds.size()) +
                                 " tokens is longer than the model allows (" +
@@ -137,6 +155,14 @@ Status Engine::validate(const RequestSpec& r) const {
   }
   if (r.stopping.maxNewTokens == 0)
     return invalidArgumentError(who + "max_new_tokens must be at least 1");
+  if (r.generatedTokens > 0) {
+    if (r.generatedTokens >= r.inputIds.size() || r.generatedTokens >= r.stopping.maxNewTokens) {
+      return invalidArgumentError(who + "generated_tokens (" + std::to_string(r.generatedTokens) +
+                                  ") must be below the input's length and max_new_tokens");
+    }
+    if (r.prefillLogprobs)
+      return invalidArgumentError(who + "prefill_logprobs is not allowed with generated_tokens");
+  }
   for (uint32_t id : r.inputIds) {
     if (id >= model_.config().vocabSize)
       return invalidArgumentError(who + "token id " + std::to_string(id) + " out of vocabulary");
@@ -147,20 +173,26 @@ Status Engine::validate(const RequestSpec& r) const {
     return invalidArgumentError(
         who + "prefill_logprobs needs every prompt token computed: cache_len must be 0");
   }
+  // The blocks cover the prompt at least; later positions may come by extension.
   const int64_t bs = cache_->blockSize();
-  if (static_cast<int64_t>(r.blocks.size()) * bs < total) {
-    return invalidArgumentError(who + std::to_string(r.blocks.size()) + " blocks of " +
-                                std::to_string(bs) + " cannot hold " + std::to_string(total) +
-                                " tokens (prompt + max_new_tokens)");
+  const auto prompt = static_cast<int64_t>(r.inputIds.size());
+  const auto blocks = static_cast<int64_t>(r.blocks.size());
+  if (blocks * bs < prompt) {
+    return invalidArgumentError(who + std::to_string(blocks) + " blocks of " + std::to_string(bs) +
+                                " cannot hold the prompt's " + std::to_string(prompt) + " tokens");
   }
   for (uint32_t b : r.blocks) {
     if (b >= cache_->numBlocks())
       return invalidArgumentError(who + "block " + std::to_string(b) + " out of range");
   }
   if (!r.slots.empty()) {
-    if (static_cast<int64_t>(r.slots.size()) < total)
-      return invalidArgumentError(who + "fewer slots than prompt + max_new_tokens");
-    for (int64_t p = 0; p < total; ++p) {
+    const auto slots = static_cast<int64_t>(r.slots.size());
+    if (slots < prompt || slots > blocks * bs) {
+      return invalidArgumentError(who + std::to_string(slots) +
+                                  " slots: at least one per prompt token, at most what the blocks "
+                                  "hold");
+    }
+    for (int64_t p = 0; p < slots; ++p) {
       if (r.slots[p] != slotOf(r.blocks, bs, p)) {
         return invalidArgumentError(who + "slot " + std::to_string(p) +
                                     " does not follow the block table");
@@ -176,7 +208,7 @@ BatchInfo Engine::info(const Batch& b) const {
   i.id = b.id;
   for (const auto& r : b.requests) {
     i.requestIds.push_back(r->spec.id);
-    i.maxTokens += static_cast<uint32_t>(r->spec.inputIds.size() + r->spec.stopping.maxNewTokens);
+    i.maxTokens += static_cast<uint32_t>(r->spec.maxLength());
     i.currentTokens += static_cast<uint32_t>(r->nextRows());
   }
   return i;
@@ -362,8 +394,59 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
   return result;
 }
 
+Status Engine::extend(const std::vector<uint64_t>& batchIds,
+                      const std::vector<BlockExtension>& extensions) {
+  if (extensions.empty()) return okStatus();
+  std::map<uint64_t, Request*> live;
+  for (uint64_t id : batchIds) {
+    auto it = batches_.find(id);
+    if (it == batches_.end()) continue;  // the caller reports unknown batches
+    for (auto& r : it->second->requests) live[r->spec.id] = r.get();
+  }
+  const int64_t bs = cache_->blockSize();
+  std::map<uint64_t, int64_t> added;
+  for (const BlockExtension& e : extensions) {
+    auto it = live.find(e.requestId);
+    if (it == live.end()) {
+      return invalidArgumentError("block extension for request " + std::to_string(e.requestId) +
+                                  ", which is not in the batch");
+    }
+    for (uint32_t b : e.blocks) {
+      if (b >= cache_->numBlocks())
+        return invalidArgumentError("block extension: block " + std::to_string(b) +
+                                    " out of range");
+    }
+    // A request never needs more blocks than its prompt + max_new_tokens fill.
+    const RequestSpec& spec = it->second->spec;
+    const int64_t total = static_cast<int64_t>(spec.blocks.size()) +
+                          (added[e.requestId] += static_cast<int64_t>(e.blocks.size()));
+    if (total > (spec.maxLength() + bs - 1) / bs) {
+      return invalidArgumentError("block extension gives request " + std::to_string(e.requestId) +
+                                  " " + std::to_string(total) +
+                                  " blocks, more than its prompt + max_new_tokens fill");
+    }
+  }
+  for (const BlockExtension& e : extensions) {
+    std::vector<uint32_t>& blocks = live[e.requestId]->spec.blocks;
+    blocks.insert(blocks.end(), e.blocks.begin(), e.blocks.end());
+  }
+  return okStatus();
+}
+
 StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
   const uint64_t start = nowNs();
+  // Every position this step writes has a block (the router extends tables before the step).
+  const int64_t bs = cache_->blockSize();
+  for (const auto& r : batch->requests) {
+    const int64_t end = r->computed + r->nextRows();
+    if (static_cast<int64_t>(r->spec.blocks.size()) * bs < end) {
+      const uint64_t id = r->spec.id;
+      batches_.emplace(batch->id, std::move(batch));  // unchanged: the router decides
+      return failedPreconditionError("request " + std::to_string(id) +
+                                     " has no KV block for position " + std::to_string(end - 1) +
+                                     ": extend its blocks first");
+    }
+  }
   const StepPlan plan = schedule(*batch);
   auto outputs = execute(plan);
   if (!outputs.ok()) {
@@ -384,7 +467,8 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
 }
 
 StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> requests,
-                                     std::optional<uint64_t> cachedBatchId) {
+                                     std::optional<uint64_t> cachedBatchId,
+                                     const std::vector<BlockExtension>& extensions) {
   if (!cache_) return failedPreconditionError("Warmup has not run: the KV cache is not allocated");
   if (requests.empty() && !cachedBatchId) return invalidArgumentError("empty batch");
   if (batches_.contains(batchId) && batchId != cachedBatchId) {
@@ -392,13 +476,15 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
   }
   if (cachedBatchId && !batches_.contains(*cachedBatchId))
     return invalidArgumentError("batch " + std::to_string(*cachedBatchId) + " not found");
+  if (!extensions.empty() && !cachedBatchId)
+    return invalidArgumentError("block extensions without a cached batch");
   // One bad request fails alone: it is answered with its reason and left out of the batch.
   std::vector<GenerationResult> refused;
   std::set<uint64_t> ids;
   for (const auto& [id, b] : batches_) {
     for (const auto& r : b->requests) ids.insert(r->spec.id);
   }
-  std::vector<RequestSpec> accepted;
+  std::vector<std::unique_ptr<Request>> accepted;
   for (RequestSpec& r : requests) {
     Status s = validate(r);
     if (s.ok() && !ids.insert(r.id).second)
@@ -407,13 +493,19 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
       refused.push_back(GenerationResult::refusal(r.id, s.message()));
       continue;
     }
-    accepted.push_back(std::move(r));
+    auto req = std::make_unique<Request>(std::move(r), tokenizer_, model_.config().eosTokenIds);
+    if (s = req->replayGenerated(); !s.ok()) {
+      refused.push_back(GenerationResult::refusal(req->spec.id, s.message()));
+      continue;
+    }
+    accepted.push_back(std::move(req));
   }
   if (accepted.empty() && !cachedBatchId) {
     StepResult only;
     only.generations = std::move(refused);
     return only;
   }
+  if (cachedBatchId) TG_RETURN_IF_ERROR(extend({*cachedBatchId}, extensions));
   const uint64_t start = nowNs();
   auto batch = std::make_unique<Batch>();
   batch->id = batchId;
@@ -425,22 +517,21 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
     batch->id = batchId;
     concatNs = nowNs() - start;
   }
-  for (RequestSpec& r : accepted) {
-    batch->requests.push_back(
-        std::make_unique<Request>(std::move(r), tokenizer_, model_.config().eosTokenIds));
-  }
+  for (auto& r : accepted) batch->requests.push_back(std::move(r));
   TG_ASSIGN_OR_RETURN(StepResult result, step(std::move(batch)));
   result.concatNs = concatNs;
   for (GenerationResult& g : refused) result.generations.push_back(std::move(g));
   return result;
 }
 
-StatusOr<StepResult> Engine::decode(const std::vector<uint64_t>& batchIds) {
+StatusOr<StepResult> Engine::decode(const std::vector<uint64_t>& batchIds,
+                                    const std::vector<BlockExtension>& extensions) {
   if (batchIds.empty()) return invalidArgumentError("no batches to decode");
   for (uint64_t id : batchIds) {
     if (!batches_.contains(id))
       return invalidArgumentError("batch " + std::to_string(id) + " not found");
   }
+  TG_RETURN_IF_ERROR(extend(batchIds, extensions));
   const uint64_t start = nowNs();
   auto merged = std::move(batches_[batchIds[0]]);
   batches_.erase(batchIds[0]);

@@ -92,6 +92,10 @@ RequestSampler::SampleInputs RequestSampler::sampleInputs(const TokenCounts& his
   return in;
 }
 
+void RequestSampler::skipDraw() {
+  if (params_.doSample) (void)std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+}
+
 kernels::SampleRow RequestSampler::sampleRow(const SampleInputs& in) const {
   const SamplingParams& p = params_;
   kernels::SampleRow row;

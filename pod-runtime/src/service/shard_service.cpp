@@ -53,7 +53,17 @@ StatusOr<RequestSpec> fromProto(const pb::Request& r) {
   s.slots.assign(r.slots().begin(), r.slots().end());
   s.cacheLen = r.cache_len();
   if (r.has_chunk_len()) s.chunkLen = r.chunk_len();
+  s.generatedTokens = r.generated_tokens();
   return s;
+}
+
+std::vector<BlockExtension> fromProto(
+    const google::protobuf::RepeatedPtrField<pb::BlockExtension>& in) {
+  std::vector<BlockExtension> out;
+  out.reserve(in.size());
+  for (const pb::BlockExtension& e : in)
+    out.push_back({e.request_id(), std::vector<uint32_t>(e.blocks().begin(), e.blocks().end())});
+  return out;
 }
 
 // A batch's requests; those that cannot be read are listed in `refused` when it is given (Prefill:
@@ -211,7 +221,8 @@ class ShardService final : public pb::ShardService::Service {
         in->has_cached_batch() ? std::optional<uint64_t>(in->cached_batch().id()) : std::nullopt;
     StepResult result;
     if (!requests->empty() || cached || refused.empty()) {
-      auto s = engine_.prefill(in->batch().id(), std::move(*requests), cached);
+      auto s = engine_.prefill(in->batch().id(), std::move(*requests), cached,
+                               fromProto(in->extensions()));
       if (!s.ok()) return failed("Prefill", s.status());
       result = std::move(*s);
     }
@@ -226,7 +237,7 @@ class ShardService final : public pb::ShardService::Service {
     Watch watch(*this, "Decode", options_.stepTimeout);
     std::vector<uint64_t> ids;
     for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
-    auto s = engine_.decode(ids);
+    auto s = engine_.decode(ids, fromProto(in->extensions()));
     if (!s.ok()) return failed("Decode", s.status());
     toProto(*s, out);
     return grpc::Status::OK;

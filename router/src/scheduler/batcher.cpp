@@ -12,7 +12,10 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
     : shards_(shards),
       options_(options),
       metrics_(metrics),
-      queue_(options.blockSize, options.supportChunking, metrics),
+      // A resumed request's input is its prompt and its answer so far: it may exceed the
+      // prefill-token budget, which only chunked prefill can take. So blocks grow only with it.
+      queue_(options.blockSize, options.supportChunking, metrics,
+             options.growBlocks && options.supportChunking),
       allocator_(options.numBlocks, options.blockSize, options.prefixCaching) {
   thread_ = std::thread([this] { run(); });
 }
@@ -76,27 +79,43 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
   {
     std::lock_guard lock(mutex_);
     std::vector<uint64_t> dropped;
-    batch = queue_.nextBatch(minSize, maxSize, prefillBudget, allocator_, &dropped);
+    // While requests run, admission leaves 1% of the blocks free for them to grow into (vLLM's
+    // watermark), so a newcomer is not preempted at once.
+    const uint32_t reserve =
+        queue_.growing() && !active_.empty() ? std::max<uint32_t>(1, options_.numBlocks / 100) : 0;
+    batch = queue_.nextBatch(minSize, maxSize, prefillBudget, allocator_, &dropped, reserve);
     for (uint64_t id : dropped) {  // their clients left while they waited
       left.push_back(std::move(sinks_[id]));
       sinks_.erase(id);
+      resumed_.erase(id);
       --load_;
     }
     uint64_t queried = 0, hit = 0;
     for (const BatchEntry& e : batch) {
+      const ValidRequest& v = e.entry.request;
       Active& a = active_[e.entry.id];
-      a = {e.blocks,
-           e.entry.control,
-           sinks_[e.entry.id],
-           {e.entry.queuedAt, std::chrono::steady_clock::now(), e.blocks.cacheLen},
-           {},
-           false};
-      if (allocator_.prefixCaching() &&
-          e.entry.request.inputIds.size() == e.entry.request.inputLength)
-        a.tokens = e.entry.request.inputIds;
+      a = {};
+      a.blocks = e.blocks;
+      a.control = e.entry.control;
+      a.sink = sinks_[e.entry.id];
+      a.times = {e.entry.queuedAt, std::chrono::steady_clock::now(), e.blocks.cacheLen};
+      if (auto r = resumed_.find(e.entry.id); r != resumed_.end()) {
+        a.times = r->second;  // its first admission's times and cache hit
+        resumed_.erase(r);
+      } else {
+        queried += v.inputLength;
+        hit += e.blocks.cacheLen;
+      }
+      if (v.inputIds.size() == v.inputLength) a.tokens = v.inputIds;
+      a.promptLen = v.inputLength;
+      a.shardBlocks = static_cast<uint32_t>(e.blocks.blocks.size());
+      a.admitted = ++admissions_;
+      a.generatedBefore = e.entry.generated;
+      if (queue_.growing()) {
+        a.request = v;
+        a.request.inputIds.clear();  // kept in tokens
+      }
       sinks_.erase(e.entry.id);
-      queried += e.entry.request.inputLength;
-      hit += e.blocks.cacheLen;
     }
     if (metrics_) {
       metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
@@ -123,7 +142,7 @@ void Batcher::drop(uint64_t id, const Status& why) {
 }
 
 void Batcher::publish(Active& a, size_t written) {
-  if (a.tokens.empty()) return;
+  if (a.tokens.empty() || !allocator_.prefixCaching()) return;
   std::lock_guard lock(mutex_);
   allocator_.publish(std::span<const uint32_t>(a.tokens).first(std::min(written, a.tokens.size())),
                      a.blocks.blocks);
@@ -145,6 +164,104 @@ void Batcher::finish(uint64_t id) {
   }
   active_.erase(it);
   --load_;
+}
+
+void Batcher::preempt(uint64_t id) {
+  auto it = active_.find(id);
+  Active& a = it->second;
+  // What the shards wrote: the prompt, and every generated token but the last (never fed). A
+  // request still prefilling in chunks offers nothing (the router does not track its chunks).
+  const size_t generated = a.tokens.size() - a.promptLen;
+  if (allocator_.prefixCaching() && generated > 0)
+    allocator_.publish(std::span<const uint32_t>(a.tokens).first(a.tokens.size() - 1),
+                       a.blocks.blocks);
+  allocator_.free(a.blocks.blocks);
+  QueueEntry e;
+  e.id = id;
+  e.request = std::move(a.request);
+  e.request.inputLength = static_cast<uint32_t>(a.tokens.size());
+  e.request.inputIds = std::move(a.tokens);
+  e.request.decoderInputDetails = false;  // the prompt's details went out with its first token
+  e.control = a.control;
+  e.queuedAt = a.times.queued;
+  e.generated = a.generatedBefore + static_cast<uint32_t>(generated);
+  resumed_[id] = a.times;
+  sinks_[id] = a.sink;
+  queue_.prepend(std::move(e));
+  active_.erase(it);
+  if (metrics_) {
+    metrics_->counterAdd("textgen_preemptions_total", 1);
+    metrics_->gaugeSet("tgi_queue_size", static_cast<double>(queue_.size()));
+  }
+}
+
+std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBatch>& batch,
+                                                         const StepOutput* pending,
+                                                         bool mayPreempt) {
+  std::vector<BlockExtension> extensions;
+  if (!queue_.growing() || !batch) return extensions;
+  std::map<uint64_t, uint32_t> more;  // tokens of the pending step
+  if (pending) {
+    for (const Generation& g : pending->generations) more[g.requestId] += g.tokens.ids.size();
+  }
+  std::vector<uint64_t> victims;
+  {
+    std::lock_guard lock(mutex_);
+    for (uint64_t id : batch->requestIds) {
+      auto it = active_.find(id);
+      if (it == active_.end() || it->second.tokens.empty()) continue;  // gone, or never grows
+      Active& a = it->second;
+      // The next step writes the position of its last token: the prompt's last while prefilling.
+      const auto need = static_cast<uint32_t>(a.tokens.size()) + more[id];
+      while (!allocator_.extend(a.blocks, need)) {
+        if (!mayPreempt) return std::nullopt;
+        // The newest request of the batch gives its blocks back; perhaps this one.
+        uint64_t victim = id;
+        for (uint64_t other : batch->requestIds) {
+          auto o = active_.find(other);
+          if (o != active_.end() && !o->second.tokens.empty() &&
+              o->second.admitted > active_.at(victim).admitted)
+            victim = other;
+        }
+        victims.push_back(victim);
+        preempt(victim);
+        if (victim == id) break;
+      }
+    }
+    if (!victims.empty())
+      spdlog::debug("preempted {} request(s): too few KV blocks to grow", victims.size());
+  }
+  if (!victims.empty()) {
+    std::vector<uint64_t> keep;
+    for (uint64_t id : batch->requestIds) {
+      if (std::find(victims.begin(), victims.end(), id) == victims.end()) keep.push_back(id);
+    }
+    if (keep.empty()) {
+      (void)shards_.clearCache(batch->id);
+      batch.reset();
+      return extensions;
+    }
+    auto filtered = shards_.filter(batch->id, keep);
+    if (!filtered.ok()) {
+      healthy_ = false;
+      failAll(Status(StatusCode::kInternal,
+                     "Request failed during generation: " + filtered.status().message()));
+      batch.reset();
+      return extensions;
+    }
+    batch = *filtered;
+  }
+  for (uint64_t id : batch->requestIds) {
+    auto it = active_.find(id);
+    if (it == active_.end()) continue;
+    Active& a = it->second;
+    if (a.blocks.blocks.size() > a.shardBlocks) {
+      extensions.push_back({id, std::vector<uint32_t>(a.blocks.blocks.begin() + a.shardBlocks,
+                                                      a.blocks.blocks.end())});
+      a.shardBlocks = static_cast<uint32_t>(a.blocks.blocks.size());
+    }
+  }
+  return extensions;
 }
 
 void Batcher::failAll(const Status& error) {
@@ -314,6 +431,9 @@ void Batcher::run() {
       }
     };
     while (cached && !stop_) {
+      // Blocks for the step ahead first: the running requests come before newcomers.
+      std::vector<BlockExtension> extensions = *grow(cached, nullptr, /*mayPreempt=*/true);
+      if (!cached) break;
       gauges();
       std::optional<size_t> minSize, maxSize;
       uint32_t prefillBudget = options_.maxBatchPrefillTokens;
@@ -344,8 +464,12 @@ void Batcher::run() {
         if (options_.supportChunking) {
           // The running batch joins the new one in a single forward.
           cached =
-              absorb(call("prefill", [&] { return shards_.prefill(id, more, cached); }), "prefill");
+              absorb(call("prefill", [&] { return shards_.prefill(id, more, cached, extensions); }),
+                     "prefill");
           waitingTokens = 1;
+          if (!cached) break;
+          // The step added tokens: the decode below may need blocks again.
+          extensions = *grow(cached, nullptr, /*mayPreempt=*/true);
           if (!cached) break;
         } else {
           std::optional<CachedBatch> added = absorb(
@@ -354,7 +478,7 @@ void Batcher::run() {
           if (added) {
             auto merged = absorb(call("decode",
                                       [&] {
-                                        return shards_.decode({*cached, *added});
+                                        return shards_.decode({*cached, *added}, extensions);
                                       }),
                                  "decode");
             cached = merged;
@@ -367,16 +491,24 @@ void Batcher::run() {
       // step N's tokens are delivered, so streaming, publishing and freeing finished requests
       // happen while the shards compute (vLLM's asynchronous scheduling). A client that leaves
       // meanwhile is filtered out after the step in flight, which computes one token it discards.
-      StatusOr<StepOutput> out = call("decode", [&] { return shards_.decode({*cached}); });
+      StatusOr<StepOutput> out =
+          call("decode", [&] { return shards_.decode({*cached}, extensions); });
       while (true) {
         std::future<StatusOr<StepOutput>> next;
+        std::optional<std::vector<BlockExtension>> grown;
         if (pipelinable(out)) {
+          std::optional<CachedBatch> b = out->batch;
+          grown = grow(b, &*out, /*mayPreempt=*/false);  // else absorb first, then preempt
+        }
+        if (grown) {
           try {
-            next = std::async(std::launch::async, [this, b = *out->batch] {
-              return call("decode", [&] { return shards_.decode({b}); });
+            next = std::async(std::launch::async, [this, b = *out->batch, ext = *grown] {
+              return call("decode", [&] { return shards_.decode({b}, ext); });
             });
           } catch (const std::system_error& e) {  // no thread: this step goes unpipelined
             spdlog::warn("pipelined decode: {}; stepping without it", e.what());
+            for (const BlockExtension& x : *grown)
+              active_[x.requestId].shardBlocks -= static_cast<uint32_t>(x.blocks.size());
           }
         }
         cached = absorb(std::move(out), "decode", /*mayFilter=*/!next.valid());

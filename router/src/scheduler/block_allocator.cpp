@@ -110,6 +110,23 @@ std::optional<BlockAllocation> BlockAllocator::allocate(std::span<const uint32_t
   return a;
 }
 
+bool BlockAllocator::extend(BlockAllocation& a, uint32_t tokens) {
+  const size_t needed = (size_t{tokens} + blockSize_ - 1) / blockSize_;
+  if (needed <= a.blocks.size()) return true;
+  const size_t fresh = needed - a.blocks.size();
+  if (fresh > free_.size() + evictable_.size()) return false;
+  while (free_.size() < fresh) evictOne();
+  for (size_t i = 0; i < fresh; ++i) {
+    const uint32_t b = free_.back();
+    free_.pop_back();
+    refs_[b] = 1;
+    a.blocks.push_back(b);
+  }
+  for (size_t p = a.slots.size(); p < needed * blockSize_; ++p)
+    a.slots.push_back(a.blocks[p / blockSize_] * blockSize_ + p % blockSize_);
+  return true;
+}
+
 void BlockAllocator::unlink(uint32_t block) {
   Node& n = nodes_[block];
   nodes_[n.parent].children.erase(n.key);

@@ -4,8 +4,8 @@ namespace textgen::router {
 
 std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
                                          std::optional<size_t> maxSize, uint32_t prefillTokenBudget,
-                                         BlockAllocator& allocator,
-                                         std::vector<uint64_t>* dropped) {
+                                         BlockAllocator& allocator, std::vector<uint64_t>* dropped,
+                                         uint32_t reserveBlocks) {
   std::vector<BatchEntry> batch;
   // Requests whose client left go first, wherever they wait: not only once they reach the head
   // (a head that cannot get blocks would keep them, their sinks and connections, meanwhile).
@@ -28,13 +28,22 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
       if (dropped) dropped->push_back(entry.id);
       continue;
     }
-    const uint32_t tokens = entry.request.inputLength + entry.request.maxNewTokens;
+    // Growing: the prompt and the first new token's position (the first decode writes it); a
+    // resumed request's max_new_tokens counts the tokens it generated before.
+    const bool grows = growing_ && entry.request.inputIds.size() == entry.request.inputLength;
+    const uint32_t tokens =
+        grows ? entry.request.inputLength + 1
+              : entry.request.inputLength - entry.generated + entry.request.maxNewTokens;
     // A request that wants its prompt's logprobs computes every prompt token: no cached prefix.
     const bool reuse = !entry.request.decoderInputDetails &&
                        entry.request.inputIds.size() == entry.request.inputLength;
     const std::span<const uint32_t> prompt =
         reuse ? std::span<const uint32_t>(entry.request.inputIds) : std::span<const uint32_t>();
     std::optional<BlockAllocation> blocks = allocator.allocate(prompt, tokens);
+    if (blocks && allocator.freeBlocks() < reserveBlocks) {
+      allocator.free(blocks->blocks);
+      blocks.reset();
+    }
     if (!blocks) {  // not enough free blocks: wait for requests to finish
       entries_.push_front(std::move(entry));
       break;

@@ -65,12 +65,22 @@ void toProto(uint64_t batchId, const std::vector<BatchEntry>& batch, pb::Batch* 
     r->set_add_special_tokens(v.addSpecialTokens);
     r->set_cache_len(e.blocks.cacheLen);
     if (e.chunkLen) r->set_chunk_len(*e.chunkLen);
-    maxTokens += v.inputLength + v.maxNewTokens;
+    r->set_generated_tokens(e.entry.generated);
+    maxTokens += v.inputLength - e.entry.generated + v.maxNewTokens;
     maxBlocks = std::max<uint32_t>(maxBlocks, static_cast<uint32_t>(e.blocks.blocks.size()));
   }
   out->set_size(static_cast<uint32_t>(batch.size()));
   out->set_max_tokens(maxTokens);
   out->set_max_blocks(maxBlocks);
+}
+
+void toProto(const std::vector<BlockExtension>& in,
+             google::protobuf::RepeatedPtrField<pb::BlockExtension>* out) {
+  for (const BlockExtension& e : in) {
+    pb::BlockExtension* x = out->Add();
+    x->set_request_id(e.requestId);
+    for (uint32_t b : e.blocks) x->add_blocks(b);
+  }
 }
 
 template <typename Response>
@@ -167,10 +177,12 @@ class GrpcShardGroup final : public ShardGroup {
   }
 
   StatusOr<StepOutput> prefill(uint64_t batchId, const std::vector<BatchEntry>& batch,
-                               const std::optional<CachedBatch>& cached) override {
+                               const std::optional<CachedBatch>& cached,
+                               const std::vector<BlockExtension>& extensions) override {
     pb::PrefillRequest req;
     toProto(batchId, batch, req.mutable_batch());
     if (cached) toProto(*cached, req.mutable_cached_batch());
+    toProto(extensions, req.mutable_extensions());
     pb::PrefillResponse r;
     uint64_t tokens = 0;
     for (const BatchEntry& e : batch)
@@ -181,9 +193,11 @@ class GrpcShardGroup final : public ShardGroup {
     return stepFromProto(r);
   }
 
-  StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches) override {
+  StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches,
+                              const std::vector<BlockExtension>& extensions) override {
     pb::DecodeRequest req;
     for (const CachedBatch& b : batches) toProto(b, req.add_batches());
+    toProto(extensions, req.mutable_extensions());
     pb::DecodeResponse r;
     // The rows the step computes: one per request, more for a request still prefilling in chunks
     // (its next chunk runs in this Decode).

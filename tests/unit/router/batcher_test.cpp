@@ -24,6 +24,10 @@ class FakeShards final : public ShardGroup {
  public:
   static constexpr uint32_t kBlockSize = 4;  // options() below
   std::atomic<int> kvMismatches{0}, sharedWrites{0};
+  // Writes past a request's block table, writes into another request's private block, block
+  // extensions applied, and prefills of a resumed request (by id, under mu_).
+  std::atomic<int> missingBlocks{0}, foreignWrites{0}, extensionsSeen{0};
+  std::map<uint64_t, int> resumes;
   std::map<uint64_t, uint32_t> cacheLens;  // per request, as Prefill received it (under mu_)
   uint32_t cacheLenOf(uint64_t id) {
     std::lock_guard lock(mu_);
@@ -59,7 +63,8 @@ class FakeShards final : public ShardGroup {
     return WarmupOutput{};
   }
   StatusOr<StepOutput> prefill(uint64_t id, const std::vector<BatchEntry>& batch,
-                               const std::optional<CachedBatch>& cached) override {
+                               const std::optional<CachedBatch>& cached,
+                               const std::vector<BlockExtension>& extensions) override {
     if (gate.valid()) gate.wait();
     ++prefills;
     std::lock_guard lock(mu_);
@@ -67,6 +72,9 @@ class FakeShards final : public ShardGroup {
     if (cached) {
       reqs = std::move(batches_.at(cached->id));
       batches_.erase(cached->id);
+      if (Status s = extend(reqs, extensions); !s.ok()) return s;
+    } else if (!extensions.empty()) {
+      return invalidArgumentError("block extensions without a cached batch");
     }
     if (clearedKv_) {  // a failure lost the KV memory (a restarted shard)
       kv_.clear();
@@ -85,18 +93,22 @@ class FakeShards final : public ShardGroup {
       cacheLens[e.entry.id] = cacheLen;
       std::set<uint32_t>& reads = reads_[e.entry.id];
       for (uint32_t p = 0; p < cacheLen; ++p) {
-        reads.insert(e.blocks.slots[p] / kBlockSize);
-        auto it = kv_.find(e.blocks.slots[p]);
+        const uint32_t slot = e.blocks.blocks[p / kBlockSize] * kBlockSize + p % kBlockSize;
+        reads.insert(slot / kBlockSize);
+        auto it = kv_.find(slot);
         if (it == kv_.end() || it->second != e.entry.request.inputIds[p]) ++kvMismatches;
       }
+      resumes[e.entry.id] += e.entry.generated > 0;
       reqs.push_back({e.entry.id, e.entry.request.inputLength, e.entry.request.maxNewTokens,
-                      cacheLen, e.chunkLen, 0, e.blocks.slots, e.entry.request.inputIds});
+                      cacheLen, e.chunkLen, e.entry.generated, 0, e.blocks.blocks,
+                      e.entry.request.inputIds});
     }
     StepOutput out = step(id, std::move(reqs));
     for (Generation& g : refused) out.generations.push_back(std::move(g));
     return out;
   }
-  StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches) override {
+  StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches,
+                              const std::vector<BlockExtension>& extensions) override {
     ++decodes;
     if (failDecodes > 0) {
       --failDecodes;
@@ -111,6 +123,7 @@ class FakeShards final : public ShardGroup {
       reqs.insert(reqs.end(), part.begin(), part.end());
       batches_.erase(b.id);
     }
+    if (Status s = extend(reqs, extensions); !s.ok()) return s;
     return step(batches[0].id, std::move(reqs));
   }
   StatusOr<CachedBatch> filter(uint64_t id, const std::vector<uint64_t>& keep) override {
@@ -131,8 +144,9 @@ class FakeShards final : public ShardGroup {
     uint64_t id;
     uint32_t input, maxNew, computed;
     std::optional<uint32_t> chunk;
-    uint32_t generated;
-    std::vector<uint32_t> slots;
+    uint32_t generated;  // in all (a resumed request's earlier tokens are the prompt's last)
+    uint32_t fresh;      // since this prefill
+    std::vector<uint32_t> blocks;
     std::vector<uint32_t> ids;  // the prompt, then each generated token
     uint32_t nextRows() const {
       if (computed >= input) return 1;
@@ -143,15 +157,41 @@ class FakeShards final : public ShardGroup {
     CachedBatch b{id, {}, 0, 0};
     for (const Req& r : reqs) {
       b.requestIds.push_back(r.id);
-      b.maxTokens += r.input + r.maxNew;
+      b.maxTokens += r.input - (r.generated - r.fresh) + r.maxNew;
       b.currentTokens += r.nextRows();
     }
     return b;
   }
-  void write(uint64_t writer, uint32_t slot, uint32_t token) {
-    for (const auto& [id, blocks] : reads_) {
-      if (id != writer && blocks.contains(slot / kBlockSize)) ++sharedWrites;
+  // Appends blocks to the named requests of `reqs`, as the real engine does.
+  Status extend(std::vector<Req>& reqs, const std::vector<BlockExtension>& extensions) {
+    for (const BlockExtension& e : extensions) {
+      auto it =
+          std::find_if(reqs.begin(), reqs.end(), [&](const Req& r) { return r.id == e.requestId; });
+      if (it == reqs.end()) return invalidArgumentError("extension for a request not in the batch");
+      it->blocks.insert(it->blocks.end(), e.blocks.begin(), e.blocks.end());
+      ++extensionsSeen;
     }
+    return okStatus();
+  }
+  void write(const Req& r, const std::vector<Req>& step, uint32_t pos, uint32_t token) {
+    if (pos / kBlockSize >= r.blocks.size()) {  // the real engine fails the call
+      ++missingBlocks;
+      return;
+    }
+    const uint32_t block = r.blocks[pos / kBlockSize];
+    const uint32_t slot = block * kBlockSize + pos % kBlockSize;
+    for (const auto& [id, blocks] : reads_) {
+      if (id != r.id && blocks.contains(block)) ++sharedWrites;
+    }
+    // A block of another live request's table is written only if it is a shared cached prefix
+    // (counted above); any other is a block given to two requests.
+    auto owns = [&](const Req& o) {
+      return o.id != r.id && std::find(o.blocks.begin(), o.blocks.end(), block) != o.blocks.end() &&
+             !(reads_.contains(o.id) && reads_.at(o.id).contains(block));
+    };
+    for (const auto& [bid, others] : batches_)
+      for (const Req& o : others) foreignWrites += owns(o);
+    for (const Req& o : step) foreignWrites += owns(o);
     kv_[slot] = token;
   }
   StepOutput step(uint64_t id, std::vector<Req> reqs) {
@@ -159,13 +199,12 @@ class FakeShards final : public ShardGroup {
     std::vector<Req> alive;
     for (Req& r : reqs) {
       if (r.computed >= r.input) {  // decode: the last token is fed
-        const uint32_t pos = r.input + r.generated - 1;
-        if (!r.slots.empty()) write(r.id, r.slots[pos], r.ids[pos]);
+        const uint32_t pos = r.input + r.fresh - 1;
+        write(r, reqs, pos, r.ids[pos]);
       }
       if (r.computed < r.input) {
         const uint32_t rows = r.nextRows();
-        for (uint32_t p = r.computed; p < r.computed + rows && !r.slots.empty(); ++p)
-          write(r.id, r.slots[p], r.ids[p]);
+        for (uint32_t p = r.computed; p < r.computed + rows; ++p) write(r, reqs, p, r.ids[p]);
         r.computed += rows;
         if (r.computed < r.input) {
           alive.push_back(r);
@@ -173,6 +212,7 @@ class FakeShards final : public ShardGroup {
         }
       }
       ++r.generated;
+      ++r.fresh;
       Generation g;
       g.requestId = r.id;
       g.tokens.ids = {static_cast<uint32_t>(r.id * 100 + r.generated)};
@@ -709,6 +749,118 @@ TEST(BatcherPipelineTest, TheNextDecodeIsSentBeforeATokenIsDelivered) {
     EXPECT_EQ(shards.decodes.load(), 9);  // no step beyond the last token
     EXPECT_EQ(b.freeBlocks(), 63u);
   }
+}
+
+// Blocks grow with each request; when they run out, the newest running request is preempted,
+// queued again at the head and recomputed from its prompt and the tokens it had: every stream
+// still gets exactly its tokens, no write lands outside the writer's own blocks (or in a shared
+// cached one), and every block comes back.
+TEST(BatcherPreemptionTest, PreemptedRequestsResumeWithTheSameTokens) {
+  for (bool chunking : {false, true}) {
+    for (bool caching : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "chunking " << chunking << " caching " << caching);
+      FakeShards shards;
+      MetricsRegistry metrics;
+      // 15 usable blocks of 4: six requests of 6 + 18 tokens need 36 at their end.
+      BatcherOptions o = options(16, chunking, chunking ? 8 : 4096);
+      o.prefixCaching = caching;
+      Batcher b(shards, o, &metrics);
+      std::promise<void> open;
+      shards.gate = open.get_future().share();
+      std::vector<std::shared_ptr<Collector>> sinks;
+      for (uint64_t id = 1; id <= 6; ++id) {
+        sinks.push_back(std::make_shared<Collector>());
+        b.submit(id, prompted(iota(static_cast<uint32_t>(id) * 1000, 6), 18),
+                 std::make_shared<RequestControl>(), sinks.back());
+      }
+      open.set_value();
+      for (uint64_t id = 1; id <= 6; ++id) {
+        ASSERT_TRUE(sinks[id - 1]->wait());
+        EXPECT_FALSE(sinks[id - 1]->error.has_value()) << sinks[id - 1]->error->message();
+        EXPECT_EQ(sinks[id - 1]->tokens, expected(id, 18)) << id;
+      }
+      int resumed = 0;
+      for (uint64_t id = 1; id <= 6; ++id) resumed += shards.resumes[id];
+      // Without chunking, blocks are reserved up front (a resumed input could exceed the budget).
+      if (chunking) {
+        EXPECT_GT(resumed, 0);
+        EXPECT_GT(shards.extensionsSeen.load(), 0);
+      } else {
+        EXPECT_EQ(resumed, 0);
+        EXPECT_EQ(shards.extensionsSeen.load(), 0);
+      }
+      if (chunking) {
+        EXPECT_NE(metrics.render().find("textgen_preemptions_total " + std::to_string(resumed)),
+                  std::string::npos)
+            << metrics.render();
+      }
+      EXPECT_EQ(shards.missingBlocks.load(), 0);
+      EXPECT_EQ(shards.foreignWrites.load(), 0);
+      EXPECT_EQ(shards.sharedWrites.load(), 0);
+      EXPECT_EQ(shards.kvMismatches.load(), 0);
+      EXPECT_EQ(b.freeBlocks(), 15u);
+      EXPECT_EQ(b.load(), 0u);
+    }
+  }
+}
+
+// Without growth, each request holds prompt + max_new_tokens from the start (TGI): fewer run at
+// once and nobody is preempted.
+TEST(BatcherPreemptionTest, ReservingUpFrontNeverPreempts) {
+  FakeShards shards;
+  BatcherOptions o = options(16, true, 8);
+  o.growBlocks = false;
+  Batcher b(shards, o, nullptr);
+  std::promise<void> open;
+  shards.gate = open.get_future().share();
+  std::vector<std::shared_ptr<Collector>> sinks;
+  for (uint64_t id = 1; id <= 6; ++id) {
+    sinks.push_back(std::make_shared<Collector>());
+    b.submit(id, prompted(iota(static_cast<uint32_t>(id) * 1000, 6), 18),
+             std::make_shared<RequestControl>(), sinks.back());
+  }
+  open.set_value();
+  for (uint64_t id = 1; id <= 6; ++id) {
+    ASSERT_TRUE(sinks[id - 1]->wait());
+    EXPECT_EQ(sinks[id - 1]->tokens, expected(id, 18));
+  }
+  for (uint64_t id = 1; id <= 6; ++id) EXPECT_EQ(shards.resumes[id], 0);
+  EXPECT_EQ(shards.extensionsSeen.load(), 0);
+  EXPECT_EQ(b.freeBlocks(), 15u);
+}
+
+// A client that leaves while its request waits preempted is told and frees nothing twice; the
+// others finish.
+TEST(BatcherPreemptionTest, CancellingAPreemptedRequestFreesItsBlocks) {
+  FakeShards shards;
+  BatcherOptions o = options(16, true, 8);
+  o.prefixCaching = true;
+  Batcher b(shards, o, nullptr);
+  std::promise<void> open;
+  shards.gate = open.get_future().share();
+  std::vector<std::shared_ptr<Collector>> sinks;
+  std::vector<std::shared_ptr<RequestControl>> controls;
+  for (uint64_t id = 1; id <= 6; ++id) {
+    sinks.push_back(std::make_shared<Collector>());
+    controls.push_back(std::make_shared<RequestControl>());
+    // The newest leaves after its fourth token: by then it was preempted at least once.
+    if (id == 6) {
+      auto c = controls.back();
+      sinks.back()->onToken = [c](size_t n) {
+        if (n == 4) c->cancelled = true;
+      };
+    }
+    b.submit(id, prompted(iota(static_cast<uint32_t>(id) * 1000, 6), 18), controls.back(),
+             sinks.back());
+  }
+  open.set_value();
+  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(sinks[id - 1]->wait());
+  for (uint64_t id = 1; id <= 5; ++id) EXPECT_EQ(sinks[id - 1]->tokens, expected(id, 18));
+  ASSERT_TRUE(sinks[5]->error.has_value());
+  EXPECT_EQ(sinks[5]->error->code(), StatusCode::kCancelled);
+  EXPECT_EQ(shards.foreignWrites.load(), 0);
+  EXPECT_EQ(b.freeBlocks(), 15u);
+  EXPECT_EQ(b.load(), 0u);
 }
 
 }  // namespace

@@ -236,5 +236,171 @@ TEST_F(EngineTest, DecodeOfTheSameBatchTwiceLeavesNoEmptyBatchBehind) {
   ASSERT_TRUE(again.ok()) << again.status();
 }
 
+// One request's stream: its tokens, their text pieces and how it ended.
+struct Stream {
+  std::vector<uint32_t> ids;
+  std::string text;
+  std::optional<FinishedText> finished;
+};
+
+// Runs `r` to its end, growing its block table one block at a time as a growing router does (a
+// block of 4 past `firstFree` whenever the next step would write past the table); stops early after
+// `stopAfter` tokens, leaving the batch on the engine.
+Stream runGrowing(Engine& e, RequestSpec r, uint64_t batch, uint32_t& nextBlock,
+                  size_t stopAfter = SIZE_MAX) {
+  Stream out;
+  const size_t prompt = r.inputIds.size();
+  r.blocks.clear();
+  while (r.blocks.size() * 4 < prompt) r.blocks.push_back(nextBlock++);
+  auto absorb = [&](const StepResult& s) {
+    for (const auto& g : s.generations) {
+      EXPECT_FALSE(g.error.has_value()) << *g.error;
+      if (g.error) continue;
+      out.ids.push_back(g.tokens.ids[0]);
+      out.text += g.tokens.texts[0];
+      if (g.finished) out.finished = g.finished;
+    }
+  };
+  auto s = e.prefill(batch, {r}, std::nullopt);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return out;
+  absorb(*s);
+  size_t blocks = r.blocks.size();
+  while (s->batch && out.ids.size() < stopAfter) {
+    // The next decode writes the position of the last token: prompt + generated - 1.
+    std::vector<BlockExtension> ext;
+    if (blocks * 4 < prompt + out.ids.size()) {
+      ext.push_back({r.id, {nextBlock++}});
+      ++blocks;
+    }
+    s = e.decode({batch}, ext);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) break;
+    absorb(*s);
+  }
+  return out;
+}
+
+TEST_F(EngineTest, AResumedRequestContinuesItsStreamExactly) {
+  // Preemption by recompute: the request is dropped after 5 tokens and sent again with them as the
+  // last of its input (generated_tokens 5). Its tokens, text, stop sequence and final text are the
+  // uninterrupted run's, with seeded sampling too (the generator skips the draws already made).
+  for (bool sample : {false, true}) {
+    SCOPED_TRACE(sample);
+    RequestSpec r = spec(1, 2, 16);
+    r.sampling.doSample = sample;
+    r.sampling.seed = 1234;
+    r.sampling.temperature = 0.7f;
+    r.sampling.repetitionPenalty = 1.3f;
+    uint32_t next = 1;
+    const Stream whole = runGrowing(*engine_, r, 1, next);
+    engine_->clear(std::nullopt);
+    ASSERT_EQ(whole.ids.size(), 16u);
+    for (const std::vector<std::string>& stops :
+         {std::vector<std::string>{}, std::vector<std::string>{"\x01never"}}) {
+      RequestSpec s = r;
+      s.stopping.stopSequences = stops;
+      next = 1;
+      const Stream first = runGrowing(*engine_, s, 1, next, 5);
+      engine_->clear(std::nullopt);
+      ASSERT_EQ(first.ids.size(), 5u);
+      RequestSpec resumed = s;
+      resumed.id = 2;
+      resumed.inputIds.insert(resumed.inputIds.end(), first.ids.begin(), first.ids.end());
+      resumed.generatedTokens = 5;
+      next = 200;
+      const Stream rest = runGrowing(*engine_, resumed, 2, next);
+      engine_->clear(std::nullopt);
+      std::vector<uint32_t> ids = first.ids;
+      ids.insert(ids.end(), rest.ids.begin(), rest.ids.end());
+      EXPECT_EQ(ids, whole.ids);
+      EXPECT_EQ(first.text + rest.text, whole.text);
+      ASSERT_TRUE(rest.finished.has_value());
+      EXPECT_EQ(rest.finished->text, whole.finished->text);
+      EXPECT_EQ(rest.finished->generatedTokens, 16u);
+      EXPECT_EQ(rest.finished->reason, FinishReason::kLength);
+    }
+  }
+}
+
+TEST_F(EngineTest, AStopSequenceAcrossTheResumePointStillStops) {
+  RequestSpec r = spec(1, 0, 24);
+  // A stop sequence: the last bytes of the text up to token 7 (it may match earlier; the
+  // uninterrupted run says where it stops).
+  uint32_t next = 1;
+  const Stream upTo7 = runGrowing(*engine_, r, 1, next, 7);
+  engine_->clear(std::nullopt);
+  ASSERT_GE(upTo7.text.size(), 2u);
+  r.stopping.stopSequences = {
+      upTo7.text.substr(upTo7.text.size() - std::min<size_t>(6, upTo7.text.size()))};
+  next = 1;
+  const Stream stopped = runGrowing(*engine_, r, 1, next);
+  engine_->clear(std::nullopt);
+  ASSERT_TRUE(stopped.finished.has_value());
+  ASSERT_EQ(stopped.finished->reason, FinishReason::kStopSequence);
+  const size_t n = stopped.ids.size();
+  ASSERT_GE(n, 2u);
+  // Preempted one token before the stop: the resumed run stops at the same token.
+  next = 1;
+  const Stream first = runGrowing(*engine_, r, 1, next, n - 1);
+  engine_->clear(std::nullopt);
+  RequestSpec resumed = r;
+  resumed.id = 2;
+  resumed.inputIds.insert(resumed.inputIds.end(), first.ids.begin(), first.ids.end());
+  resumed.generatedTokens = static_cast<uint32_t>(n - 1);
+  next = 300;
+  const Stream rest = runGrowing(*engine_, resumed, 2, next);
+  ASSERT_EQ(rest.ids.size(), 1u);
+  ASSERT_TRUE(rest.finished.has_value());
+  EXPECT_EQ(rest.finished->reason, FinishReason::kStopSequence);
+  EXPECT_EQ(rest.finished->text, stopped.finished->text);
+  EXPECT_EQ(rest.finished->generatedTokens, n);
+}
+
+TEST_F(EngineTest, BadResumesAndBlockExtensionsAreRefused) {
+  auto refusal = [&](RequestSpec r) -> std::string {
+    auto s = engine_->prefill(50, {r}, std::nullopt);
+    engine_->clear(std::nullopt);
+    if (!s.ok() || s->generations.size() != 1 || !s->generations[0].error) return "";
+    return *s->generations[0].error;
+  };
+  RequestSpec r = spec(1, 0, 6);
+  r.generatedTokens = static_cast<uint32_t>(r.inputIds.size());
+  EXPECT_NE(refusal(r).find("generated_tokens"), std::string::npos);
+  r = spec(1, 0, 6);
+  r.generatedTokens = 6;  // already at max_new_tokens
+  EXPECT_NE(refusal(r).find("generated_tokens"), std::string::npos);
+  r = spec(1, 0, 6);
+  r.generatedTokens = 1;
+  r.prefillLogprobs = true;
+  EXPECT_NE(refusal(r).find("prefill_logprobs"), std::string::npos);
+  // Generated tokens that already end it (an EOS among them, EOS not ignored).
+  r = spec(1, 0, 6);
+  r.stopping.ignoreEosToken = false;
+  ASSERT_FALSE(model_->config().eosTokenIds.empty());
+  r.inputIds.push_back(model_->config().eosTokenIds[0]);
+  r.generatedTokens = 1;
+  EXPECT_NE(refusal(r).find("already end it"), std::string::npos);
+
+  // Blocks for the prompt only: a decode soon writes past them, and says so instead.
+  RequestSpec g = spec(7, 0, 8);
+  g.blocks.resize((g.inputIds.size() + 3) / 4);
+  auto s = engine_->prefill(7, {g}, std::nullopt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (int i = 0; i < 4 && s.ok(); ++i) s = engine_->decode({7});
+  ASSERT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status();
+  EXPECT_NE(s.status().message().find("extend"), std::string::npos) << s.status();
+  EXPECT_EQ(engine_->decode({7}, {{8, {100}}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->decode({7}, {{7, {1u << 30}}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->decode({7}, {{7, {100, 101, 102, 103, 104}}}).status().code(),
+            StatusCode::kInvalidArgument);  // more than prompt + max_new_tokens fill
+  EXPECT_EQ(engine_->prefill(8, {}, std::nullopt, {{7, {100}}}).status().code(),
+            StatusCode::kInvalidArgument);  // extensions without a cached batch
+  // The refused calls changed nothing: a good extension makes the batch go on.
+  s = engine_->decode({7}, {{7, {100}}});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->generations.size(), 1u);
+}
+
 }  // namespace
 }  // namespace textgen::runtime

@@ -30,6 +30,20 @@ struct RequestSpec {
   std::vector<uint32_t> slots;  // empty: derived from blocks
   uint32_t cacheLen = 0;
   std::optional<uint32_t> chunkLen;
+  // Resumed after preemption: the last generatedTokens of inputIds are this request's output so
+  // far (they count for max_new_tokens and the stop sequences, and its seeded draws continue).
+  uint32_t generatedTokens = 0;
+  // Positions the request can reach: its prompt (before any generated tokens) + max_new_tokens.
+  int64_t maxLength() const {
+    return static_cast<int64_t>(inputIds.size()) - generatedTokens + stopping.maxNewTokens;
+  }
+};
+
+// Blocks appended to a running request's table before a step (the router allocates as the request
+// grows instead of reserving prompt + max_new_tokens up front).
+struct BlockExtension {
+  uint64_t requestId = 0;
+  std::vector<uint32_t> blocks;
 };
 
 struct TokenList {
@@ -109,9 +123,13 @@ class Engine {
                                 std::optional<uint32_t> maxTotalTokens);
   // A request that fails validation is refused alone (a GenerationResult with `error`); the others
   // run. Errors of the call itself (no KV cache, unknown cached batch) fail it whole.
+  // `extensions` name requests of the cached batch (Prefill) or of `batchIds` (Decode); a bad one
+  // fails the call before anything changes.
   StatusOr<StepResult> prefill(uint64_t batchId, std::vector<RequestSpec> requests,
-                               std::optional<uint64_t> cachedBatchId);
-  StatusOr<StepResult> decode(const std::vector<uint64_t>& batchIds);
+                               std::optional<uint64_t> cachedBatchId,
+                               const std::vector<BlockExtension>& extensions = {});
+  StatusOr<StepResult> decode(const std::vector<uint64_t>& batchIds,
+                              const std::vector<BlockExtension>& extensions = {});
   StatusOr<BatchInfo> filter(uint64_t batchId, const std::vector<uint64_t>& keep);
   void clear(std::optional<uint64_t> batchId);
 
@@ -124,6 +142,8 @@ class Engine {
   struct StepPlan;
   struct StepOutputs;
   Status validate(const RequestSpec& r) const;
+  // Appends each extension's blocks to its request in `batchIds`, all or none.
+  Status extend(const std::vector<uint64_t>& batchIds, const std::vector<BlockExtension>& ext);
   // One step: schedule (the forward's rows and how tokens are chosen) -> execute (the model's
   // forward, then the sampler's choice) -> update (tokens, text, stopping; finished requests leave
   // the batch).

@@ -84,6 +84,8 @@ class RequestSampler {
     double uniform = 0.0;
   };
   SampleInputs sampleInputs(const TokenCounts& history, uint32_t vocab);
+  // Advances the generator as one step's draw would (a resumed request replaying its output).
+  void skipDraw();
   // The row parameters for those inputs (history and bias ranges start at 0).
   kernels::SampleRow sampleRow(const SampleInputs& in) const;
 

@@ -56,6 +56,11 @@ struct BatcherOptions {
   bool prefixCaching = false;
   // Send each decode step before delivering the previous one's tokens (while nothing waits).
   bool pipelineDecode = true;
+  // Give a request blocks for its prompt and extend them as it generates, preempting the most
+  // recently admitted requests when blocks run out (vLLM); they are recomputed from their prompt
+  // and the tokens generated so far. Only with chunking (a resumed input may exceed the prefill
+  // budget). Off: blocks for prompt + max_new_tokens up front (TGI).
+  bool growBlocks = true;
   // The replica's master address: the `replica` label of per-replica gauges.
   std::string name;
   uint32_t blockSize = 16;
@@ -89,9 +94,15 @@ class Batcher {
     std::shared_ptr<RequestControl> control;
     std::shared_ptr<ResponseSink> sink;
     RequestTimes times;
-    // With prefix caching: the prompt, then each generated token, for publishing written blocks.
+    // The prompt, then each generated token: for publishing written blocks, for growing the block
+    // table, and for resuming after preemption. Empty when the request has no token ids.
     std::vector<uint32_t> tokens;
-    bool published = false;  // the prompt's blocks (after its prefill)
+    bool published = false;    // the prompt's blocks (after its prefill)
+    uint32_t promptLen = 0;    // of tokens, as sent to the shards (a resumed request's included)
+    uint32_t shardBlocks = 0;  // leading blocks of the table the shards know
+    uint64_t admitted = 0;     // admission order: the newest is preempted first
+    uint32_t generatedBefore = 0;  // tokens generated before its last preemption
+    ValidRequest request;          // its parameters, to queue it again (inputIds moved to tokens)
   };
 
   void run();
@@ -110,6 +121,17 @@ class Batcher {
   // Whether the decode after `out` can be sent before `out` is delivered: a batch left, every
   // request in it still wanted, nobody waiting in the queue.
   bool pipelinable(const StatusOr<StepOutput>& out);
+  // Blocks for the positions each request of `batch` writes next (its tokens so far, `pending`
+  // adding a returned step's that absorb() has not seen yet), and the blocks the shards have not
+  // heard of, as the extensions to send with that step. With `mayPreempt`, blocks that cannot be
+  // had are taken from the most recently admitted requests of the batch: they are filtered out and
+  // go back to the queue's head (nullopt batch when none is left). Without, nullopt when blocks
+  // run short. Empty when blocks do not grow.
+  std::optional<std::vector<BlockExtension>> grow(std::optional<CachedBatch>& batch,
+                                                  const StepOutput* pending, bool mayPreempt);
+  // Frees a running request's blocks (offering what it wrote to the prefix cache) and queues it
+  // again at the head with its tokens so far as its prompt. Under mutex_.
+  void preempt(uint64_t id);
   void failAll(const Status& error);
   void finish(uint64_t id);
   // Offers the blocks of the first `written` tokens of a running request to the prefix cache.
@@ -129,6 +151,8 @@ class Batcher {
   BlockAllocator allocator_;
   std::map<uint64_t, std::shared_ptr<ResponseSink>> sinks_;  // queued, not yet batched
   std::map<uint64_t, Active> active_;                        // batched: the thread's alone
+  std::map<uint64_t, RequestTimes> resumed_;  // preempted, queued again: their first times
+  uint64_t admissions_ = 0;
   std::atomic<size_t> load_{0};
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};

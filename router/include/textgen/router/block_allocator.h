@@ -45,6 +45,10 @@ class BlockAllocator {
   // the longest cached prefix of the prompt leads the block table and sets cacheLen. Cached blocks
   // nobody references are evicted to make room.
   std::optional<BlockAllocation> allocate(std::span<const uint32_t> prompt, uint32_t tokens);
+  // Grows a live allocation to hold `tokens` positions: fresh blocks are appended (evicting cached
+  // blocks nobody holds when free ones run short), with their slots. False, and nothing changed,
+  // when too few blocks can be had.
+  bool extend(BlockAllocation& allocation, uint32_t tokens);
   // Releases one reference to each block: a block nobody holds goes back to the free list, or stays
   // cached (evictable) when it is in the tree.
   void free(std::span<const uint32_t> blocks);

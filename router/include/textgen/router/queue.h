@@ -30,6 +30,9 @@ struct QueueEntry {
   ValidRequest request;
   std::shared_ptr<RequestControl> control;
   std::chrono::steady_clock::time_point queuedAt = std::chrono::steady_clock::now();
+  // Resumed after preemption: the last `generated` of request.inputIds were generated for it
+  // (request.inputLength counts them; max_new_tokens still counts from the original prompt).
+  uint32_t generated = 0;
 };
 
 struct BatchEntry {
@@ -40,22 +43,35 @@ struct BatchEntry {
 
 class Queue {
  public:
-  Queue(uint32_t blockSize, bool supportChunking, MetricsRegistry* metrics = nullptr)
-      : blockSize_(blockSize), supportChunking_(supportChunking), metrics_(metrics) {}
+  // `growing`: a request gets blocks for its prompt and first new token only, and more as it
+  // generates (the batcher extends them, preempting when they run out); otherwise blocks for
+  // prompt + max_new_tokens up front (TGI).
+  Queue(uint32_t blockSize, bool supportChunking, MetricsRegistry* metrics = nullptr,
+        bool growing = false)
+      : blockSize_(blockSize),
+        supportChunking_(supportChunking),
+        growing_(growing),
+        metrics_(metrics) {}
 
   void append(QueueEntry entry) { entries_.push_back(std::move(entry)); }
+  // A preempted request goes back to the head: it runs again before anything newer.
+  void prepend(QueueEntry entry) { entries_.push_front(std::move(entry)); }
+  bool growing() const { return growing_; }
   size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
 
   // The next batch, or nothing (empty queue, too small for minSize, no blocks free). Requests whose
-  // client went away are removed and, when `dropped` is given, listed there.
+  // client went away are removed and, when `dropped` is given, listed there. A request is taken
+  // only while `reserveBlocks` stay free after it (room for the running requests to grow).
   std::vector<BatchEntry> nextBatch(std::optional<size_t> minSize, std::optional<size_t> maxSize,
                                     uint32_t prefillTokenBudget, BlockAllocator& allocator,
-                                    std::vector<uint64_t>* dropped = nullptr);
+                                    std::vector<uint64_t>* dropped = nullptr,
+                                    uint32_t reserveBlocks = 0);
 
  private:
   uint32_t blockSize_;
   bool supportChunking_;
+  bool growing_;
   MetricsRegistry* metrics_;
   std::deque<QueueEntry> entries_;
 };

@@ -71,6 +71,12 @@ struct StepOutput {
   std::optional<std::chrono::nanoseconds> concat;
 };
 
+// Blocks appended to a running request's table before a step (Prefill's cached batch or Decode).
+struct BlockExtension {
+  uint64_t requestId = 0;
+  std::vector<uint32_t> blocks;
+};
+
 struct WarmupOutput {
   std::optional<uint32_t> maxSupportedTotalTokens;
   uint32_t maxInputTokens = 0;
@@ -88,9 +94,12 @@ class ShardGroup {
                                         std::optional<uint32_t> maxInputTokens,
                                         uint32_t maxPrefillTokens,
                                         std::optional<uint32_t> maxTotalTokens) = 0;
+  // `extensions` name requests of `cached` (Prefill) or of `batches` (Decode).
   virtual StatusOr<StepOutput> prefill(uint64_t batchId, const std::vector<BatchEntry>& batch,
-                                       const std::optional<CachedBatch>& cached) = 0;
-  virtual StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches) = 0;
+                                       const std::optional<CachedBatch>& cached,
+                                       const std::vector<BlockExtension>& extensions = {}) = 0;
+  virtual StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches,
+                                      const std::vector<BlockExtension>& extensions = {}) = 0;
   virtual StatusOr<CachedBatch> filter(uint64_t batchId, const std::vector<uint64_t>& keep) = 0;
   // Every rank's address, rank 0 first.
   virtual const std::vector<std::string>& urls() const = 0;
