@@ -181,9 +181,12 @@ Status Engine::validate(const RequestSpec& r) const {
     return invalidArgumentError(who + std::to_string(blocks) + " blocks of " + std::to_string(bs) +
                                 " cannot hold the prompt's " + std::to_string(prompt) + " tokens");
   }
+  std::set<uint32_t> seen;
   for (uint32_t b : r.blocks) {
     if (b >= cache_->numBlocks())
       return invalidArgumentError(who + "block " + std::to_string(b) + " out of range");
+    if (!seen.insert(b).second)
+      return invalidArgumentError(who + "block " + std::to_string(b) + " twice in its table");
   }
   if (!r.slots.empty()) {
     const auto slots = static_cast<int64_t>(r.slots.size());
@@ -396,7 +399,6 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
 
 Status Engine::extend(const std::vector<uint64_t>& batchIds,
                       const std::vector<BlockExtension>& extensions) {
-  if (extensions.empty()) return okStatus();
   std::map<uint64_t, Request*> live;
   for (uint64_t id : batchIds) {
     auto it = batches_.find(id);
@@ -404,26 +406,45 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
     for (auto& r : it->second->requests) live[r->spec.id] = r.get();
   }
   const int64_t bs = cache_->blockSize();
-  std::map<uint64_t, int64_t> added;
+  std::map<uint64_t, std::set<uint32_t>> added;
   for (const BlockExtension& e : extensions) {
     auto it = live.find(e.requestId);
     if (it == live.end()) {
       return invalidArgumentError("block extension for request " + std::to_string(e.requestId) +
                                   ", which is not in the batch");
     }
+    const RequestSpec& spec = it->second->spec;
+    std::set<uint32_t>& mine = added[e.requestId];
     for (uint32_t b : e.blocks) {
       if (b >= cache_->numBlocks())
         return invalidArgumentError("block extension: block " + std::to_string(b) +
                                     " out of range");
+      if (!mine.insert(b).second ||
+          std::find(spec.blocks.begin(), spec.blocks.end(), b) != spec.blocks.end()) {
+        return invalidArgumentError("block extension: block " + std::to_string(b) +
+                                    " twice in request " + std::to_string(e.requestId) +
+                                    "'s table");
+      }
     }
     // A request never needs more blocks than its prompt + max_new_tokens fill.
-    const RequestSpec& spec = it->second->spec;
-    const int64_t total = static_cast<int64_t>(spec.blocks.size()) +
-                          (added[e.requestId] += static_cast<int64_t>(e.blocks.size()));
+    const auto total = static_cast<int64_t>(spec.blocks.size() + mine.size());
     if (total > (spec.maxLength() + bs - 1) / bs) {
       return invalidArgumentError("block extension gives request " + std::to_string(e.requestId) +
                                   " " + std::to_string(total) +
                                   " blocks, more than its prompt + max_new_tokens fill");
+    }
+  }
+  // Every position the step writes has a block once the extensions are in (checked before
+  // anything changes: a refused call leaves the batches as they were).
+  for (const auto& [id, r] : live) {
+    const int64_t end = r->computed + r->nextRows();
+    auto a = added.find(id);
+    const auto blocks =
+        static_cast<int64_t>(r->spec.blocks.size() + (a == added.end() ? 0 : a->second.size()));
+    if (blocks * bs < end) {
+      return failedPreconditionError("request " + std::to_string(id) +
+                                     " has no KV block for position " + std::to_string(end - 1) +
+                                     ": extend its blocks first");
     }
   }
   for (const BlockExtension& e : extensions) {
@@ -435,7 +456,8 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
 
 StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
   const uint64_t start = nowNs();
-  // Every position this step writes has a block (the router extends tables before the step).
+  // Every position this step writes has a block: extend() checked the cached requests, validate()
+  // the new ones' prompts; this is the last line before a write past a table.
   const int64_t bs = cache_->blockSize();
   for (const auto& r : batch->requests) {
     const int64_t end = r->computed + r->nextRows();

@@ -181,7 +181,9 @@ void Batcher::preempt(uint64_t id) {
   e.request = std::move(a.request);
   e.request.inputLength = static_cast<uint32_t>(a.tokens.size());
   e.request.inputIds = std::move(a.tokens);
-  e.request.decoderInputDetails = false;  // the prompt's details went out with its first token
+  // The prompt's details went out with its first token; preempted before it (while its prompt
+  // was prefilled in chunks) it still owes them, and computes its whole prompt again.
+  if (e.generated > 0 || generated > 0) e.request.decoderInputDetails = false;
   e.control = a.control;
   e.queuedAt = a.times.queued;
   e.generated = a.generatedBefore + static_cast<uint32_t>(generated);
@@ -199,6 +201,7 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
                                                          const StepOutput* pending,
                                                          bool mayPreempt) {
   std::vector<BlockExtension> extensions;
+  preempted_ = false;
   if (!queue_.growing() || !batch) return extensions;
   std::map<uint64_t, uint32_t> more;  // tokens of the pending step
   if (pending) {
@@ -230,14 +233,21 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
     }
     if (!victims.empty())
       spdlog::debug("preempted {} request(s): too few KV blocks to grow", victims.size());
+    preempted_ = !victims.empty();
   }
   if (!victims.empty()) {
     std::vector<uint64_t> keep;
     for (uint64_t id : batch->requestIds) {
       if (std::find(victims.begin(), victims.end(), id) == victims.end()) keep.push_back(id);
     }
+    // The victims are queued under their ids again: the shards must have let them go, or their
+    // next Prefill is refused (id in use). A failure leaves the replica unhealthy, and recover()
+    // clears the shards before the next batch (without it, clear now).
     if (keep.empty()) {
-      (void)shards_.clearCache(batch->id);
+      if (!shards_.clearCache(batch->id).ok()) {
+        healthy_ = false;
+        if (!options_.recover) (void)shards_.clearCache(std::nullopt);
+      }
       batch.reset();
       return extensions;
     }
@@ -246,6 +256,7 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
       healthy_ = false;
       failAll(Status(StatusCode::kInternal,
                      "Request failed during generation: " + filtered.status().message()));
+      if (!options_.recover) (void)shards_.clearCache(std::nullopt);
       batch.reset();
       return extensions;
     }
@@ -452,7 +463,9 @@ void Batcher::run() {
                         : 0;
         }
       }
-      std::vector<BatchEntry> more = takeBatch(minSize, maxSize, prefillBudget);
+      // Nothing joins right after a preemption: the victims would take the blocks back at once.
+      std::vector<BatchEntry> more =
+          preempted_ ? std::vector<BatchEntry>{} : takeBatch(minSize, maxSize, prefillBudget);
       if (!more.empty()) {
         if (metrics_) {
           const char* reason = minSize                    ? "backpressure"

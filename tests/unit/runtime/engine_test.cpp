@@ -396,6 +396,17 @@ TEST_F(EngineTest, BadResumesAndBlockExtensionsAreRefused) {
             StatusCode::kInvalidArgument);  // more than prompt + max_new_tokens fill
   EXPECT_EQ(engine_->prefill(8, {}, std::nullopt, {{7, {100}}}).status().code(),
             StatusCode::kInvalidArgument);  // extensions without a cached batch
+  // A block twice in one table (it would overwrite its own keys): in one extension, or one the
+  // table already holds.
+  EXPECT_EQ(engine_->decode({7}, {{7, {100, 100}}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->decode({7}, {{7, {g.blocks[0]}}}).status().code(),
+            StatusCode::kInvalidArgument);
+  RequestSpec twice = spec(9, 1, 4, 300);
+  twice.blocks[1] = twice.blocks[0];
+  auto refused = engine_->prefill(9, {twice}, std::nullopt);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  ASSERT_EQ(refused->generations.size(), 1u);
+  EXPECT_NE(refused->generations[0].error.value_or("").find("twice"), std::string::npos);
   // The refused calls changed nothing: a good extension makes the batch go on.
   s = engine_->decode({7}, {{7, {100}}});
   ASSERT_TRUE(s.ok()) << s.status();

@@ -153,6 +153,7 @@ class Batcher {
   std::map<uint64_t, Active> active_;                        // batched: the thread's alone
   std::map<uint64_t, RequestTimes> resumed_;  // preempted, queued again: their first times
   uint64_t admissions_ = 0;
+  bool preempted_ = false;  // the last grow() preempted
   std::atomic<size_t> load_{0};
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};
