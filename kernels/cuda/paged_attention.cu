@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "common.cuh"
@@ -337,9 +339,13 @@ struct FlashSmem {
   static constexpr size_t kBytes = kSlots + sizeof(int64_t) * kTileKeys;
 };
 
+// With numSplits > 1 (a grid of (tiles, heads) under a wave, over a long context: a prompt's tail
+// after a cached prefix) each tile's keys are shared among numSplits blocks (blockIdx.z), each
+// walking its own run of key tiles; they leave (max, sum, unnormalised output) per row in the
+// workspace, and the last to finish merges them, as splitKernel does for decode rows.
 template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
 __global__ void __launch_bounds__(kWarps * 32)
-    flashKernel(PagedAttentionParams p, int tilesPerSeq) {
+    flashKernel(PagedAttentionParams p, int tilesPerSeq, int numSplits) {
   namespace wmma = nvcuda::wmma;
   using L = FlashSmem<T, kD>;
   using C = Convert<T>;
@@ -399,7 +405,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int kk = 0; kk < kD / 16; ++kk)
     wmma::load_matrix_sync(qFrag[kk], sQ + warp * 16 * L::kDp + kk * 16, L::kDp);
 
-  for (int kvStart = kvBegin / kTileKeys * kTileKeys; kvStart <= lastPos; kvStart += kTileKeys) {
+  // This block's run of key tiles: an even share of the tile's own range.
+  const int kvTile0 = kvBegin / kTileKeys, kvTiles = lastPos / kTileKeys + 1 - kvTile0;
+  const int perSplit = (kvTiles + numSplits - 1) / numSplits;
+  const int myFirst = kvTile0 + static_cast<int>(blockIdx.z) * perSplit;
+  const int myEnd = min(kvTile0 + kvTiles, myFirst + perSplit);
+  for (int kvStart = myFirst * kTileKeys; kvStart < myEnd * kTileKeys; kvStart += kTileKeys) {
     for (int c = threadIdx.x; c < kTileKeys; c += blockDim.x) {
       const int j = kvStart + c;
       sSlot[c] =
@@ -521,12 +532,82 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   T* out = static_cast<T*>(p.out);
-  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
-    const int r = i / kD, d = i % kD;
-    const float l = sL[r];
-    out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + d] =
-        C::fromFloat(l > 0.0f ? sO[r * L::kOp + d] / l : 0.0f);
+  if (numSplits == 1) {
+    for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
+      const int r = i / kD, d = i % kD;
+      const float l = sL[r];
+      out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + d] =
+          C::fromFloat(l > 0.0f ? sO[r * L::kOp + d] / l : 0.0f);
+    }
+    return;
   }
+  // Partials of this (tile, head, split): [max per row | sum per row | unnormalised O per row].
+  constexpr int kPartial = kTileRows * (kD + 2);
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * p.numHeads + head;
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kCounterBytes) +
+                    unit * numSplits * kPartial;
+  float* mine = partials + static_cast<int64_t>(blockIdx.z) * kPartial;
+  for (int r = threadIdx.x; r < numRows; r += blockDim.x) {
+    mine[r] = sM[r];
+    mine[kTileRows + r] = sL[r];
+  }
+  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x)
+    mine[2 * kTileRows + i] = sO[(i / kD) * L::kOp + i % kD];
+  // The last split of this (tile, head) to finish merges them all, then resets the counter.
+  __threadfence();
+  __syncthreads();
+  __shared__ bool isLast;
+  unsigned int* counter = static_cast<unsigned int*>(p.workspace) + unit;
+  if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(numSplits - 1);
+  __syncthreads();
+  if (!isLast) return;
+  __threadfence();
+  // Each split's weight per row, exp(m_split - m_max), in sS ([split][row]; numSplits <= kSp).
+  for (int r = threadIdx.x; r < numRows; r += blockDim.x) {
+    float mMax = -INFINITY;
+    for (int sp = 0; sp < numSplits; ++sp) mMax = fmaxf(mMax, __ldcg(partials + sp * kPartial + r));
+    float lSum = 0.0f;
+    for (int sp = 0; sp < numSplits; ++sp) {
+      const float m = __ldcg(partials + sp * kPartial + r);
+      const float w = m == -INFINITY ? 0.0f : __expf(m - mMax);
+      sS[sp * kTileRows + r] = w;
+      lSum += w * __ldcg(partials + sp * kPartial + kTileRows + r);
+    }
+    sL[r] = lSum;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
+    const int r = i / kD;
+    float o = 0.0f;
+    for (int sp = 0; sp < numSplits; ++sp) {
+      const float w = sS[sp * kTileRows + r];
+      if (w != 0.0f) o += w * __ldcg(partials + sp * kPartial + 2 * kTileRows + i);
+    }
+    const float l = sL[r];
+    out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + i % kD] =
+        C::fromFloat(l > 0.0f ? o / l : 0.0f);
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
+
+// Key splits for the tensor-core kernel: 1 while its (tile, head) blocks fill the device; else
+// enough to reach about two waves (two blocks fit an SM), at least two key tiles a split, within
+// the workspace's counters and partials.
+int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDim) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TEXTGEN_FLASH_SPLIT");
+    return !(v && std::string_view(v) == "0");
+  }();
+  const int64_t sms = multiprocessorCount();
+  if (!enabled || units >= sms || !p.workspace || p.workspaceBytes <= kCounterBytes ||
+      units * 4 > static_cast<int64_t>(kCounterBytes))
+    return 1;
+  const int64_t kvTiles = (p.maxContext + kTileKeys - 1) / kTileKeys;
+  int64_t splits = std::min<int64_t>((2 * sms + units - 1) / units, kvTiles / 2);
+  const int64_t perSplit = units * kTileRows * (headDim + 2) * static_cast<int64_t>(sizeof(float));
+  splits =
+      std::min<int64_t>(splits, static_cast<int64_t>(p.workspaceBytes - kCounterBytes) / perSplit);
+  return std::clamp<int64_t>(splits, 1, 32);
 }
 
 template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
@@ -549,10 +630,12 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
     optedIn.fetch_or(bit, std::memory_order_release);
   }
   const int64_t tilesPerSeq = (p.maxNewRows + kTileRows - 1) / kTileRows;
-  const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq),
-                  static_cast<unsigned>(p.numHeads));
+  const int64_t splits = flashSplits(p, p.numSeqs * tilesPerSeq * p.numHeads, kD);
+  const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq), static_cast<unsigned>(p.numHeads),
+                  static_cast<unsigned>(splits));
   return cuda::launch("paged_attention (flash)", flashKernel<T, kCache, kD, kAlibi>, grid,
-                      kWarps * 32, L::kBytes, stream, p, static_cast<int>(tilesPerSeq));
+                      kWarps * 32, L::kBytes, stream, p, static_cast<int>(tilesPerSeq),
+                      static_cast<int>(splits));
 }
 
 template <typename T, KvCacheDType kCache>
@@ -584,17 +667,14 @@ Status launch(const PagedAttentionParams& p, cudaStream_t stream, bool flash) {
 Status invokePagedAttention(const PagedAttentionParams& p, Stream stream) {
   TG_RETURN_IF_ERROR(validatePagedAttention(p));
   if (p.rows == 0) return okStatus();
-  // Tensor cores pay off once a sequence brings a tile's worth of rows; decode rows (one per
-  // sequence) and small chunks go to the split kernel. So do a few rows over a long context (a
-  // prompt's tail after a cached prefix) while the tensor-core grid, one block per (64-row tile,
-  // head) each walking the whole context alone, is under one wave: 16 rows after 2048 cached
-  // tokens took 351 us a layer on an H100 that way.
-  const int64_t flashBlocks = p.numSeqs * ((p.maxNewRows + kTileRows - 1) / kTileRows) * p.numHeads;
-  const bool fewRowsLongContext = p.maxNewRows <= 32 && p.maxContext > 4 * kTileKeys &&
-                                  flashBlocks < static_cast<int64_t>(multiprocessorCount());
+  // Tensor cores pay off once a sequence brings 16 rows; decode rows (one per sequence) and
+  // smaller chunks go to the split kernel. A few rows over a long context (a prompt's tail after a
+  // cached prefix) split the context among blocks (flashSplits): one block per (64-row tile, head)
+  // walking the whole context alone took 351 us a layer for 16 rows after 2048 cached tokens on an
+  // H100.
   const bool flash = p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
-                     p.maxNewRows >= 16 && !fewRowsLongContext && p.qRowStride % 8 == 0 &&
-                     cuda::aligned16(p.q) && cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
+                     p.maxNewRows >= 16 && p.qRowStride % 8 == 0 && cuda::aligned16(p.q) &&
+                     cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
   TG_DISPATCH_DTYPE(p.dtype, launch, p, stream, flash);
 }
 

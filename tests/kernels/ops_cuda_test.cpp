@@ -897,6 +897,12 @@ TEST_F(OpsCudaTest, PagedAttentionPrefillAndChunks) {
     runAttention({dt, 1, 32, 32, 128, 16, 0, 2096, 16}, rng_);
     runAttention({dt, 2, 32, 8, 128, 16, 0, 1500, 24}, rng_);
     runAttention({dt, 1, 32, 32, 128, 16, 0, 2048, 64}, rng_);
+    // Few tensor-core tiles over long contexts: the keys are split among blocks and merged
+    // (flashSplits), with GQA, a sliding window, head size 64, and sequences of unequal lengths.
+    runAttention({dt, 2, 32, 8, 128, 16, 0, 3000, 64}, rng_);
+    runAttention({dt, 1, 32, 8, 128, 16, 700, 2500, 64}, rng_);
+    runAttention({dt, 1, 16, 4, 64, 16, 0, 3000, 48}, rng_);
+    runAttention({dt, 3, 8, 8, 128, 16, 0, 1200, 100}, rng_);
   }
 }
 
@@ -923,6 +929,7 @@ TEST_F(OpsCudaTest, PagedAttentionAlibiPrefillAndChunks) {
     runAttention({dt, 2, 8, 1, 64, 16, 0, 0, 400, true}, rng_);       // MQA prompts
     runAttention({dt, 4, 4, 2, 128, 16, 0, 100, 70, true}, rng_);     // decode-sized to tiles
     runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90, true}, rng_);       // no tensor-core path
+    runAttention({dt, 1, 16, 16, 128, 16, 0, 2500, 40, true}, rng_);  // split keys, merged
   }
 }
 
@@ -967,6 +974,7 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CachePrefillAndChunks) {
       runAttention({dt, 2, 4, 2, 80, 16, 0, 50, 90, false, 0.0f, kv}, rng_);  // no tensor cores
       runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 0.0f, kv}, rng_);  // ALiBi
       runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 11.3137085f, kv}, rng_);  // Falcon's
+      runAttention({dt, 1, 32, 8, 128, 16, 0, 2500, 64, false, 0.0f, kv}, rng_);     // split keys
     }
   }
 }
