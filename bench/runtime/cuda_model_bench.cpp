@@ -503,7 +503,7 @@ int main(int argc, char** argv) {
   std::printf("%6s %14s %16s %16s %16s\n", "batch", "prefill ms", "prefill tok/s", "decode ms/step",
               "decode tok/s");
   json sweep = json::array();
-  for (int64_t batch : {1, 8, 32, 64, 128, 256}) {
+  for (int64_t batch : {1, 8, 16, 32, 48, 64, 128, 256}) {
     d.reset();
     if (!d.fits(prompt + steps + 8, batch)) {
       std::printf("%6ld  (KV pool too small)\n", static_cast<long>(batch));

@@ -1,13 +1,16 @@
 // GemmRunner: the gemv kernel for decode-sized problems (rows <= 8, 16-bit), cuBLASLt otherwise.
 // Row-major y = x·Wᵀ is, in cuBLAS's column-major terms, yᵀ[out, rows] = op(W)[out, in] · xᵀ[in,
 // rows] with op = transpose: the "TN" GEMM, cuBLAS's fastest layout. Descriptors and the
-// heuristic's choice are cached per (rows, in, out, dtype).
+// heuristic's choice are cached per (rows, in, out, dtype); up to 64 rows the heuristic's
+// candidates are timed first and the fastest cached.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "gemv.h"
 #include "textgen/kernels/gemm_runner.h"
@@ -121,12 +124,13 @@ class LtRunner final : public GemmRunner {
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &workspaceBytes_, sizeof workspaceBytes_),
         "set workspace preference");
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
     int found = 0;
     if (st.ok()) {
-      st = cublasStatus(cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->a, plan->b, plan->c,
-                                                       plan->c, pref, 1, &result, &found),
-                        "algorithm heuristic");
+      st = cublasStatus(
+          cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->a, plan->b, plan->c, plan->c,
+                                         pref, kTuneCandidates, results, &found),
+          "algorithm heuristic");
     }
     cublasLtMatmulPreferenceDestroy(pref);
     TG_RETURN_IF_ERROR(st);
@@ -134,11 +138,74 @@ class LtRunner final : public GemmRunner {
       return internalError("gemm: cuBLASLt has no algorithm for " + std::to_string(p.rows) + "x" +
                            std::to_string(p.in) + "x" + std::to_string(p.out));
     }
-    plan->algo = result.algo;
+    plan->algo = results[0].algo;
+    // Decode-sized problems: the heuristic's first choice is not always the fastest (32 rows of
+    // Llama-2-7B decoded slower than 64 with it), so its candidates are timed once, on the real
+    // operands, and the fastest kept. Not while a graph is being captured (nothing may wait then):
+    // that plan keeps the heuristic's choice and is not cached, so a later eager call tunes it.
+    bool tuned = false;
+    if (p.rows <= kTuneRows && found > 1) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream_, &capturing) == cudaSuccess &&
+          capturing == cudaStreamCaptureStatusNone) {
+        tune(p, *plan, results, found);
+        tuned = true;
+      }
+    }
     const Plan* raw = plan.get();
+    if (!tuned && p.rows <= kTuneRows && found > 1) {
+      untuned_.push_back(std::move(plan));  // kept alive for the graph that captured it
+      return raw;
+    }
     plans_.emplace(key, std::move(plan));
     return raw;
   }
+
+  // Times each candidate (one warm-up run, then the best of three) and keeps the fastest in
+  // `plan`. A candidate that fails to run is skipped; timing errors leave the heuristic's choice.
+  void tune(const GemmParams& p, Plan& plan, const cublasLtMatmulHeuristicResult_t* results,
+            int found) {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+      if (start) cudaEventDestroy(start);
+      cudaGetLastError();
+      return;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    float best = 0.0f;
+    int bestIndex = -1;
+    for (int i = 0; i < found; ++i) {
+      auto once = [&] {
+        return cublasLtMatmul(handle_, plan.op, &alpha, p.weight, plan.a, p.x, plan.b, &beta, p.y,
+                              plan.c, p.y, plan.c, &results[i].algo, workspace_, workspaceBytes_,
+                              stream_) == CUBLAS_STATUS_SUCCESS;
+      };
+      if (!once()) continue;
+      float fastest = -1.0f;
+      for (int rep = 0; rep < 3; ++rep) {
+        float ms = 0.0f;
+        if (cudaEventRecord(start, stream_) != cudaSuccess || !once() ||
+            cudaEventRecord(stop, stream_) != cudaSuccess ||
+            cudaEventSynchronize(stop) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+          fastest = -1.0f;
+          break;
+        }
+        fastest = fastest < 0.0f ? ms : std::min(fastest, ms);
+      }
+      if (fastest >= 0.0f && (bestIndex < 0 || fastest < best)) {
+        best = fastest;
+        bestIndex = i;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaGetLastError();  // a failed candidate's launch error is not the caller's
+    if (bestIndex >= 0) plan.algo = results[bestIndex].algo;
+  }
+
+  static constexpr int kTuneCandidates = 8;
+  static constexpr int64_t kTuneRows = 64;
 
   cublasLtHandle_t handle_;
   void* workspace_;
@@ -146,6 +213,7 @@ class LtRunner final : public GemmRunner {
   cudaStream_t stream_;
   bool gemv_;
   std::map<std::tuple<int64_t, int64_t, int64_t, DType, bool>, std::unique_ptr<Plan>> plans_;
+  std::vector<std::unique_ptr<Plan>> untuned_;  // made during a capture, used by its graph
 };
 
 }  // namespace

@@ -68,7 +68,8 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // is the same, in the same order, as with kHeads = 1.
 template <typename T, KvCacheDType kCache, int kEpl, int kHeads, bool kAlibi>
 __global__ void __launch_bounds__(kWarps * 32)
-    splitKernel(PagedAttentionParams p, int partition, int numSplits, int tilesPerKv) {
+    splitKernel(PagedAttentionParams p, int partition, int numSplits, int tilesPerKv,
+                int flashMinRows) {
   using C = Convert<T>;
   using K = CacheOf<T, kCache>;
   using E = typename K::Elem;
@@ -82,6 +83,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int head0 = kvh * group + (static_cast<int>(blockIdx.y) % tilesPerKv) * kHeads;
   const int nHeads = min(kHeads, (kvh + 1) * group - head0);  // a group's last tile may be short
   const int s = sequenceOf(p.seqStarts, static_cast<int>(p.numSeqs), row);
+  // A mixed batch: the tensor-core kernel takes the sequences of flashMinRows rows or more.
+  if (flashMinRows > 0 && p.seqStarts[s + 1] - p.seqStarts[s] >= flashMinRows) return;
   const int pos = p.startPos[s] + (row - p.seqStarts[s]);
   const int lo = p.slidingWindow > 0 ? max(0, pos - static_cast<int>(p.slidingWindow) + 1) : 0;
   const int begin = max(lo, split * partition), end = min(pos + 1, (split + 1) * partition);
@@ -280,7 +283,7 @@ auto splitKernelFor(int64_t headDim, int heads) {
 }
 
 template <typename T, KvCacheDType kCache>
-Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
+Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flashMinRows = 0) {
   // With (rows x heads) blocks too few to keep eight per SM busy (decode is bound by the loads
   // in flight), split every context into partitions of kMinPartition keys: a block per split
   // holding keys, so short and long contexts alike spread over the device even when maxContext is
@@ -315,7 +318,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream) {
   auto* kernel = p.alibiSlopes ? splitKernelFor<T, kCache, true>(p.headDim, heads)
                                : splitKernelFor<T, kCache, false>(p.headDim, heads);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, part, s,
-                      static_cast<int>(tilesPerKv));
+                      static_cast<int>(tilesPerKv), flashMinRows);
 }
 
 // ---- Tensor-core prefill ----
@@ -345,7 +348,7 @@ struct FlashSmem {
 // workspace, and the last to finish merges them, as splitKernel does for decode rows.
 template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
 __global__ void __launch_bounds__(kWarps * 32)
-    flashKernel(PagedAttentionParams p, int tilesPerSeq, int numSplits) {
+    flashKernel(PagedAttentionParams p, int tilesPerSeq, int numSplits, int minRows) {
   namespace wmma = nvcuda::wmma;
   using L = FlashSmem<T, kD>;
   using C = Convert<T>;
@@ -369,6 +372,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   const int s = blockIdx.x / tilesPerSeq, tile = blockIdx.x % tilesPerSeq, head = blockIdx.y;
   const int seqRows = p.seqStarts[s + 1] - p.seqStarts[s];
+  if (seqRows < minRows) return;  // a mixed batch's decode rows: the split-K kernel's
   const int rowBegin = p.seqStarts[s] + tile * kTileRows;
   const int numRows = min(kTileRows, seqRows - tile * kTileRows);
   if (numRows <= 0) return;
@@ -611,7 +615,7 @@ int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDi
 }
 
 template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
-Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
+Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minRows) {
   using L = FlashSmem<T, kD>;
   // The opt-in is a property of the kernel on each device: once per device (tensor-parallel ranks
   // may be threads of one process, one device each).
@@ -635,20 +639,33 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(splits));
   return cuda::launch("paged_attention (flash)", flashKernel<T, kCache, kD, kAlibi>, grid,
                       kWarps * 32, L::kBytes, stream, p, static_cast<int>(tilesPerSeq),
-                      static_cast<int>(splits));
+                      static_cast<int>(splits), minRows);
 }
+
+// The tensor-core kernel for sequences of at least kFlashMinRows new rows. In a batch that mixes
+// them with shorter ones (decode rows beside a prompt chunk), those take the split-K kernel,
+// launched after it: a one-row sequence in a 64-row tile walked its whole context for one row, and
+// such mixed steps ran at about half speed.
+constexpr int kFlashMinRows = 16;
 
 template <typename T, KvCacheDType kCache>
 Status launchFlash(const PagedAttentionParams& p, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     return launchSplit<T, kCache>(p, stream);
   } else {
-    if (p.alibiSlopes) {
-      return p.headDim == 64 ? launchFlashD<T, kCache, 64, true>(p, stream)
-                             : launchFlashD<T, kCache, 128, true>(p, stream);
-    }
-    return p.headDim == 64 ? launchFlashD<T, kCache, 64, false>(p, stream)
-                           : launchFlashD<T, kCache, 128, false>(p, stream);
+    const bool mixed = p.minNewRows > 0 && p.minNewRows < kFlashMinRows;
+    const int minRows = mixed ? kFlashMinRows : 0;
+    auto flash = [&]() -> Status {
+      if (p.alibiSlopes) {
+        if (p.headDim == 64) return launchFlashD<T, kCache, 64, true>(p, stream, minRows);
+        return launchFlashD<T, kCache, 128, true>(p, stream, minRows);
+      }
+      if (p.headDim == 64) return launchFlashD<T, kCache, 64, false>(p, stream, minRows);
+      return launchFlashD<T, kCache, 128, false>(p, stream, minRows);
+    };
+    const Status st = flash();
+    if (!st.ok() || !mixed) return st;
+    return launchSplit<T, kCache>(p, stream, kFlashMinRows);
   }
 }
 
@@ -673,8 +690,8 @@ Status invokePagedAttention(const PagedAttentionParams& p, Stream stream) {
   // walking the whole context alone took 351 us a layer for 16 rows after 2048 cached tokens on an
   // H100.
   const bool flash = p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
-                     p.maxNewRows >= 16 && p.qRowStride % 8 == 0 && cuda::aligned16(p.q) &&
-                     cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
+                     p.maxNewRows >= kFlashMinRows && p.qRowStride % 8 == 0 &&
+                     cuda::aligned16(p.q) && cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
   TG_DISPATCH_DTYPE(p.dtype, launch, p, stream, flash);
 }
 

@@ -153,6 +153,7 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
        .alibiBf16Divisor = options_.alibiBf16Divisor,
        .maxNewRows = meta.layout.maxNewRows,
        .maxContext = meta.layout.maxContext,
+       .minNewRows = meta.layout.minNewRows,
        .dtype = dt,
        .cacheDtype = cache.cacheDtype()}));
   return ctx.backend.linear(o_, attn, hs, rows);

@@ -13,6 +13,7 @@ struct BatchMetadata {
   struct Layout {
     int64_t rows = 0, numSeqs = 0, maxBlocksPerSeq = 1, logitRows = 0;
     int64_t maxNewRows = 0, maxContext = 0;
+    int64_t minNewRows = 0;  // the fewest new rows of any sequence (0: unknown)
   };
 
   const int32_t* ids = nullptr;          // [rows]

@@ -113,6 +113,7 @@ BatchMetadata::Layout ModelRunner::eagerLayout(const ForwardBatch& b) const {
   l.logitRows = static_cast<int64_t>(b.logitRows.size());
   for (const SequenceRows& s : b.sequences) {
     l.maxBlocksPerSeq = std::max<int64_t>(l.maxBlocksPerSeq, static_cast<int64_t>(s.blocks.size()));
+    l.minNewRows = l.minNewRows == 0 ? s.numRows : std::min(l.minNewRows, s.numRows);
     l.maxNewRows = std::max(l.maxNewRows, s.numRows);
     l.maxContext = std::max(l.maxContext, s.startPos + s.numRows);
   }
@@ -143,7 +144,7 @@ BatchMetadata::Layout ModelRunner::graphLayout(int64_t bucket, const KvCache& ca
   Layout l;
   l.rows = l.numSeqs = l.logitRows = bucket;
   l.maxBlocksPerSeq = graphContext_ / cache.blockSize() + 1;
-  l.maxNewRows = 1;
+  l.minNewRows = l.maxNewRows = 1;
   l.maxContext = graphContext_;
   return l;
 }
@@ -162,6 +163,9 @@ Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, int64_t buck
                       uploadMetadata(b, layout, graphMeta_, graphFreq_, graphMetaBytes()));
   auto it = graphs_.find(bucket);
   if (it == graphs_.end()) {
+    // One eager forward first: GEMM plans are tuned (timing them, which no capture allows) and
+    // modules loaded outside the capture. The graph then recomputes the same rows.
+    TG_RETURN_IF_ERROR(enqueue(meta, cache));
     TG_RETURN_IF_ERROR(backend_.beginCapture());
     const Status st = enqueue(meta, cache);
     auto graph = backend_.endCapture();

@@ -53,6 +53,10 @@ struct PagedAttentionParams {
   // Launch shape, known on the host: the most new rows of any sequence, and the longest context
   // (startPos + new rows). Both are upper bounds; larger values only cost idle blocks.
   int64_t maxNewRows = 0, maxContext = 0;
+  // The fewest new rows of any sequence (0: unknown). A batch mixing prompts with decode rows
+  // (chunked prefill beside running requests) takes the tensor-core kernel for the prompts and the
+  // split-K kernel for the rest, instead of a 64-row tile for every one-row sequence.
+  int64_t minNewRows = 0;
   DType dtype = DType::kF32;  // of q and out (and of the cache under kAuto)
   KvCacheDType cacheDtype = KvCacheDType::kAuto;
   // Device scratch for split-K partial results, zero-filled once before first use (it holds
