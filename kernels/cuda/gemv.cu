@@ -62,17 +62,20 @@ __device__ __forceinline__ void loadWeights(const uint4* __restrict__ wRow, int 
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kWarps * 32)
     gemvKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int rows,
-               int in, int out) {
+               int in, int out, bool weightsFromPrimary) {
   constexpr int kStep = 32 * kUnroll;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int o = blockIdx.x * kWarps + warp;
   const int vecs = o < out ? in / 8 : 0;
   const uint4* wRow = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(o) * in);
-  // The first weights are requested before waiting for the kernel that writes x: weights are
-  // written by no kernel, and their latency then overlaps that kernel's end (launch.h).
+  // The first weights are requested before waiting for the kernel that writes x: model weights
+  // are written by no kernel, and their latency then overlaps that kernel's end (launch.h).
+  // Weights a kernel just dequantized are loaded after the wait (reading them early read the
+  // previous layer's: TP=2 GPT-Q act-order decodes diverged at their first token).
   uint4 cur[kUnroll];
-  loadWeights(wRow, lane, vecs, cur);
+  if (!weightsFromPrimary) loadWeights(wRow, lane, vecs, cur);
   cuda::waitForPrimary();
+  if (weightsFromPrimary) loadWeights(wRow, lane, vecs, cur);
   cuda::allowDependents();
   if (o >= out) return;
   float acc[kRows] = {};
@@ -104,7 +107,7 @@ Status launch(const GemmParams& p, cudaStream_t stream) {
             out = static_cast<int>(p.out);
   static_assert(kMaxGemvRows == 1);
   return cuda::launch("gemv", gemvKernel<T, 1>, grid, kWarps * 32, 0, stream, x, w, y, rows, in,
-                      out);
+                      out, p.weightsFromPrimary);
 }
 
 }  // namespace

@@ -19,7 +19,9 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "common.cuh"
@@ -1118,7 +1120,18 @@ enum class MmaPath { kNo, k16Bit, kW8A8 };
 
 // The tensor-core GEMV: 16-bit x with any code (act-order x is permuted first), or fp8 W8A8 with
 // one scale per output on sm_89 and later.
+// TEXTGEN_QUANT_PATH=dense: every quantized GEMM dequantizes and runs cuBLASLt (a debugging
+// switch, to tell a faulty GEMV or tensor-core path from the rest of a model).
+bool denseOnly() {
+  static const bool dense = [] {
+    const char* v = std::getenv("TEXTGEN_QUANT_PATH");
+    return v && std::string_view(v) == "dense";
+  }();
+  return dense;
+}
+
 MmaPath mmaPathOf(const QuantGemmParams& p) {
+  if (denseOnly()) return MmaPath::kNo;
   const int n = quantBits(p.w.code) == 4 ? 32 : 16;
   if (p.dtype == DType::kF32 || p.rows > kMaxQuantMmaRows || p.in % n != 0 ||
       p.w.groupSize % n != 0 || !cuda::aligned16(p.w.packed) || p.in >= (int64_t{1} << 30) ||
@@ -1132,6 +1145,7 @@ MmaPath mmaPathOf(const QuantGemmParams& p) {
 }
 
 bool gemvTakes(const QuantGemmParams& p) {
+  if (denseOnly()) return false;
   const int n = quantBits(p.w.code) == 4 ? 32 : 16;
   // fp8 with one tensor scale: cuBLASLt's FP8 GEMM from 3 rows on (bench_cuda_model: it decodes 32
   // rows in less time than the GEMV takes for 8).
@@ -1142,9 +1156,9 @@ bool gemvTakes(const QuantGemmParams& p) {
 }
 
 bool fp8GemmTakes(const QuantGemmParams& p) {
-  return p.w.code == QuantCode::kFp8E4M3 && p.w.act == ActQuant::kFp8 && p.w.tensorScale &&
-         !p.w.perm && p.dtype != DType::kF32 && p.in % 16 == 0 && p.out % 16 == 0 &&
-         cuda::aligned16(p.w.packed);
+  return !denseOnly() && p.w.code == QuantCode::kFp8E4M3 && p.w.act == ActQuant::kFp8 &&
+         p.w.tensorScale && !p.w.perm && p.dtype != DType::kF32 && p.in % 16 == 0 &&
+         p.out % 16 == 0 && cuda::aligned16(p.w.packed);
 }
 
 Layout layoutOf(const QuantGemmParams& p) {
@@ -1437,7 +1451,7 @@ Status run(const QuantGemmParams& p, char* ws, const QuantGemmCallbacks& gemm,
   }
   auto* dense = reinterpret_cast<T*>(xqBytes + l.xq);
   TG_RETURN_IF_ERROR(dequantize<T>(p, dense, stream));
-  return gemm.dense({x, dense, p.y, p.rows, p.in, p.out, p.dtype});
+  return gemm.dense({x, dense, p.y, p.rows, p.in, p.out, p.dtype, /*weightsFromPrimary=*/true});
 }
 
 }  // namespace

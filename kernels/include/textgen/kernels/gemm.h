@@ -17,6 +17,10 @@ struct GemmParams {
   void* y = nullptr;             // [rows, out]
   int64_t rows = 0, in = 0, out = 0;
   DType dtype = DType::kF32;
+  // The weights were written by the kernel just before this GEMM (a quantized layer dequantized
+  // into a workspace): the GEMV may not load them ahead of its dependency wait, as it does
+  // weights that no kernel writes (programmatic dependent launch).
+  bool weightsFromPrimary = false;
 };
 
 Status validateGemm(const GemmParams& p);
