@@ -221,7 +221,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   // The last split of this (row, tile of heads) to finish merges them all (no second kernel), then
   // resets the counter (the tile's first head's) for the next call.
+  // Every thread's partial stores are fenced before thread 0 announces the block: without the
+  // barrier it could arrive while other warps' stores were still in flight, and the merging block
+  // read stale partials.
   __threadfence();
+  __syncthreads();
   __shared__ bool isLast;
   unsigned int* counter = static_cast<unsigned int*>(p.workspace) + rowHead0;
   if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(last - first);

@@ -113,7 +113,8 @@ BatchMetadata::Layout ModelRunner::eagerLayout(const ForwardBatch& b) const {
   l.logitRows = static_cast<int64_t>(b.logitRows.size());
   for (const SequenceRows& s : b.sequences) {
     l.maxBlocksPerSeq = std::max<int64_t>(l.maxBlocksPerSeq, static_cast<int64_t>(s.blocks.size()));
-    l.minNewRows = l.minNewRows == 0 ? s.numRows : std::min(l.minNewRows, s.numRows);
+    if (s.numRows > 0)
+      l.minNewRows = l.minNewRows == 0 ? s.numRows : std::min(l.minNewRows, s.numRows);
     l.maxNewRows = std::max(l.maxNewRows, s.numRows);
     l.maxContext = std::max(l.maxContext, s.startPos + s.numRows);
   }
