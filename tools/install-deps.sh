@@ -19,9 +19,10 @@ packages=(
   libgloo-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3
-  # the sanitizer and fuzzing build (tools/fuzz.sh, docs/fuzzing.md): clang, libFuzzer, and
-  # llvm-symbolizer for readable sanitizer stacks
-  clang-16 libfuzzer-16-dev llvm-16
+  # the sanitizer and fuzzing build (tools/fuzz.sh, docs/fuzzing.md): clang, libFuzzer, the
+  # sanitizer runtimes (ASan, UBSan: no package of these depends on them), and llvm-symbolizer for
+  # readable sanitizer stacks
+  clang-16 libfuzzer-16-dev libclang-rt-16-dev llvm-16
   # metrics exposition checks (promtool) and a real scrape in the router tests
   prometheus
   # the operator's tests: etcd under a real API server (tools/k8s-test-server/build.sh), test
