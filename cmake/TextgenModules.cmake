@@ -2,6 +2,7 @@
 #
 #   kernels <- pod-runtime -> proto <- router        operator, launcher: base only
 #               pod-runtime -> tokenizer <- router
+#               pod-runtime -> grammar <- router         (grammar: base only)
 #
 # Every module is a target `textgen_<name>` (alias `textgen::<name>`) whose public headers live in
 # `<dir>/include/textgen/<name>/` and are visible only to targets that link it. Executables and tests
@@ -12,8 +13,9 @@ set(TEXTGEN_ALLOWED_DEPS_base "")
 set(TEXTGEN_ALLOWED_DEPS_proto "")
 set(TEXTGEN_ALLOWED_DEPS_kernels "base")
 set(TEXTGEN_ALLOWED_DEPS_tokenizer "base")
-set(TEXTGEN_ALLOWED_DEPS_runtime "base;kernels;proto;tokenizer")
-set(TEXTGEN_ALLOWED_DEPS_router "base;proto;tokenizer")
+set(TEXTGEN_ALLOWED_DEPS_grammar "base")
+set(TEXTGEN_ALLOWED_DEPS_runtime "base;kernels;proto;tokenizer;grammar")
+set(TEXTGEN_ALLOWED_DEPS_router "base;proto;tokenizer;grammar")
 set(TEXTGEN_ALLOWED_DEPS_operator "base")
 set(TEXTGEN_ALLOWED_DEPS_launcher "base")
 

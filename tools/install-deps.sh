@@ -19,6 +19,8 @@ packages=(
   libgloo-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3
+  # chat templates and constrained output: the references (jinja2 renders, JSON Schema validation)
+  python3-jinja2 python3-jsonschema
   # the sanitizer and fuzzing build (tools/fuzz.sh, docs/fuzzing.md): clang, libFuzzer, the
   # sanitizer runtimes (ASan, UBSan: no package of these depends on them), and llvm-symbolizer for
   # readable sanitizer stacks
@@ -51,9 +53,16 @@ install_clients() {
   done
 }
 
+# minja (chat templates; header-only, not in Debian 12): Debian unstable's libminja-dev unpacked into
+# a cache outside the tree (tools/fetch-minja.sh; quick and offline once fetched).
+fetch_minja() {
+  "$(cd "$(dirname "$0")" && pwd)/fetch-minja.sh" >/dev/null
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
   install_clients
+  fetch_minja
   exit 0
 fi
 
@@ -67,3 +76,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 install_clients
+fetch_minja

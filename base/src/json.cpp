@@ -52,7 +52,10 @@ class DepthCheck final : public nlohmann::json_sax<json> {
 
 }  // namespace
 
-StatusOr<json> parseJson(std::string_view text, std::string_view what, int maxDepth) {
+namespace {
+
+// The depth and syntax check shared by both parsers.
+Status checkJson(std::string_view text, std::string_view what, int maxDepth) {
   DepthCheck check(maxDepth);
   const bool ok = json::sax_parse(text, &check, json::input_format_t::json, /*strict=*/true);
   if (check.tooDeep()) {
@@ -63,6 +66,21 @@ StatusOr<json> parseJson(std::string_view text, std::string_view what, int maxDe
     return invalidArgumentError(std::string(what) + " is not valid JSON (at byte " +
                                 std::to_string(check.errorAt()) + ")");
   }
+  return okStatus();
+}
+
+}  // namespace
+
+StatusOr<nlohmann::ordered_json> parseOrderedJson(std::string_view text, std::string_view what,
+                                                  int maxDepth) {
+  TG_RETURN_IF_ERROR(checkJson(text, what, maxDepth));
+  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalidArgumentError(std::string(what) + " is not valid JSON");
+  return j;
+}
+
+StatusOr<json> parseJson(std::string_view text, std::string_view what, int maxDepth) {
+  TG_RETURN_IF_ERROR(checkJson(text, what, maxDepth));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalidArgumentError(std::string(what) + " is not valid JSON");
   return j;

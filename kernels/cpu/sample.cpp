@@ -40,16 +40,23 @@ void processRow(const SampleParams& sp, const SampleRow& p, float* logits) {
           logits[id] < 0 ? logits[id] * p.repetitionPenalty : logits[id] / p.repetitionPenalty;
     }
   }
-  if (p.frequencyPenalty != 0.0f) {
+  if (p.frequencyPenalty != 0.0f || p.presencePenalty != 0.0f) {
     for (int32_t h = p.historyBegin; h < p.historyEnd; ++h) {
       const int32_t id = sp.historyTokens[h];
       if (id < 0 || static_cast<uint32_t>(id) >= vocab) continue;
       logits[id] -= p.frequencyPenalty * static_cast<float>(sp.historyCounts[h]);
+      logits[id] -= p.presencePenalty;
     }
   }
   for (int32_t b = p.biasBegin; b < p.biasEnd; ++b) {
     const int32_t id = sp.biasTokens[b];
     if (id >= 0 && static_cast<uint32_t>(id) < vocab) logits[id] += sp.biasValues[b];
+  }
+  if (p.maskBegin >= 0) {
+    const uint32_t* mask = sp.masks + p.maskBegin;
+    for (uint32_t i = 0; i < vocab; ++i) {
+      if (!(mask[i / 32] >> (i % 32) & 1u)) logits[i] = kNegInf;
+    }
   }
   if (!p.doSample) return;
   // Warpers (only when sampling, as in TGI).
@@ -111,6 +118,7 @@ Status validateSample(const SampleParams& p) {
     return invalidArgumentError("sample: a pointer is missing");
   if (p.maxTopN > 0 && (!p.topIds || !p.topLogprobs))
     return invalidArgumentError("sample: top-n outputs are missing");
+
   return okStatus();
 }
 
@@ -121,6 +129,8 @@ Status sampleReference(const SampleParams& sp) {
   for (int64_t r = 0; r < sp.rows; ++r) {
     const SampleRow& p = sp.rowParams[r];
     if (p.topN > sp.maxTopN) return invalidArgumentError("sample: top_n above maxTopN");
+    if (p.maskBegin >= 0 && !sp.masks)
+      return invalidArgumentError("sample: a row has a token mask but no masks are given");
     float* logits = sp.work + r * sp.vocab;
     if (static_cast<const void*>(logits) !=
         static_cast<const void*>(static_cast<const char*>(sp.logits) +

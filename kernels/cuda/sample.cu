@@ -156,6 +156,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleParams sp) {
       l = l < 0 ? l * p.repetitionPenalty : l / p.repetitionPenalty;
     if (p.frequencyPenalty != 0.0f)
       l -= p.frequencyPenalty * static_cast<float>(sp.historyCounts[h]);
+    l -= p.presencePenalty;
     w[id] = l;
   }
   __syncthreads();
@@ -164,6 +165,13 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleParams sp) {
     if (id >= 0 && id < vocab) w[id] += sp.biasValues[b];
   }
   __syncthreads();
+  if (p.maskBegin >= 0) {
+    const uint32_t* mask = sp.masks + p.maskBegin;
+    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+      if (!(mask[i >> 5] >> (i & 31) & 1u)) w[i] = -INFINITY;
+    }
+    __syncthreads();
+  }
 
   if (p.doSample) {
     if (p.temperature > 0.0f && p.temperature != 1.0f) {

@@ -101,6 +101,7 @@ const FlagSpec kFlags[] = {
     {"payload-limit", Kind::kRouter},
     {"validation-workers", Kind::kRouter},
     {"max-client-batch-size", Kind::kRouter},
+    {"tokenizer-config-path", Kind::kRouter},  // the chat template's tokenizer_config.json
     {"graceful-termination-timeout", Kind::kValue},
     {"trust-remote-code", Kind::kSwitch},
     {"kv-cache-memory", Kind::kValue},  // textgen: the CPU KV pool budget (fraction or bytes)

@@ -14,6 +14,7 @@
 #include <thread>
 #include <tuple>
 
+#include "../src/chat/chat_template.h"
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
 #include "textgen/router/router_app.h"
@@ -41,6 +42,7 @@ struct Flags {
            shardPerTokenTimeoutUs = 50'000;
   std::vector<std::string> cors;
   std::string apiKey, logLevel = "info";
+  std::string tokenizerConfigPath;  // TGI's: a tokenizer_config.json with the chat template
   bool jsonOutput = false;
 };
 
@@ -90,6 +92,8 @@ StatusOr<Flags> parse(int argc, char** argv) {
     };
     if (a == "--tokenizer-name") {
       f.tokenizer = v;
+    } else if (a == "--tokenizer-config-path") {
+      f.tokenizerConfigPath = v;
     } else if (a == "--model-id") {
       f.modelId = v;
     } else if (a == "--hostname") {
@@ -216,6 +220,16 @@ int run(int argc, char** argv) {
   };
   auto tok = tokenizer::Tokenizer::fromDirectory(f.tokenizer);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer"));
+  // The chat template: optional (without one the chat routes answer 422), but one that is there
+  // and does not parse stops the router.
+  std::shared_ptr<const ChatTemplate> chatTemplate;
+  if (auto t = ChatTemplate::load(f.tokenizer, f.tokenizerConfigPath); t.ok()) {
+    chatTemplate = std::move(*t);
+  } else if (t.status().code() == StatusCode::kNotFound && f.tokenizerConfigPath.empty()) {
+    spdlog::info("no chat template in {}: /v1/chat/completions answers 422", f.tokenizer);
+  } else {
+    return fail(t.status().withContext("loading the chat template"));
+  }
 
   MetricsRegistry metrics;
   // Limits are fixed by the first replica that connects; later ones must fit them.
@@ -349,6 +363,7 @@ int run(int argc, char** argv) {
   ro.apiKey = f.apiKey;
   ro.validationWorkers = f.validationWorkers;
   ro.corsAllowOrigins = f.cors;
+  ro.chatTemplate = chatTemplate;
   RouterApp app(ro, **tok, replicas, metrics);
   auto server = startHttpServer({.host = f.hostname,
                                  .port = f.port,

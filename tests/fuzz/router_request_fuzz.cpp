@@ -1,6 +1,7 @@
 // A request body through the router's request parsing and validation — TGI's (parseGenerateRequest,
-// then Validator::validate for each endpoint) and OpenAI's completions (parseCompletionRequest,
-// each prompt through toGenerate and validate), and /tokenize's Validator::tokenize — with the
+// then Validator::validate for each endpoint, grammars compiled), OpenAI's completions
+// (parseCompletionRequest, each prompt through toGenerate and validate) and chat
+// (parseChatRequest), and /tokenize's Validator::tokenize — with the
 // tokenizer of the router's test model, under the default limits and under small ones. A request
 // that validates satisfies every limit it was checked against: the scheduler and the shards rely on
 // that.
@@ -78,6 +79,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       validateEverywhere(completion->toGenerate(i), body);
   } else {
     FUZZ_CHECK(!completion.status().message().empty(), "an error without a message");
+  }
+  // OpenAI's chat body: parsed, then its GenerateRequest (the messages stand in for the rendered
+  // prompt: the template has its own fuzzer) through validation, grammar compile included.
+  auto chat = parseChatRequest(body);
+  if (chat.ok()) {
+    FUZZ_CHECK(chat->messages.is_array() && !chat->messages.empty(), body);
+    validateEverywhere(chat->toGenerate(chat->messages.dump()), body);
+  } else {
+    FUZZ_CHECK(!chat.status().message().empty(), "an error without a message");
   }
   return 0;
 }

@@ -19,6 +19,7 @@ import threading
 import time
 
 ROUTER, SHARD, MODEL = sys.argv[1:4]
+CHAT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat", "tokenizer_config.json")
 REF = json.load(open(os.path.join(MODEL, "reference.json")))
 PROMPTS = [p["text"] for p in REF["prompts"]]
 GREEDY = [p["greedy"] for p in REF["prompts"]]
@@ -57,7 +58,8 @@ class Server:
         self.router, url = start(
             [ROUTER, "--tokenizer-name", MODEL, "--model-id", "llama-gqa", "--shard-master", self.shard_addr,
              "--hostname", "127.0.0.1", "--port", "0", "--max-batch-prefill-tokens", "256", "--log-level", "warn",
-             "--max-concurrent-requests", "512", *router_flags], "textgen-router ready ", router_nofile)
+             "--max-concurrent-requests", "512", "--tokenizer-config-path", CHAT_CONFIG, *router_flags],
+            "textgen-router ready ", router_nofile)
         self.port = int(url.rsplit(":", 1)[1])
 
     def close(self):
@@ -134,6 +136,8 @@ def test_routes(s):
             payload = {"inputs": "Hi", "parameters": {"max_new_tokens": 1}} if method == "post" else None
             if path == "/v1/completions":
                 payload = {"model": "m", "prompt": "Hi", "max_tokens": 1}
+            if path in ("/v1/chat/completions", "/chat_tokenize", "/invocations"):
+                payload = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
             code = request(s.port, method.upper(), path, payload)[0]
             check(code not in (404, 405), f"OpenAPI lists {method.upper()} {path}, which answers {code}")
 
@@ -225,6 +229,194 @@ def test_preemption(workdir):
         print(f"preemption: {int(preempted)} preemptions for 6 requests in a pool of 10 blocks")
     finally:
         s.close()
+
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": PROMPTS[0]}]
+TOOL_PROMPT = "Use a tool."  # TGI's default tool prompt is long for this model's 256-token context
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6}, "age": {"type": "string", "pattern": "^[0-9]{1,2}$"},
+    "admin": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+    "required": ["name", "age", "admin", "tags"], "additionalProperties": False}
+
+
+def chat(s, **body):
+    if "tools" in body:
+        body.setdefault("tool_prompt", TOOL_PROMPT)
+    status, _, out = request(s.port, "POST", "/v1/chat/completions", {"messages": CHAT, **body})
+    return status, json.loads(out)
+
+
+def validates(instance, schema):
+    try:
+        import jsonschema
+    except ImportError:
+        check(False, "python3-jsonschema is installed (tools/install-deps.sh)")
+        return False
+    try:
+        jsonschema.validate(instance, schema)
+        return True
+    except jsonschema.ValidationError as e:
+        print("schema violation:", e.message)
+        return False
+
+
+def test_chat(s):
+    """/v1/chat/completions through the model's template: greedy content equals /generate on the templated
+    prompt, streaming adds up, usage and logprobs, /chat_tokenize, /invocations."""
+    status, _, body = request(s.port, "POST", "/chat_tokenize", {"messages": CHAT})
+    tok = json.loads(body)
+    text = tok.get("templated_text", "")
+    check(status == 200 and text.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n") and
+          text.endswith("<|im_start|>assistant\n"), f"/chat_tokenize {body[:300]}")
+    ids = [t["id"] for t in tok.get("tokenize_response", [])]
+    status, _, body = request(s.port, "POST", "/generate", {"inputs": text, "add_special_tokens": False,
+                                                           "parameters": {"max_new_tokens": 10, "details": True}})
+    ref = json.loads(body)
+    ref_text = "".join(t["text"] for t in ref["details"]["tokens"] if not t["special"])
+    status, out = chat(s, max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
+    choice = out.get("choices", [{}])[0]
+    check(status == 200 and out["object"] == "chat.completion" and choice["message"]["role"] == "assistant",
+          f"chat: {status} {out}")
+    check(choice.get("message", {}).get("content") == ref_text, f"chat content {choice} != /generate {ref_text!r}")
+    usage = out.get("usage", {})
+    check(usage.get("prompt_tokens") == len(ids) and usage.get("completion_tokens") == ref["details"]["generated_tokens"],
+          f"chat usage {usage} (prompt {len(ids)} tokens)")
+    lp = (choice.get("logprobs") or {}).get("content", [])
+    # The same tokens' log-probabilities (chat samples with top-n here, /generate took the arg-max path).
+    check(len(lp) == ref["details"]["generated_tokens"] and all(len(x["top_logprobs"]) == 2 for x in lp) and
+          all(abs(x["logprob"] - t["logprob"]) < 1e-4 for x, t in zip(lp, ref["details"]["tokens"])) and
+          all(x["top_logprobs"][0]["logprob"] == x["logprob"] for x in lp),
+          f"chat logprobs {lp[:2]} vs {ref['details']['tokens'][:2]}")
+    check(choice.get("finish_reason") in ("length", "stop"), f"finish_reason {choice.get('finish_reason')}")
+    # Streaming: deltas add up to the same content, the last chunk has the usage, then [DONE].
+    status, ctype, events = sse(s.port, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 10, "temperature": 0,
+                                                                 "stream": True, "stream_options": {"include_usage": True}})
+    check(status == 200 and events and events[-1] == "[DONE]", f"chat stream {status} {events[-2:]}")
+    chunks = [json.loads(e) for e in events[:-1]]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    check(content == ref_text, f"chat stream content {content!r} != {ref_text!r}")
+    check(all(c["object"] == "chat.completion.chunk" for c in chunks) and chunks[-1]["choices"] == [] and
+          chunks[-1]["usage"]["completion_tokens"] == usage.get("completion_tokens"), f"stream usage {chunks[-1]}")
+    # SageMaker's route takes each shape.
+    status, _, body = request(s.port, "POST", "/invocations", {"messages": CHAT, "max_tokens": 10, "temperature": 0})
+    check(status == 200 and json.loads(body)["choices"][0]["message"]["content"] == ref_text, f"/invocations chat {body[:200]}")
+    status, _, body = request(s.port, "POST", "/invocations", {"prompt": PROMPTS[0], "max_tokens": 2})
+    check(status == 200 and json.loads(body)["object"] == "text_completion", f"/invocations completion {body[:200]}")
+    status, _, body = request(s.port, "POST", "/invocations", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 2}})
+    check(status == 200 and "generated_text" in json.loads(body)[0], f"/invocations generate {body[:200]}")
+
+
+def test_constrained(s):
+    """Grammars: every output matches its regex or validates against its schema, sampled or greedy."""
+    import re
+    for i, pattern in enumerate([r"[a-z]{3}-[0-9]{2}", r"(yes|no|maybe)", r"\d{1,3}(\.\d{1,2})?", r"[A-Z][a-z]{0,4}!"]):
+        params = {"grammar": {"type": "regex", "value": pattern}, "do_sample": i % 2 == 1, "seed": i}
+        status, _, out = generate(s.port, PROMPTS[i % 4], 24, **params)
+        text = out.get("generated_text", "")
+        check(status == 200 and re.fullmatch(pattern, text) is not None, f"regex {pattern!r}: {status} {text!r} {out}")
+        check(out.get("details", {}).get("finish_reason") == "eos_token", f"regex {pattern!r} ends by EOS: {out.get('details')}")
+    for i in range(4):
+        params = {"grammar": {"type": "json", "value": PERSON}, "do_sample": i > 0, "seed": 10 + i, "temperature": 1.5}
+        status, _, out = generate(s.port, PROMPTS[i % 4], 120, **params)
+        text = out.get("generated_text", "")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        check(status == 200 and value is not None and validates(value, PERSON), f"json schema {i}: {status} {text!r}")
+    # response_format on chat: json_schema (OpenAI's shape) and json_object.
+    status, out = chat(s, max_tokens=120, temperature=1.2, seed=3, response_format={
+        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    content = out.get("choices", [{}])[0].get("message", {}).get("content", "")
+    check(status == 200 and validates(json.loads(content or "null"), PERSON), f"response_format json_schema: {content!r}")
+    status, out = chat(s, max_tokens=60, temperature=0, response_format={"type": "json_object"})
+    content = out.get("choices", [{}])[0].get("message", {}).get("content", "")
+    try:
+        ok = isinstance(json.loads(content), dict)
+    except ValueError:
+        ok = out.get("choices", [{}])[0].get("finish_reason") == "length"  # cut by max_tokens
+    check(status == 200 and ok, f"response_format json_object: {content!r}")
+
+
+def test_tools(s):
+    """Tool calls: "required" and a named function always return a valid call (OpenAI's shape), streamed as
+    deltas that add up to the same arguments; "auto" gives either a call or text; "none" gives text."""
+    status, out = chat(s, max_tokens=80, temperature=0, tools=[WEATHER], tool_choice="required")
+    choice = out.get("choices", [{}])[0]
+    calls = choice.get("message", {}).get("tool_calls") or []
+    args = json.loads(calls[0]["function"]["arguments"]) if calls else None
+    check(status == 200 and len(calls) == 1 and calls[0]["type"] == "function" and
+          calls[0]["function"]["name"] == "get_weather" and choice["finish_reason"] == "tool_calls",
+          f"tool call: {status} {out}")
+    check(args is not None and validates(args, WEATHER["function"]["parameters"]), f"tool arguments {args}")
+    check(choice.get("message", {}).get("content") is None, "a tool call has no content")
+    status, ctype, events = sse(s.port, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 80, "temperature": 0,
+                                                                 "tools": [WEATHER], "tool_choice": "required", "stream": True,
+                                                                 "tool_prompt": TOOL_PROMPT})
+    chunks = [json.loads(e) for e in events[:-1]] if events and events[-1] == "[DONE]" else []
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if c["choices"] and
+              c["choices"][0]["delta"].get("tool_calls")]
+    streamed = "".join(d["function"].get("arguments") or "" for d in deltas)
+    check(status == 200 and deltas and deltas[0]["function"]["name"] == "get_weather" and
+          json.loads(streamed or "null") == args and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls",
+          f"streamed tool call {streamed!r} != {args} ({events[-3:]})")
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+    status, out = chat(s, max_tokens=60, temperature=0, tools=[WEATHER, other],
+                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = out.get("choices", [{}])[0].get("message", {}).get("tool_calls") or []
+    check(status == 200 and calls and calls[0]["function"]["name"] == "get_time" and
+          json.loads(calls[0]["function"]["arguments"])["zone"] in ("UTC", "CET"), f"named tool: {out}")
+    for seed in range(3):
+        status, out = chat(s, max_tokens=60, temperature=1.0, seed=seed, tools=[WEATHER, other])
+        choice = out.get("choices", [{}])[0]
+        m = choice.get("message", {})
+        call = (m.get("tool_calls") or [{}])[0].get("function", {})
+        if choice.get("finish_reason") == "tool_calls":  # a whole call: valid against its function's schema
+            schema = WEATHER if call.get("name") == "get_weather" else other
+            ok = call.get("name") in ("get_weather", "get_time") and \
+                validates(json.loads(call["arguments"]), schema["function"]["parameters"])
+        else:  # text, or a call cut by max_tokens ("length", its partial arguments, as OpenAI)
+            ok = isinstance(m.get("content"), str) or (choice.get("finish_reason") == "length" and call.get("name"))
+        check(status == 200 and ok, f"tool_choice auto (seed {seed}): {out}")
+    status, out = chat(s, max_tokens=5, temperature=0, tools=[WEATHER], tool_choice="none")
+    m = out.get("choices", [{}])[0].get("message", {})
+    check(status == 200 and isinstance(m.get("content"), str) and not m.get("tool_calls"), f"tool_choice none: {out}")
+
+
+def test_chat_errors(s):
+    cases = [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"content": "x"}]}, "role"),
+        ({"messages": CHAT, "n": 2}, "`n`"),
+        ({"messages": CHAT, "tools": [WEATHER], "response_format": {"type": "json_object"}}, "mutually exclusive"),
+        ({"messages": CHAT, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "nope"),
+        ({"messages": CHAT, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"messages": CHAT, "tools": [{"type": "function", "function": {}}]}, "name"),
+        ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "integr"}}}},
+         "integr"),
+        ({"messages": CHAT, "response_format": {"type": "xml"}}, "xml"),
+        ({"messages": CHAT, "presence_penalty": 3}, "presence_penalty"),
+    ]
+    for body, needle in cases:
+        status, _, out = request(s.port, "POST", "/v1/chat/completions", body)
+        check(status == 422 and needle in out, f"chat {json.dumps(body)[:120]}: {status} {out[:200]}")
+    for grammar, needle in [({"type": "regex", "value": "(ab"}, "grammar is not valid"),
+                            ({"type": "regex", "value": "a{1,100000000}"}, "grammar is not valid"),
+                            ({"type": "json", "value": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}},
+                             "grammar is not valid"),
+                            ({"type": "json", "value": "{not json"}, "grammar is not valid"),
+                            ({"type": "yaml", "value": "x"}, "unknown variant")]:
+        status, _, out = request(s.port, "POST", "/generate", {"inputs": "x", "parameters": {"grammar": grammar}})
+        check(status == 422 and needle in out, f"grammar {grammar}: {status} {out[:200]}")
+    check(alive(s), "alive after bad chat requests")
 
 
 def test_stream(s):
@@ -589,6 +781,9 @@ def test_replicas(workdir):
         status, headers, _ = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 2}},
                                      headers={**auth, "Origin": "https://app.example"})
         check(status == 200 and headers.get("Access-Control-Allow-Origin") == "https://app.example", f"auth + CORS {status}")
+        # This model folder has no chat template and none was given: the chat routes are a clear 422.
+        status, _, body = request(port, "POST", "/v1/chat/completions", {"messages": CHAT}, headers=auth)
+        check(status == 422 and "no chat template" in body, f"chat without a template: {status} {body[:200]}")
         out = in_parallel(8, lambda i: request(port, "POST", "/generate", {
             "inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 12, "details": True}}, headers=auth))
         for i in range(8):
@@ -655,7 +850,8 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_prefix_cache, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_promtool):
+                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_promtool,
+                     test_chat, test_constrained, test_tools, test_chat_errors):
             test(s)
         test_prometheus_scrape(s, workdir)
         test_node_clients(s)

@@ -483,6 +483,7 @@ TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
       std::vector<SampleRow> params;
       std::vector<int32_t> hist, counts, biasTok;
       std::vector<float> biasVal;
+      std::vector<uint32_t> masks;  // constrained rows: a third of the tokens allowed
       std::uniform_real_distribution<double> u01(0.0, 1.0);
       for (int64_t r = 0; r < rows; ++r) {
         SampleRow p = kinds[r % kinds.size()];
@@ -499,6 +500,15 @@ TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
           biasVal.push_back(2.0f);
         }
         p.biasEnd = static_cast<int32_t>(biasTok.size());
+        if (r % 3 == 1) p.presencePenalty = 0.25f;
+        if (r % 3 == 0) {
+          p.maskBegin = static_cast<int64_t>(masks.size());
+          for (int64_t w = 0; w < (vocab + 31) / 32; ++w) {
+            uint32_t bits = 0;
+            for (int b = 0; b < 32; ++b) bits |= (u01(rng_) < 0.33 ? 1u : 0u) << b;
+            masks.push_back(bits);
+          }
+        }
         params.push_back(p);
       }
       std::vector<float> work(rows * vocab);
@@ -510,6 +520,7 @@ TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
                        .historyCounts = counts.data(),
                        .biasTokens = biasTok.data(),
                        .biasValues = biasVal.data(),
+                       .masks = masks.data(),
                        .work = work.data(),
                        .ids = ids.data(),
                        .logprobs = lps.data(),
@@ -524,7 +535,8 @@ TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
            dParams = toDevice(params.data(), params.size() * sizeof(SampleRow)),
            dHist = toDevice(hist), dCounts = toDevice(counts),
            dBiasTok = toDevice(biasTok.empty() ? std::vector<int32_t>{0} : biasTok),
-           dBiasVal = toDevice(biasVal.empty() ? std::vector<float>{0} : biasVal);
+           dBiasVal = toDevice(biasVal.empty() ? std::vector<float>{0} : biasVal),
+           dMasks = toDevice(masks);
       DeviceBuffer dWork(rows * vocab * 4), dProbs(rows * vocab * 8), dIds(rows * 4),
           dLps(rows * 4), dTopIds(rows * kMaxTopN * 4), dTopLps(rows * kMaxTopN * 4);
       SampleParams dev = ref;
@@ -534,6 +546,7 @@ TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
       dev.historyCounts = dCounts->as<int32_t>();
       dev.biasTokens = dBiasTok->as<int32_t>();
       dev.biasValues = dBiasVal->as<float>();
+      dev.masks = dMasks->as<uint32_t>();
       dev.work = dWork.as<float>();
       dev.probs = dProbs.as<double>();
       dev.ids = dIds.as<int32_t>();
@@ -554,6 +567,10 @@ TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
       for (int64_t r = 0; r < rows; ++r) {
         SCOPED_TRACE("row " + std::to_string(r) + " kind " + std::to_string(r % kinds.size()));
         EXPECT_EQ(gotIds[r], ids[r]);
+        if (params[r].maskBegin >= 0) {  // the choice is one the mask allows
+          const uint32_t id = static_cast<uint32_t>(ids[r]);
+          EXPECT_TRUE(masks[params[r].maskBegin + id / 32] >> (id % 32) & 1u);
+        }
         EXPECT_NEAR(gotLps[r], lps[r], 1e-4 + 1e-5 * std::fabs(lps[r]));
         for (int j = 0; j < params[r].topN; ++j) {
           EXPECT_EQ(gotTop[r * kMaxTopN + j], topIds[r * kMaxTopN + j]) << "top " << j;

@@ -1,6 +1,7 @@
 #include "textgen/tokenizer/tokenizer.h"
 
 #include "added_vocabulary.h"
+#include "byte_level.h"
 #include "components.h"
 #include "slow_tokenizer.h"
 #include "textgen/base/file.h"
@@ -15,6 +16,9 @@ struct Tokenizer::Impl {
   std::unique_ptr<Model> model;
   std::unique_ptr<PostProcessor> postProcessor;
   std::unique_ptr<Decoder> decoder;
+  // What tokenBytes needs to know of the decoder: is there a ByteLevel step, a ByteFallback step.
+  bool byteLevelDecoder = false;
+  bool byteFallbackDecoder = false;
   AddedVocabulary added;
   TokenizerConfig config;
 };
@@ -111,6 +115,19 @@ StatusOr<std::string> slowTokenizerClass(const std::string& dir, std::string_vie
   return std::string();
 }
 
+// Records which decoder steps a (possibly nested) decoder has; makeDecoder has checked its shape.
+void noteDecoderSteps(const Json& d, bool& byteLevel, bool& byteFallback, int depth) {
+  if (!d.is_object() || depth > 16) return;
+  auto type = d.find("type");
+  if (type == d.end() || !type->is_string()) return;
+  if (*type == "ByteLevel") byteLevel = true;
+  if (*type == "ByteFallback") byteFallback = true;
+  if (*type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
+    for (const Json& part : d["decoders"])
+      noteDecoderSteps(part, byteLevel, byteFallback, depth + 1);
+  }
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -200,6 +217,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(std::string_view tokenizerJ
   }
   if (present("decoder")) {
     TG_ASSIGN_OR_RETURN(impl->decoder, makeDecoder(root["decoder"], "/decoder"));
+    noteDecoderSteps(root["decoder"], impl->byteLevelDecoder, impl->byteFallbackDecoder, 0);
   }
   if (present("truncation") || present("padding")) {
     // TGI truncates itself (truncate parameter) and never pads token ids; ignoring these matches
@@ -340,6 +358,47 @@ bool Tokenizer::isGroupedByteToken(uint32_t id) const {
     return false;
   const std::string* token = impl_->model->idToToken(id);
   return token && token->size() == 6 && token->compare(0, 3, "<0x") == 0 && (*token)[5] == '>';
+}
+
+std::optional<std::string> Tokenizer::tokenBytes(uint32_t id) const {
+  const Impl& t = *impl_;
+  if (const std::string* added = t.added.idToToken(id); added && t.added.isSpecialContent(*added))
+    return std::nullopt;
+  const bool isAdded = t.added.idToDecodeForm(id) != nullptr;
+  const std::string* token = t.added.idToDecodeForm(id);
+  if (!token) token = t.model->idToToken(id);
+  if (!token) return std::nullopt;
+  if (!t.decoder) return " " + *token;  // decode() joins tokens with spaces
+  if (t.byteLevelDecoder) {
+    // The ByteLevel decoder's rule per token: the byte map when every character is in it, else
+    // the token's own text (an added token).
+    std::string bytes;
+    size_t len;
+    for (size_t i = 0; i < token->size(); i += len) {
+      const int b = charToByte(decodeUtf8(*token, i, &len));
+      if (b < 0) return *token;
+      bytes.push_back(static_cast<char>(b));
+    }
+    return bytes;
+  }
+  if (t.byteFallbackDecoder && !isAdded && token->size() == 6 && token->starts_with("<0x") &&
+      (*token)[5] == '>') {
+    const std::string hex = token->substr(3, 2);
+    if (std::isxdigit(static_cast<unsigned char>(hex[0])) &&
+        std::isxdigit(static_cast<unsigned char>(hex[1])))
+      return std::string(1, static_cast<char>(std::stoi(hex, nullptr, 16)));
+  }
+  // Any other decoder: the token between two neutral neighbours, so that rules for the start
+  // and the end of a sequence do not touch it.
+  std::vector<std::string> chain{"a", *token, "a"};
+  t.decoder->decodeChain(chain);
+  std::string joined;
+  for (const std::string& s : chain) joined += s;
+  if (joined.size() >= 2 && joined.front() == 'a' && joined.back() == 'a')
+    return joined.substr(1, joined.size() - 2);
+  chain.assign(1, *token);
+  t.decoder->decodeChain(chain);
+  return chain.empty() ? std::string() : chain[0];
 }
 
 size_t Tokenizer::vocabSize() const {

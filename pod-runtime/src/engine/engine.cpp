@@ -6,6 +6,8 @@
 #include <limits>
 #include <set>
 
+#include "textgen/base/log.h"
+#include "textgen/grammar/grammar.h"
 #include "textgen/tokenizer/incremental_decoder.h"
 
 namespace textgen::runtime {
@@ -43,7 +45,8 @@ struct Engine::Request {
   StoppingCriteria stopping;
   tokenizer::IncrementalDecoder detok;
   std::vector<uint32_t> generated;
-  TokenList prefill;  // prefill log-probabilities, gathered over chunks
+  TokenList prefill;                          // prefill log-probabilities, gathered over chunks
+  std::unique_ptr<grammar::Matcher> matcher;  // constrained output: where its grammar stands
 
   Request(RequestSpec s, const tokenizer::Tokenizer& tok, std::vector<uint32_t> eos)
       : spec(std::move(s)),
@@ -65,6 +68,13 @@ struct Engine::Request {
       const uint32_t id = spec.inputIds[i];
       generated.push_back(id);
       sampler.skipDraw();
+      if (matcher) {
+        if (Status s = matcher->accept(id); !s.ok()) {
+          return invalidArgumentError(
+              "request " + std::to_string(spec.id) +
+              ": its generated_tokens do not follow its grammar: " + s.message());
+        }
+      }
       if (stopping.update(id, detok.step(id))) {
         return failedPreconditionError("request " + std::to_string(spec.id) +
                                        ": its generated_tokens already end it");
@@ -79,8 +89,8 @@ struct Engine::Request {
   bool plainGreedy() const {
     const SamplingParams& p = spec.sampling;
     return !p.doSample && (p.repetitionPenalty == 0.0f || p.repetitionPenalty == 1.0f) &&
-           p.frequencyPenalty == 0.0f && p.logitBias.empty() && p.topNTokens == 0 &&
-           !(prefilling() && spec.prefillLogprobs);
+           p.frequencyPenalty == 0.0f && p.presencePenalty == 0.0f && p.logitBias.empty() &&
+           p.topNTokens == 0 && !matcher && !(prefilling() && spec.prefillLogprobs);
   }
   int64_t nextRows() const {
     if (!prefilling()) return 1;
@@ -206,6 +216,30 @@ Status Engine::validate(const RequestSpec& r) const {
   return okStatus();
 }
 
+Status Engine::attachGrammar(Request& r) {
+  const SamplingParams& p = r.spec.sampling;
+  if (p.grammarType == SamplingParams::Grammar::kNone) return okStatus();
+  if (!grammars_) {
+    // The bytes each id adds to the text; ids past the tokenizer (padding) and special tokens have
+    // none, so only EOS among them is ever allowed.
+    const int64_t vocab = model_.config().vocabSize;
+    std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab));
+    for (int64_t id = 0; id < vocab; ++id)
+      bytes[id] = tokenizer_.tokenBytes(static_cast<uint32_t>(id));
+    grammars_ = std::make_unique<grammar::GrammarCache>(
+        grammar::Vocabulary::create(std::move(bytes), model_.config().eosTokenIds));
+  }
+  const auto kind = p.grammarType == SamplingParams::Grammar::kJson ? grammar::Kind::kJsonSchema
+                                                                    : grammar::Kind::kRegex;
+  auto index = grammars_->index(kind, p.grammar);
+  if (!index.ok()) {
+    return invalidArgumentError("request " + std::to_string(r.spec.id) +
+                                ": grammar is not valid: " + index.status().message());
+  }
+  r.matcher = std::make_unique<grammar::Matcher>(std::move(*index));
+  return okStatus();
+}
+
 BatchInfo Engine::info(const Batch& b) const {
   BatchInfo i;
   i.id = b.id;
@@ -273,6 +307,12 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
         sb.biasTokens.insert(sb.biasTokens.end(), in.biasTokens.begin(), in.biasTokens.end());
         sb.biasValues.insert(sb.biasValues.end(), in.biasValues.begin(), in.biasValues.end());
         sb.maxTopN = std::max<int64_t>(sb.maxTopN, row.topN);
+        if (r.matcher) {
+          const size_t words = (vocab + 31) / 32;
+          row.maskBegin = static_cast<int64_t>(sb.masks.size());
+          sb.masks.resize(sb.masks.size() + words);
+          r.matcher->fillMask(std::span<uint32_t>(sb.masks).subspan(row.maskBegin, words));
+        }
       }
       sb.rows.push_back(row);
     }
@@ -352,10 +392,16 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
         choice.logprob = out.sampled[lastRow].logprob;
         choice.top = std::move(out.sampled[lastRow].top);
         break;
-      case ChoiceMode::kHostLogits:
+      case ChoiceMode::kHostLogits: {
+        std::vector<uint32_t> mask;
+        if (r.matcher) {
+          mask.resize((vocab + 31) / 32);
+          r.matcher->fillMask(mask);
+        }
         choice = r.sampler.choose(std::span<float>(out.logits.data() + lastRow * vocab, vocab),
-                                  r.tokens);
+                                  r.tokens, mask);
         break;
+      }
     }
     GenerationResult g;
     g.requestId = r.spec.id;
@@ -368,7 +414,15 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
     }
     r.append(choice.id);
     std::string text = r.detok.step(choice.id);
-    const std::optional<FinishReason> reason = r.stopping.update(choice.id, text);
+    std::optional<FinishReason> reason = r.stopping.update(choice.id, text);
+    if (r.matcher && !r.matcher->ended()) {
+      // The mask allowed only tokens that continue the match, so this cannot fail; if it does,
+      // the request ends here rather than generating outside its grammar.
+      if (Status s = r.matcher->accept(choice.id); !s.ok()) {
+        spdlog::error("request {}: token outside its grammar: {}", r.spec.id, s.message());
+        if (!reason) reason = FinishReason::kStopSequence;
+      }
+    }
     if (reason) text += r.detok.flush();  // the stream's pieces add up to the whole text
     g.tokens = {{choice.id}, {choice.logprob}, {text}, {tokenizer_.isSpecial(choice.id)}};
     if (r.spec.sampling.topNTokens > 0) {
@@ -516,6 +570,10 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
       continue;
     }
     auto req = std::make_unique<Request>(std::move(r), tokenizer_, model_.config().eosTokenIds);
+    if (s = attachGrammar(*req); !s.ok()) {
+      refused.push_back(GenerationResult::refusal(req->spec.id, s.message()));
+      continue;
+    }
     if (s = req->replayGenerated(); !s.ok()) {
       refused.push_back(GenerationResult::refusal(req->spec.id, s.message()));
       continue;

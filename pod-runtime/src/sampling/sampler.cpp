@@ -43,13 +43,13 @@ StatusOr<std::vector<SampledToken>> Sampler::sample(const LogitsView& logits,
   const int64_t n = logits.rows, vocab = logits.vocab, topN = sb.maxTopN;
   if (static_cast<int64_t>(sb.rows.size()) != n)
     return invalidArgumentError("one sampling row per logit row is required");
-  // Inputs in one upload: [rows | history tokens | counts | bias tokens | bias values].
+  // Inputs in one upload: [rows | history tokens | counts | bias tokens | bias values | masks].
   auto bytesOf = [](const auto& v) { return v.size() * sizeof(v[0]); };
   const size_t oRows = 0, oHist = oRows + bytesOf(sb.rows),
                oCounts = oHist + bytesOf(sb.historyTokens),
                oBiasTok = oCounts + bytesOf(sb.historyCounts),
                oBiasVal = oBiasTok + bytesOf(sb.biasTokens),
-               total = oBiasVal + bytesOf(sb.biasValues);
+               oMasks = oBiasVal + bytesOf(sb.biasValues), total = oMasks + bytesOf(sb.masks);
   std::vector<unsigned char> host(std::max<size_t>(total, 16));
   auto put = [&](size_t at, const auto& v) {
     if (!v.empty()) std::memcpy(host.data() + at, v.data(), bytesOf(v));
@@ -59,6 +59,7 @@ StatusOr<std::vector<SampledToken>> Sampler::sample(const LogitsView& logits,
   put(oCounts, sb.historyCounts);
   put(oBiasTok, sb.biasTokens);
   put(oBiasVal, sb.biasValues);
+  put(oMasks, sb.masks);
   TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleIn_, host.size()));
   TG_RETURN_IF_ERROR(backend_.upload(*sampleIn_, host.data(), host.size()));
   TG_RETURN_IF_ERROR(ensureBuffer(backend_, sampleWork_, static_cast<size_t>(n * vocab) * 4));
@@ -75,6 +76,7 @@ StatusOr<std::vector<SampledToken>> Sampler::sample(const LogitsView& logits,
                        .historyCounts = reinterpret_cast<const int32_t*>(base + oCounts),
                        .biasTokens = reinterpret_cast<const int32_t*>(base + oBiasTok),
                        .biasValues = reinterpret_cast<const float*>(base + oBiasVal),
+                       .masks = reinterpret_cast<const uint32_t*>(base + oMasks),
                        .work = sampleWork_->as<float>(),
                        .probs = sampleProbs_->as<double>(),
                        .ids = out,

@@ -21,6 +21,8 @@ Status validateSamplingParams(const SamplingParams& p) {
                                           .topP = off(p.topP),
                                           .typicalP = off(p.typicalP),
                                           .topK = p.topK}));
+  if (!(p.presencePenalty >= -2.0f && p.presencePenalty <= 2.0f))
+    return invalidArgumentError("presence_penalty must be >= -2.0 and <= 2.0");
   for (const auto& [id, bias] : p.logitBias) {
     if (!std::isfinite(bias) || std::fabs(bias) > 100.0f)
       return invalidArgumentError("logit_bias of token " + std::to_string(id) +
@@ -40,11 +42,13 @@ void logSoftmax(std::span<const float> logits, std::span<float> out) {
   for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - lse;
 }
 
-TokenChoice RequestSampler::choose(std::span<float> logits, std::span<const uint32_t> history) {
+TokenChoice RequestSampler::choose(std::span<float> logits, std::span<const uint32_t> history,
+                                   std::span<const uint32_t> mask) {
   const SamplingParams& p = params_;
   const auto vocab = static_cast<uint32_t>(logits.size());
   SampleInputs in = sampleInputs(TokenCounts(history), vocab);
   kernels::SampleRow row = sampleRow(in);
+  if (!mask.empty()) row.maskBegin = 0;
   const auto n = static_cast<int64_t>(std::min(p.topNTokens, vocab));
   int32_t id = 0;
   float logprob = 0.0f;
@@ -57,6 +61,7 @@ TokenChoice RequestSampler::choose(std::span<float> logits, std::span<const uint
                                               .historyCounts = in.historyCounts.data(),
                                               .biasTokens = in.biasTokens.data(),
                                               .biasValues = in.biasValues.data(),
+                                              .masks = mask.empty() ? nullptr : mask.data(),
                                               .work = logits.data(),
                                               .ids = &id,
                                               .logprobs = &logprob,
@@ -106,6 +111,7 @@ kernels::SampleRow RequestSampler::sampleRow(const SampleInputs& in) const {
   row.doSample = p.doSample ? 1 : 0;
   row.repetitionPenalty = p.repetitionPenalty;
   row.frequencyPenalty = p.frequencyPenalty;
+  row.presencePenalty = p.presencePenalty;
   row.topN = static_cast<int32_t>(p.topNTokens);
   row.uniform = in.uniform;
   row.historyEnd = static_cast<int32_t>(in.historyTokens.size());

@@ -23,9 +23,18 @@ StatusOr<RequestSpec> fromProto(const pb::Request& r) {
   const std::string who = "request " + std::to_string(r.id()) + ": ";
   const auto& p = r.parameters();
   if (p.watermark()) return unimplementedError(who + "watermarking is not implemented");
-  if (!p.grammar().empty() || p.grammar_type() != pb::GRAMMAR_TYPE_NONE) {
-    return unimplementedError(who + "guided generation (grammar) is not implemented");
+  using Grammar = SamplingParams::Grammar;
+  Grammar grammarType = Grammar::kNone;
+  switch (p.grammar_type()) {
+    case pb::GRAMMAR_TYPE_NONE: break;
+    case pb::GRAMMAR_TYPE_JSON: grammarType = Grammar::kJson; break;
+    case pb::GRAMMAR_TYPE_REGEX: grammarType = Grammar::kRegex; break;
+    default:
+      return invalidArgumentError(who + "unknown grammar_type " +
+                                  std::to_string(static_cast<int>(p.grammar_type())));
   }
+  if ((grammarType == Grammar::kNone) != p.grammar().empty())
+    return invalidArgumentError(who + "grammar and grammar_type must be set together");
   if (r.has_adapter_id() && !r.adapter_id().empty()) {
     return unimplementedError(who + "LoRA adapters are not implemented (adapter_id '" +
                               r.adapter_id() + "')");
@@ -42,8 +51,11 @@ StatusOr<RequestSpec> fromProto(const pb::Request& r) {
   s.sampling.seed = p.seed();
   s.sampling.repetitionPenalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
   s.sampling.frequencyPenalty = p.frequency_penalty();
+  s.sampling.presencePenalty = p.presence_penalty();
   for (const auto& [id, bias] : p.logit_bias()) s.sampling.logitBias[id] = bias;
   s.sampling.topNTokens = r.top_n_tokens();
+  s.sampling.grammarType = grammarType;
+  s.sampling.grammar = p.grammar();
   s.stopping.maxNewTokens = r.stopping_parameters().max_new_tokens();
   s.stopping.stopSequences.assign(r.stopping_parameters().stop_sequences().begin(),
                                   r.stopping_parameters().stop_sequences().end());

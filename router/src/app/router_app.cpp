@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "textgen/base/json.h"
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
 #include "worker_pool.h"
@@ -137,7 +138,7 @@ bool protectedRoute(const HttpRequest& r) {
   const std::string& p = r.path;
   return (p == "/" && r.method != "GET") || p == "/generate" || p == "/generate_stream" ||
          p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" ||
-         p == "/invocations" || p == "/vertex";
+         p == "/chat_tokenize" || p == "/invocations" || p == "/vertex";
 }
 
 // Compares in time that depends on the lengths only, not on where the first difference is.
@@ -177,9 +178,10 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     responder->reply(401, errorJson("Unauthorized", "unauthorized"), baseHeaders(request));
     return;
   }
-  const bool work =
-      request.method == "POST" && (p == "/generate" || p == "/" || p == "/generate_stream" ||
-                                   p == "/v1/completions" || p == "/tokenize");
+  const bool work = request.method == "POST" &&
+                    (p == "/generate" || p == "/" || p == "/generate_stream" ||
+                     p == "/v1/completions" || p == "/tokenize" || p == "/v1/chat/completions" ||
+                     p == "/chat_tokenize" || p == "/invocations");
   if (work) {
     // Parsing, validation and tokenization on the validation workers, off the server's threads.
     auto task = [this, request, responder]() mutable {
@@ -238,9 +240,27 @@ void RouterApp::handleWork(const HttpRequest& request, std::shared_ptr<HttpRespo
     generateStream(request, responder);
   } else if (p == "/v1/completions") {
     completions(request, responder);
+  } else if (p == "/v1/chat/completions") {
+    chatCompletions(request, responder);
+  } else if (p == "/chat_tokenize") {
+    chatTokenize(request, responder);
+  } else if (p == "/invocations") {
+    invocations(request, responder);
   } else {
     tokenize(request, responder);
   }
+}
+
+void RouterApp::invocations(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  // TGI tries the shapes in this order: a TGI request, a chat, a completion.
+  auto body = parseJson(request.body, "the request body");
+  if (body.ok() && body->is_object() && !body->contains("inputs")) {
+    if (body->contains("messages")) return chatCompletions(request, responder);
+    if (body->contains("prompt")) return completions(request, responder);
+  }
+  auto parsed = parseGenerateRequest(request.body);
+  if (parsed.ok() && parsed->stream) return generateStream(request, responder);
+  generate(request, responder, /*compatList=*/true);
 }
 
 void RouterApp::tokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {

@@ -55,6 +55,12 @@ void toProto(uint64_t batchId, const std::vector<BatchEntry>& batch, pb::Batch* 
     p->set_seed(v.seed);
     p->set_repetition_penalty(v.repetitionPenalty);
     p->set_frequency_penalty(v.frequencyPenalty);
+    p->set_presence_penalty(v.presencePenalty);
+    if (v.grammar) {
+      p->set_grammar(v.grammar->value);
+      p->set_grammar_type(v.grammar->type == Grammar::Type::kJson ? pb::GRAMMAR_TYPE_JSON
+                                                                  : pb::GRAMMAR_TYPE_REGEX);
+    }
     auto* s = r->mutable_stopping_parameters();
     s->set_max_new_tokens(v.maxNewTokens);
     for (const std::string& stop : v.stop) s->add_stop_sequences(stop);

@@ -6,11 +6,12 @@
 
 #include "textgen/base/json.h"
 #include "textgen/base/sampling_rules.h"
+#include "textgen/grammar/grammar.h"
 
 namespace textgen::router {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 Status fieldType(const std::string& field, const char* expected) {
   return invalidArgumentError("Failed to deserialize the JSON body into the target type: " + field +
@@ -74,7 +75,7 @@ Status readStrings(const json& p, const char* key, std::vector<std::string>& out
     return okStatus();
   }
   if (!it->is_array()) return fieldType(std::string(prefix) + key, "a string or a list of strings");
-  for (const json& s : *it) {
+  for (const auto& s : *it) {
     if (!s.is_string()) return fieldType(std::string(prefix) + key, "a list of strings");
     out.push_back(s.get<std::string>());
   }
@@ -82,7 +83,7 @@ Status readStrings(const json& p, const char* key, std::vector<std::string>& out
 }
 
 StatusOr<json> parseBody(std::string_view body) {
-  auto j = parseJson(body, "the request body");
+  auto j = parseOrderedJson(body, "the request body");
   if (!j.ok()) {
     return invalidArgumentError("Failed to parse the request body as JSON: " +
                                 j.status().message());
@@ -110,6 +111,7 @@ StatusOr<CompletionRequest> parseCompletionRequest(std::string_view body) {
   TG_RETURN_IF_ERROR(readNumber(j, "top_p", r.topP, ""));
   TG_RETURN_IF_ERROR(readNumber(j, "seed", r.seed, ""));
   TG_RETURN_IF_ERROR(readNumber(j, "frequency_penalty", r.frequencyPenalty, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "presence_penalty", r.presencePenalty, ""));
   TG_RETURN_IF_ERROR(readNumber(j, "repetition_penalty", r.repetitionPenalty, ""));
   TG_RETURN_IF_ERROR(readStrings(j, "stop", r.stop));
   return r;
@@ -122,6 +124,7 @@ GenerateRequest CompletionRequest::toGenerate(size_t index) const {
   p.topP = topP;
   p.seed = seed;
   p.frequencyPenalty = frequencyPenalty;
+  p.presencePenalty = presencePenalty;
   p.repetitionPenalty = repetitionPenalty;
   p.maxNewTokens = maxTokens;  // unset: fill up to max_total_tokens
   // OpenAI samples by default; temperature 0 means greedy.
@@ -133,6 +136,117 @@ GenerateRequest CompletionRequest::toGenerate(size_t index) const {
     p.temperature = t;  // refused by validation, never read as greedy
   }
   p.stop = stop;
+  return g;
+}
+
+StatusOr<ChatCompletionRequest> parseChatRequest(std::string_view body) {
+  TG_ASSIGN_OR_RETURN(json j, parseBody(body));
+  ChatCompletionRequest r;
+  auto messages = j.find("messages");
+  if (messages == j.end() || messages->is_null())
+    return invalidArgumentError(
+        "Failed to deserialize the JSON body into the target type: missing field `messages`");
+  if (!messages->is_array()) return fieldType("messages", "a sequence");
+  if (messages->empty()) return invalidArgumentError("`messages` cannot be empty");
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return fieldType(at, "an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      return invalidArgumentError("Failed to deserialize the JSON body into the target type: " +
+                                  at + ": missing field `role` (a string)");
+  }
+  r.messages = std::move(*messages);
+  TG_RETURN_IF_ERROR(readString(j, "model", r.model));
+  TG_RETURN_IF_ERROR(readBool(j, "stream", r.stream, ""));
+  if (auto o = j.find("stream_options"); o != j.end() && !o->is_null()) {
+    if (!o->is_object()) return fieldType("stream_options", "an object");
+    TG_RETURN_IF_ERROR(readBool(*o, "include_usage", r.includeUsage, "stream_options."));
+  }
+  TG_RETURN_IF_ERROR(readBool(j, "logprobs", r.logprobs, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "top_logprobs", r.topLogprobs, ""));
+  TG_RETURN_IF_ERROR(readStrings(j, "stop", r.stop));
+  TG_RETURN_IF_ERROR(readNumber(j, "seed", r.seed, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "max_tokens", r.maxTokens, ""));
+  std::optional<uint32_t> maxCompletion;
+  TG_RETURN_IF_ERROR(readNumber(j, "max_completion_tokens", maxCompletion, ""));
+  if (maxCompletion) r.maxTokens = maxCompletion;
+  TG_RETURN_IF_ERROR(readNumber(j, "temperature", r.temperature, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "top_p", r.topP, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "frequency_penalty", r.frequencyPenalty, ""));
+  TG_RETURN_IF_ERROR(readNumber(j, "presence_penalty", r.presencePenalty, ""));
+  std::optional<uint32_t> n;
+  TG_RETURN_IF_ERROR(readNumber(j, "n", n, ""));
+  if (n && *n != 1) return invalidArgumentError("`n` must be 1: one choice per request");
+  if (auto f = j.find("response_format"); f != j.end() && !f->is_null()) {
+    TG_ASSIGN_OR_RETURN(r.responseFormat, parseGrammar(*f, "response_format"));
+  }
+  if (auto t = j.find("tools"); t != j.end() && !t->is_null()) {
+    if (!t->is_array()) return fieldType("tools", "a sequence");
+    r.tools = std::move(*t);
+  }
+  if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+    using Mode = ToolChoice::Mode;
+    if (c->is_string()) {
+      const std::string v = c->get<std::string>();
+      if (v == "auto") {
+        r.toolChoice.mode = Mode::kAuto;
+      } else if (v == "none") {
+        r.toolChoice.mode = Mode::kNone;
+      } else if (v == "required") {
+        r.toolChoice.mode = Mode::kRequired;
+      } else {
+        return invalidArgumentError(
+            "`tool_choice` must be \"auto\", \"none\", \"required\" or "
+            "{\"type\": \"function\", \"function\": {\"name\": ...}}. "
+            "Given: \"" +
+            v + "\"");
+      }
+    } else if (c->is_object()) {
+      auto f = c->find("function");
+      const json* name = nullptr;
+      if (f != c->end() && f->is_object()) {
+        if (auto it = f->find("name"); it != f->end() && it->is_string()) name = &*it;
+      }
+      if (!name || name->get<std::string>().empty())
+        return fieldType("tool_choice.function.name", "a non-empty string");
+      r.toolChoice.mode = Mode::kFunction;
+      r.toolChoice.function = name->get<std::string>();
+    } else {
+      return fieldType("tool_choice", "a string or an object");
+    }
+  }
+  std::optional<std::string> toolPrompt;
+  TG_RETURN_IF_ERROR(readString(j, "tool_prompt", toolPrompt));
+  r.toolPrompt = toolPrompt.value_or("");
+  if (r.responseFormat && !r.tools.is_null() && !r.tools.empty() &&
+      r.toolChoice.mode != ToolChoice::Mode::kNone)
+    return invalidArgumentError("Grammar and tools are mutually exclusive");
+  return r;
+}
+
+GenerateRequest ChatCompletionRequest::toGenerate(std::string prompt) const {
+  GenerateRequest g;
+  g.inputs = std::move(prompt);
+  g.addSpecialTokens = false;  // the template placed them
+  GenerateParameters& p = g.parameters;
+  p.topP = topP;
+  p.seed = seed;
+  p.frequencyPenalty = frequencyPenalty;
+  p.presencePenalty = presencePenalty;
+  p.maxNewTokens = maxTokens;  // unset: fill up to max_total_tokens
+  const float t = temperature.value_or(1.0f);
+  if (t > 0.0f) {
+    p.doSample = true;
+    p.temperature = temperature;
+  } else if (t < 0.0f) {
+    p.temperature = t;  // refused by validation
+  }
+  p.stop = stop;
+  p.details = true;
+  p.topNTokens = topLogprobs;
+  p.grammar = responseFormat;
   return g;
 }
 
@@ -184,13 +298,90 @@ StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body) {
   TG_RETURN_IF_ERROR(readBool(p, "decoder_input_details", g.decoderInputDetails));
   TG_RETURN_IF_ERROR(readNumber(p, "seed", g.seed));
   TG_RETURN_IF_ERROR(readNumber(p, "top_n_tokens", g.topNTokens));
-  if (auto it = p.find("grammar"); it != p.end() && !it->is_null()) g.hasGrammar = true;
+  if (auto it = p.find("grammar"); it != p.end() && !it->is_null()) {
+    TG_ASSIGN_OR_RETURN(g.grammar, parseGrammar(*it, "parameters.grammar"));
+  }
   TG_RETURN_IF_ERROR(readString(p, "adapter_id", g.adapterId, "parameters."));
   return r;
 }
 
+StatusOr<std::optional<Grammar>> parseGrammar(const json& j, const std::string& field) {
+  if (!j.is_object()) return fieldType(field, "an object");
+  auto type = j.find("type");
+  if (type == j.end() || !type->is_string())
+    return fieldType(field + ".type",
+                     "one of \"json\", \"json_object\", \"json_schema\", \"regex\"");
+  const std::string t = type->get<std::string>();
+  const auto value = j.find("value");
+  const bool hasValue = value != j.end() && !value->is_null();
+  Grammar g;
+  // A schema given as an object, or as a string of JSON (TGI re-parses strings).
+  auto schemaText = [&](const json& v, const std::string& name) -> StatusOr<std::string> {
+    if (v.is_object() || v.is_boolean())
+      return v.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (v.is_string()) {
+      auto parsed = parseOrderedJson(v.get<std::string>(), name);
+      if (!parsed.ok())
+        return invalidArgumentError("grammar is not valid: " + parsed.status().message());
+      if (!parsed->is_object() && !parsed->is_boolean())
+        return invalidArgumentError("grammar is not valid: " + name +
+                                    " is not a JSON Schema object");
+      return parsed->dump(-1, ' ', false, json::error_handler_t::replace);
+    }
+    return fieldType(name, "a JSON Schema (an object, or a string of JSON)");
+  };
+  if (t == "text") return std::optional<Grammar>();
+  if (t == "json" || t == "json_object") {
+    g.type = Grammar::Type::kJson;
+    if (hasValue) {
+      TG_ASSIGN_OR_RETURN(g.value, schemaText(*value, field + ".value"));
+    } else if (t == "json_object") {
+      g.value = R"({"type":"object"})";  // OpenAI's JSON mode: any object
+    } else {
+      return invalidArgumentError("Failed to deserialize the JSON body into the target type: " +
+                                  field + ": missing field `value`");
+    }
+  } else if (t == "json_schema") {
+    // TGI's {"type": "json_schema", "value": {"name", "schema", "strict"}} or OpenAI's
+    // {"type": "json_schema", "json_schema": {...}}.
+    auto config = hasValue ? value : j.find("json_schema");
+    const std::string name = field + (hasValue ? ".value" : ".json_schema");
+    if (config == j.end() || !config->is_object())
+      return fieldType(name, "an object with `schema`");
+    auto schema = config->find("schema");
+    if (schema == config->end() || schema->is_null()) {
+      return invalidArgumentError("Failed to deserialize the JSON body into the target type: " +
+                                  name + ": missing field `schema`");
+    }
+    g.type = Grammar::Type::kJson;
+    TG_ASSIGN_OR_RETURN(g.value, schemaText(*schema, name + ".schema"));
+  } else if (t == "regex") {
+    if (!hasValue || !value->is_string())
+      return fieldType(field + ".value", "a string (the regex)");
+    g.type = Grammar::Type::kRegex;
+    g.value = value->get<std::string>();
+  } else {
+    return invalidArgumentError("Failed to deserialize the JSON body into the target type: " +
+                                field + ".type: unknown variant `" + t +
+                                "`, expected one of `json`, `json_object`, `json_schema`, `regex`");
+  }
+  return std::optional<Grammar>(std::move(g));
+}
+
 Validator::Validator(const tokenizer::Tokenizer& tokenizer, ValidationLimits limits)
-    : tokenizer_(tokenizer), limits_(limits) {}
+    : tokenizer_(tokenizer),
+      limits_(limits),
+      grammars_(std::make_unique<grammar::GrammarCache>(nullptr, 256)) {}
+
+Validator::~Validator() = default;
+
+Status Validator::checkGrammar(const Grammar& g) const {
+  auto compiled = grammars_->grammar(
+      g.type == Grammar::Type::kJson ? grammar::Kind::kJsonSchema : grammar::Kind::kRegex, g.value);
+  if (!compiled.ok())
+    return invalidArgumentError("grammar is not valid: " + compiled.status().message());
+  return okStatus();
+}
 
 StatusOr<tokenizer::Encoding> Validator::tokenize(const std::string& inputs,
                                                   bool addSpecialTokens) const {
@@ -228,6 +419,10 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   if (!(v.frequencyPenalty >= -2.0f && v.frequencyPenalty <= 2.0f)) {
     return error("`frequency_penalty` must be >= -2.0 and <= 2.0");
   }
+  v.presencePenalty = p.presencePenalty.value_or(0.0f);
+  if (!(v.presencePenalty >= -2.0f && v.presencePenalty <= 2.0f)) {
+    return error("`presence_penalty` must be >= -2.0 and <= 2.0");
+  }
   if (p.topP && !(*p.topP > 0.0f && *p.topP < 1.0f))
     return error("`top_p` must be > 0.0 and < 1.0");
   v.topP = p.topP.value_or(1.0f);
@@ -262,7 +457,6 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   }
   // Features textgen does not have yet: refused, never ignored.
   if (p.watermark) return unimplementedError("`watermark` is not supported by this server yet");
-  if (p.hasGrammar) return unimplementedError("grammar is not supported");
   if (p.adapterId && !p.adapterId->empty())
     return unimplementedError("`adapter_id` (LoRA adapters) is not supported by this server yet");
   if (request.inputs.empty()) return error("`inputs` cannot be empty");
@@ -301,6 +495,10 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   v.decoderInputDetails = p.decoderInputDetails;
   v.returnFullText = p.returnFullText.value_or(false);
   v.addSpecialTokens = request.addSpecialTokens;
+  if (p.grammar) {
+    TG_RETURN_IF_ERROR(checkGrammar(*p.grammar));
+    v.grammar = p.grammar;
+  }
   return v;
 }
 

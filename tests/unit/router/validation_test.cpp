@@ -98,12 +98,114 @@ TEST_F(ValidationTest, UnimplementedFeaturesAreRefused) {
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(w.status().message().find("watermark"), std::string::npos);
-  EXPECT_EQ(check(R"({"inputs": "Hi", "parameters": {"grammar": {"type": "json", "value": {}}}})")
-                .status()
-                .code(),
-            StatusCode::kUnimplemented);
   EXPECT_EQ(check(R"({"inputs": "Hi", "parameters": {"adapter_id": "lora-1"}})").status().code(),
             StatusCode::kUnimplemented);
+}
+
+TEST_F(ValidationTest, GrammarsAreParsedAndCompiled) {
+  auto json = check(
+      R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": {"type": "json", "value": {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}}})");
+  ASSERT_TRUE(json.ok()) << json.status().message();
+  ASSERT_TRUE(json->grammar.has_value());
+  EXPECT_EQ(json->grammar->type, Grammar::Type::kJson);
+  // The schema's properties keep their order (the output emits them in that order).
+  EXPECT_LT(json->grammar->value.find("\"b\""), json->grammar->value.find("\"a\""));
+  auto asString = check(
+      R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": {"type": "json", "value": "{\"type\": \"boolean\"}"}}})");
+  ASSERT_TRUE(asString.ok()) << asString.status().message();
+  EXPECT_EQ(asString->grammar->value, R"({"type":"boolean"})");
+  auto regex = check(
+      R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": {"type": "regex", "value": "[a-z]+"}}})");
+  ASSERT_TRUE(regex.ok()) << regex.status().message();
+  EXPECT_EQ(regex->grammar->type, Grammar::Type::kRegex);
+  auto schema = check(
+      R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": {"type": "json_schema", "value": {"name": "x", "schema": {"type": "null"}}}}})");
+  ASSERT_TRUE(schema.ok()) << schema.status().message();
+  EXPECT_EQ(schema->grammar->value, R"({"type":"null"})");
+  // Bad grammars are 422s that name the problem.
+  for (const auto& [body, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"type": "regex", "value": "(ab"})", "grammar is not valid"},
+           {R"({"type": "regex", "value": "a{1,100000000}"})", "grammar is not valid"},
+           {R"({"type": "regex", "value": 5})", "parameters.grammar.value"},
+           {R"({"type": "json", "value": {"type": "integr"}})", "integr"},
+           {R"({"type": "json", "value": "{nope"})", "grammar is not valid"},
+           {R"({"type": "json"})", "missing field `value`"},
+           {R"({"type": "json_schema", "value": {"name": "x"}})", "missing field `schema`"},
+           {R"({"type": "yaml", "value": "x"})", "unknown variant `yaml`"},
+           {R"("regex")", "parameters.grammar"},
+       }) {
+    auto r =
+        check(R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": )" + body + "}}");
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << body;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos)
+        << body << ": " << r.status().message();
+  }
+}
+
+TEST(ChatRequestTest, ParsesOpenAIsShapeAndMapsItLikeTGI) {
+  auto r = parseChatRequest(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+      "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0, "top_logprobs": 2,
+      "logprobs": true, "stop": "x", "seed": 3, "presence_penalty": 0.5,
+      "stream": true, "stream_options": {"include_usage": true},
+      "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->stream && r->includeUsage && r->logprobs);
+  EXPECT_EQ(r->maxTokens, 7u);  // max_completion_tokens wins
+  ASSERT_TRUE(r->responseFormat.has_value());
+  EXPECT_EQ(r->responseFormat->value, R"({"type":"object"})");
+  GenerateRequest g = r->toGenerate("prompt");
+  EXPECT_FALSE(g.addSpecialTokens);
+  EXPECT_FALSE(g.parameters.doSample);  // temperature 0: greedy
+  EXPECT_EQ(g.parameters.topNTokens, 2u);
+  EXPECT_EQ(g.parameters.presencePenalty, 0.5f);
+  EXPECT_EQ(g.parameters.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(g.parameters.details);
+  auto text = parseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "text"}, "tool_choice": {"type": "function", "function": {"name": "f"}}})");
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  EXPECT_FALSE(text->responseFormat.has_value());
+  EXPECT_EQ(text->toolChoice.mode, ToolChoice::Mode::kFunction);
+  EXPECT_EQ(text->toolChoice.function, "f");
+  EXPECT_TRUE(text->toGenerate("p").parameters.doSample);  // OpenAI samples by default
+}
+
+TEST(ChatRequestTest, BadBodiesNameTheProblem) {
+  for (
+      const auto& [body, needle] : std::vector<std::pair<std::string, std::string>>{
+          {R"({})", "missing field `messages`"},
+          {R"({"messages": {}})", "messages: invalid type"},
+          {R"({"messages": []})", "`messages` cannot be empty"},
+          {R"({"messages": [5]})", "messages[0]"},
+          {R"({"messages": [{"content": "x"}]})", "missing field `role`"},
+          {R"({"messages": [{"role": "user"}], "n": 3})", "`n` must be 1"},
+          {R"({"messages": [{"role": "user"}], "tools": {}})", "tools: invalid type"},
+          {R"({"messages": [{"role": "user"}], "tool_choice": "maybe"})", "`tool_choice` must be"},
+          {R"({"messages": [{"role": "user"}], "tool_choice": {"type": "function"}})",
+           "tool_choice.function.name"},
+          {R"({"messages": [{"role": "user"}], "tools": [{}], "response_format": {"type": "json_object"}})",
+           "mutually exclusive"},
+          {R"({"messages": [{"role": "user"}], "stream_options": 1})", "stream_options"},
+          {R"({"messages": [{"role": "user"}], "max_tokens": -1})", "max_tokens"},
+      }) {
+    auto r = parseChatRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos)
+        << body << ": " << r.status().message();
+  }
+}
+
+TEST_F(ValidationTest, PresencePenaltyIsBounded) {
+  CompletionRequest c;
+  c.prompts = {"Hi"};
+  c.presencePenalty = 2.5f;
+  auto r = validator_->validate(c.toGenerate(0), Endpoint::kCompletions);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("presence_penalty"), std::string::npos);
+  c.presencePenalty = -1.0f;
+  auto ok = validator_->validate(c.toGenerate(0), Endpoint::kCompletions);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->presencePenalty, -1.0f);
 }
 
 TEST_F(ValidationTest, TruncateKeepsTheLastTokens) {

@@ -9,6 +9,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "textgen/grammar/grammar.h"
+
 namespace textgen::runtime {
 namespace {
 
@@ -321,6 +323,94 @@ TEST_F(EngineTest, AResumedRequestContinuesItsStreamExactly) {
       EXPECT_EQ(rest.finished->reason, FinishReason::kLength);
     }
   }
+}
+
+// Constrained decoding: every token the engine picks continues a match of the request's grammar,
+// and the request ends by EOS in an accepting state; greedy on the device path, seeded sampling,
+// and the host-logits path (prompt log-probabilities) alike.
+TEST_F(EngineTest, GrammarsConstrainEveryChoiceAndEndInAnAcceptingState) {
+  using G = SamplingParams::Grammar;
+  const std::vector<std::pair<G, std::string>> grammars = {
+      {G::kRegex, "[a-z]{2,4}-[0-9]{2}"},
+      {G::kRegex, "(yes|no)!"},
+      {G::kJson,
+       R"({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
+           "tag": {"type": "string", "maxLength": 3}}, "required": ["ok", "n", "tag"]})"},
+  };
+  for (const auto& [type, source] : grammars) {
+    auto compiled = grammar::Grammar::compile(
+        type == G::kJson ? grammar::Kind::kJsonSchema : grammar::Kind::kRegex, source);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE(source + " mode " + std::to_string(mode));
+      RequestSpec r = spec(1, mode, 80);
+      r.stopping.ignoreEosToken = false;
+      r.sampling.grammarType = type;
+      r.sampling.grammar = source;
+      if (mode == 1) {
+        r.sampling.doSample = true;
+        r.sampling.seed = 7;
+        r.sampling.temperature = 1.5f;
+      }
+      if (mode == 2) r.prefillLogprobs = true;
+      uint32_t next = 1;
+      const Stream out = runGrowing(*engine_, r, 1, next);
+      engine_->clear(std::nullopt);
+      ASSERT_TRUE(out.finished.has_value());
+      EXPECT_EQ(out.finished->reason, FinishReason::kEosToken) << out.finished->text;
+      EXPECT_TRUE((*compiled)->matches(out.finished->text)) << out.finished->text;
+    }
+  }
+}
+
+TEST_F(EngineTest, AResumedConstrainedRequestContinuesExactly) {
+  RequestSpec r = spec(1, 3, 40);
+  r.stopping.ignoreEosToken = false;
+  r.sampling.grammarType = SamplingParams::Grammar::kRegex;
+  r.sampling.grammar = "[a-z ]{6,12}\\.";
+  r.sampling.doSample = true;
+  r.sampling.seed = 99;
+  uint32_t next = 1;
+  const Stream whole = runGrowing(*engine_, r, 1, next);
+  engine_->clear(std::nullopt);
+  ASSERT_TRUE(whole.finished.has_value());
+  ASSERT_GT(whole.ids.size(), 4u);
+  next = 1;
+  const Stream first = runGrowing(*engine_, r, 1, next, 3);
+  engine_->clear(std::nullopt);
+  RequestSpec resumed = r;
+  resumed.id = 2;
+  resumed.inputIds.insert(resumed.inputIds.end(), first.ids.begin(), first.ids.end());
+  resumed.generatedTokens = 3;
+  next = 200;
+  const Stream rest = runGrowing(*engine_, resumed, 2, next);
+  engine_->clear(std::nullopt);
+  std::vector<uint32_t> ids = first.ids;
+  ids.insert(ids.end(), rest.ids.begin(), rest.ids.end());
+  EXPECT_EQ(ids, whole.ids);
+  ASSERT_TRUE(rest.finished.has_value());
+  EXPECT_EQ(rest.finished->text, whole.finished->text);
+}
+
+TEST_F(EngineTest, ABadGrammarRefusesItsRequestAlone) {
+  RequestSpec bad = spec(1, 0, 8);
+  bad.sampling.grammarType = SamplingParams::Grammar::kRegex;
+  bad.sampling.grammar = "(unclosed";
+  RequestSpec worse = spec(2, 1, 8, 100);
+  worse.sampling.grammarType = SamplingParams::Grammar::kJson;
+  worse.sampling.grammar = R"({"type": "integr"})";
+  RequestSpec good = spec(3, 2, 8, 200);
+  auto s = engine_->prefill(1, {bad, worse, good}, std::nullopt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::map<uint64_t, std::string> errors;
+  for (const auto& g : s->generations) {
+    if (g.error) errors[g.requestId] = *g.error;
+  }
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[1].find("grammar is not valid"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[2].find("integr"), std::string::npos) << errors[2];
+  ASSERT_TRUE(s->batch.has_value());
+  EXPECT_EQ(s->batch->requestIds, std::vector<uint64_t>{3});
 }
 
 TEST_F(EngineTest, AStopSequenceAcrossTheResumePointStillStops) {

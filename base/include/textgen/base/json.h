@@ -19,5 +19,9 @@ inline constexpr int kMaxJsonDepth = 64;
 // when the text is not JSON or nests deeper than maxDepth. Never throws.
 StatusOr<nlohmann::json> parseJson(std::string_view text, std::string_view what,
                                    int maxDepth = kMaxJsonDepth);
+// The same, keeping objects' keys in document order (chat messages and tools, JSON Schemas: their
+// order shows in rendered templates and in the order constrained output emits properties).
+StatusOr<nlohmann::ordered_json> parseOrderedJson(std::string_view text, std::string_view what,
+                                                  int maxDepth = kMaxJsonDepth);
 
 }  // namespace textgen

@@ -29,10 +29,15 @@ struct SampleRow {
   int32_t doSample = 0;            // 0: arg-max
   float repetitionPenalty = 1.0f;  // 0 or 1: off
   float frequencyPenalty = 0.0f;
+  float presencePenalty = 0.0f;              // once per distinct history token
   int32_t topN = 0;                          // <= SampleParams::maxTopN
   double uniform = 0.0;                      // in [0, 1): the draw when sampling
   int32_t historyBegin = 0, historyEnd = 0;  // this row's entries of historyTokens/Counts
   int32_t biasBegin = 0, biasEnd = 0;        // this row's entries of biasTokens/Values
+  // Constrained decoding: the word of SampleParams::masks where this row's allowed-token bitmask
+  // ((vocab + 31) / 32 words; bit id % 32 of word id / 32) starts; -1: every token allowed. Tokens
+  // outside the mask get -inf after the penalties and the bias, before the warpers.
+  int64_t maskBegin = -1;
 };
 
 struct SampleParams {
@@ -42,7 +47,8 @@ struct SampleParams {
   const int32_t* historyCounts = nullptr;  // how often each occurred
   const int32_t* biasTokens = nullptr;
   const float* biasValues = nullptr;
-  float* work = nullptr;         // [rows, vocab] float32 scratch; may equal logits for float32
+  const uint32_t* masks = nullptr;  // the rows' token masks (SampleRow::maskBegin)
+  float* work = nullptr;            // [rows, vocab] float32 scratch; may equal logits for float32
   double* probs = nullptr;       // [rows, vocab] float64 scratch (device top-p/typical-p searches)
   int32_t* ids = nullptr;        // [rows]
   float* logprobs = nullptr;     // [rows]: of the chosen token, after processing

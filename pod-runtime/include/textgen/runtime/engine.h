@@ -18,6 +18,10 @@
 #include "textgen/runtime/stopping.h"
 #include "textgen/tokenizer/tokenizer.h"
 
+namespace textgen::grammar {
+class GrammarCache;
+}  // namespace textgen::grammar
+
 namespace textgen::runtime {
 
 struct RequestSpec {
@@ -142,6 +146,8 @@ class Engine {
   struct StepPlan;
   struct StepOutputs;
   Status validate(const RequestSpec& r) const;
+  // The request's grammar matcher, compiled or from the cache (INVALID_ARGUMENT: a bad grammar).
+  Status attachGrammar(Request& r);
   // Appends each extension's blocks to its request in `batchIds`, all or none.
   Status extend(const std::vector<uint64_t>& batchIds, const std::vector<BlockExtension>& ext);
   // One step: schedule (the forward's rows and how tokens are chosen) -> execute (the model's
@@ -158,6 +164,8 @@ class Engine {
   Backend& backend_;
   EngineOptions options_;
   Sampler sampler_;  // token choice over the model's logits, where they are
+  // Compiled grammars and their token masks over this model's vocabulary (built on first use).
+  std::unique_ptr<grammar::GrammarCache> grammars_;
   std::unique_ptr<KvCache> cache_;
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;
 };

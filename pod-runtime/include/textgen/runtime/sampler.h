@@ -29,6 +29,7 @@ struct SampleBatch {
   std::vector<kernels::SampleRow> rows;
   std::vector<int32_t> historyTokens, historyCounts, biasTokens;
   std::vector<float> biasValues;
+  std::vector<uint32_t> masks;  // constrained rows' token bitmasks (SampleRow::maskBegin)
   int64_t maxTopN = 0;
 };
 
@@ -52,8 +53,8 @@ class Sampler {
  private:
   Backend& backend_;
   // Greedy: [ids | logprobs]. Sampling: the inputs [rows | history tokens | counts | bias tokens |
-  // bias values], float32 and float64 scratch [rows, vocab], the outputs [ids | logprobs | top ids
-  // | top logprobs].
+  // bias values | masks], float32 and float64 scratch [rows, vocab], the outputs [ids | logprobs |
+  // top ids | top logprobs].
   std::unique_ptr<Buffer> greedyOut_, sampleIn_, sampleWork_, sampleProbs_, sampleOut_;
 };
 

@@ -27,8 +27,14 @@ struct SamplingParams {
   uint64_t seed = 0;
   float repetitionPenalty = 1.0f;  // 0 or 1: off
   float frequencyPenalty = 0.0f;
+  float presencePenalty = 0.0f;  // OpenAI's: once per distinct token of the history
   std::map<uint32_t, float> logitBias;
   uint32_t topNTokens = 0;
+  // Constrained output (TGI's grammar): a regular expression or a JSON Schema the generated text
+  // must match; empty: unconstrained. Tokens that cannot continue a match are masked out.
+  enum class Grammar { kNone, kJson, kRegex };
+  Grammar grammarType = Grammar::kNone;
+  std::string grammar;
 };
 
 // INVALID_ARGUMENT naming the first bad field (TGI's validation rules).
@@ -72,8 +78,9 @@ class RequestSampler {
  public:
   explicit RequestSampler(SamplingParams params);
   // `logits` is modified in place. `history`: every token so far (prompt and generated), for the
-  // penalties.
-  TokenChoice choose(std::span<float> logits, std::span<const uint32_t> history);
+  // penalties. `mask`: the allowed tokens' bitmask (kernels::SampleRow::maskBegin), or empty.
+  TokenChoice choose(std::span<float> logits, std::span<const uint32_t> history,
+                     std::span<const uint32_t> mask = {});
   const SamplingParams& params() const { return params_; }
 
   // The inputs of kernels::sample for this step: distinct history tokens with counts, the bias, and

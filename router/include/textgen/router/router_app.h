@@ -16,6 +16,8 @@
 
 namespace textgen::router {
 
+class ChatTemplate;  // router/src/chat/chat_template.h
+
 struct RouterOptions {
   std::string modelId = "textgen";
   uint32_t maxConcurrentRequests = 128;
@@ -24,6 +26,8 @@ struct RouterOptions {
   std::string apiKey;              // empty: no authentication
   unsigned validationWorkers = 2;  // threads that parse, validate and tokenize (TGI's flag)
   std::vector<std::string> corsAllowOrigins;
+  // The model's chat template (/v1/chat/completions, /chat_tokenize); null: those answer 422.
+  std::shared_ptr<const ChatTemplate> chatTemplate;
 };
 
 class WorkerPool;
@@ -43,6 +47,17 @@ class RouterApp {
                 bool compatList);
   void generateStream(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void chatCompletions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void chatTokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  // SageMaker's route: a chat (`messages`), a completion (`prompt`) or a TGI request (`inputs`).
+  void invocations(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  // A chat request's prompt (its messages through the template) as a GenerateRequest, with the
+  // tools' grammar when `withTools` and tools are offered.
+  struct ChatPrompt {
+    GenerateRequest request;
+    bool usingTools = false;
+  };
+  StatusOr<ChatPrompt> chatPrompt(const ChatCompletionRequest& chat, bool withTools) const;
   void tokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void info(std::shared_ptr<HttpResponder> responder);
   void health(std::shared_ptr<HttpResponder> responder);

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,7 +13,25 @@
 #include "textgen/base/status_or.h"
 #include "textgen/tokenizer/tokenizer.h"
 
+namespace textgen::grammar {
+class GrammarCache;
+}  // namespace textgen::grammar
+
 namespace textgen::router {
+
+// TGI's `grammar` ({"type": "json" | "json_object" | "json_schema" | "regex", "value": ...}) and
+// OpenAI's response_format, typed: the output must match a JSON Schema (its JSON text) or a regex.
+struct Grammar {
+  enum class Type { kJson, kRegex };
+  Type type = Type::kJson;
+  std::string value;
+};
+
+// Parses a grammar object (`field` names it in errors). OpenAI's response_format shapes are
+// accepted too: {"type": "json_object"} (any JSON object), {"type": "json_schema", "json_schema":
+// {"schema": ...}}; {"type": "text"} is no grammar (nullopt).
+StatusOr<std::optional<Grammar>> parseGrammar(const nlohmann::ordered_json& j,
+                                              const std::string& field);
 
 // The "parameters" object of TGI's GenerateRequest, absent fields left unset.
 struct GenerateParameters {
@@ -19,6 +39,7 @@ struct GenerateParameters {
   std::optional<float> temperature;
   std::optional<float> repetitionPenalty;
   std::optional<float> frequencyPenalty;
+  std::optional<float> presencePenalty;  // OpenAI's routes only (not in TGI's parameters)
   std::optional<int32_t> topK;
   std::optional<float> topP;
   std::optional<float> typicalP;
@@ -32,7 +53,7 @@ struct GenerateParameters {
   bool decoderInputDetails = false;
   std::optional<uint64_t> seed;
   std::optional<uint32_t> topNTokens;
-  bool hasGrammar = false;
+  std::optional<Grammar> grammar;
   std::optional<std::string> adapterId;
 };
 
@@ -58,6 +79,7 @@ struct CompletionRequest {
   std::optional<float> topP;
   std::optional<uint64_t> seed;
   std::optional<float> frequencyPenalty;
+  std::optional<float> presencePenalty;
   std::optional<float> repetitionPenalty;
   std::vector<std::string> stop;
   // TGI's GenerateRequest for prompt `index`: sampling unless temperature is 0.
@@ -66,6 +88,41 @@ struct CompletionRequest {
 
 // Same rules as parseGenerateRequest.
 StatusOr<CompletionRequest> parseCompletionRequest(std::string_view body);
+
+// OpenAI's tool_choice: "auto" (the default with tools), "none", "required", or one function.
+struct ToolChoice {
+  enum class Mode { kAuto, kNone, kRequired, kFunction };
+  Mode mode = Mode::kAuto;
+  std::string function;  // kFunction
+};
+
+// OpenAI's POST /v1/chat/completions body (TGI's ChatRequest), typed. `messages` and `tools` stay
+// JSON: the chat template reads them (and checks their shapes). Unknown fields are ignored.
+struct ChatCompletionRequest {
+  nlohmann::ordered_json messages;  // a non-empty array of objects
+  std::optional<std::string> model;
+  bool stream = false;
+  bool includeUsage = false;  // stream_options.include_usage
+  bool logprobs = false;
+  std::optional<uint32_t> topLogprobs;
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;
+  std::optional<uint32_t> maxTokens;  // max_completion_tokens, else max_tokens
+  std::optional<float> temperature;
+  std::optional<float> topP;
+  std::optional<float> frequencyPenalty;
+  std::optional<float> presencePenalty;
+  std::optional<Grammar> responseFormat;
+  nlohmann::ordered_json tools;  // null, or the OpenAI tools array (checked by toolGrammar)
+  ToolChoice toolChoice;
+  std::string toolPrompt;  // TGI's tool_prompt (empty: its default)
+  // The GenerateRequest for the rendered prompt: sampling unless temperature is 0, no special
+  // tokens added (the template has them), TGI's mapping of the rest.
+  GenerateRequest toGenerate(std::string prompt) const;
+};
+
+// Same rules as parseGenerateRequest; `n` other than 1 is refused.
+StatusOr<ChatCompletionRequest> parseChatRequest(std::string_view body);
 
 struct ValidationLimits {
   uint32_t maxBestOf = 2;
@@ -84,6 +141,7 @@ struct ValidRequest {
   float temperature = 1.0f;
   float repetitionPenalty = 1.0f;
   float frequencyPenalty = 0.0f;
+  float presencePenalty = 0.0f;
   uint32_t topK = 0;
   float topP = 1.0f;
   float typicalP = 1.0f;
@@ -96,6 +154,7 @@ struct ValidRequest {
   bool decoderInputDetails = false;
   bool returnFullText = false;
   bool addSpecialTokens = true;
+  std::optional<Grammar> grammar;  // compiled once by validation (its errors are 422s)
 };
 
 enum class Endpoint { kGenerate, kGenerateStream, kCompletions };
@@ -103,16 +162,21 @@ enum class Endpoint { kGenerate, kGenerateStream, kCompletions };
 class Validator {
  public:
   Validator(const tokenizer::Tokenizer& tokenizer, ValidationLimits limits);
+  ~Validator();
   // INVALID_ARGUMENT with TGI's message (HTTP 422, error_type "validation"); UNIMPLEMENTED for a
   // parameter whose feature textgen does not have yet (also 422).
   StatusOr<ValidRequest> validate(const GenerateRequest& request, Endpoint endpoint) const;
   // `inputs` tokenized under the same limits as validate() (at most max_input_tokens); /tokenize.
   StatusOr<tokenizer::Encoding> tokenize(const std::string& inputs, bool addSpecialTokens) const;
   const ValidationLimits& limits() const { return limits_; }
+  // INVALID_ARGUMENT "grammar is not valid: ..." (TGI's message) unless it compiles within the
+  // grammar engine's bounds. Compiled grammars are cached.
+  Status checkGrammar(const Grammar& g) const;
 
  private:
   const tokenizer::Tokenizer& tokenizer_;
   ValidationLimits limits_;
+  std::unique_ptr<grammar::GrammarCache> grammars_;
 };
 
 }  // namespace textgen::router

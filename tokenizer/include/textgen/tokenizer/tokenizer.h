@@ -72,6 +72,12 @@ class Tokenizer {
   // True for a byte token ("<0xNN>") that the decoder renders together with its neighbours
   // (ByteFallback), so that its text is final only once the run of byte tokens ends.
   bool isGroupedByteToken(uint32_t id) const;
+  // The raw bytes the token adds to decoded text in the middle of a sequence (for constrained
+  // decoding): byte-level BPE's byte map, ByteFallback's <0xNN> byte, Metaspace's ▁ as a space.
+  // Rules the decoder applies only at the ends of a sequence (the leading-space strip, a
+  // BPEDecoder suffix dropped at the end) are not applied. nullopt for special tokens and unknown
+  // ids. May be an incomplete UTF-8 sequence.
+  std::optional<std::string> tokenBytes(uint32_t id) const;
   // Model vocabulary plus added tokens (one past the largest id).
   size_t vocabSize() const;
 
