@@ -267,6 +267,18 @@ def readme_curl(section, cmd, expected, port):
               (final.get("details") or {}).get("generated_tokens") == n,
               f"{section}: the last event carries the text and details: {final}")
         errs = same_shape(doc, real) + same_values(doc, real)
+    elif "/v1/chat/completions" in cmd:
+        doc, real = json.loads(shown), json.loads(r.stdout)
+        content = real.get("choices", [{}])[0].get("message", {}).get("content")
+        try:
+            value = json.loads(content)
+        except (TypeError, ValueError):
+            value = None
+        schema = body["response_format"]["json_schema"]["schema"]
+        check(real.get("object") == "chat.completion" and isinstance(value, dict) and
+              set(schema["required"]) <= set(value) and real["choices"][0]["finish_reason"] == "stop",
+              f"{section}: a chat completion whose content is JSON of the schema: {real}")
+        errs = same_shape(doc, real) + same_values(doc, real, skip=("created", "id"))
     elif "/v1/completions" in cmd:
         doc, real = json.loads(shown), json.loads(r.stdout)
         check(real.get("object") == "text_completion" and real.get("model") == body["model"] and
@@ -313,7 +325,7 @@ def run_make_run_demo(section, cmd, expected, docs):
         check(isinstance(out.get("generated_text"), str) and out["generated_text"],
               f"the printed curl command works: {curl!r} -> {r.returncode} {r.stdout[:200]!r} {r.stderr[-200:]!r}")
         console = [(sec, c, exp) for d, sec, c, exp in docs if d == "README.md" and c.startswith("curl ") and "127.0.0.1:3000/" in c]
-        check(len(console) == 3, f"README shows three curl examples: {[c[1][:40] for c in console]}")
+        check(len(console) == 4, f"README shows four curl examples: {[c[1][:40] for c in console]}")
         for sec, c, exp in console:
             readme_curl(sec, c, exp, port)
     finally:
@@ -493,6 +505,12 @@ COMMANDS = {
     ("README.md", "curl 127.0.0.1:3000/v1/completions -H 'Content-Type: application/json' -d "
                   "'{\"model\":\"textgen-demo\",\"prompt\":\"The Python interpreter\",\"max_tokens\":16,"
                   "\"temperature\":0}'"): None,
+    ("README.md", "curl 127.0.0.1:3000/v1/chat/completions -H 'Content-Type: application/json' -d "
+                  "'{\"model\":\"textgen-demo\",\"messages\":[{\"role\":\"user\",\"content\":\"Which keyword "
+                  "defines a function?\"}],\"max_tokens\":32,\"temperature\":0,\"response_format\":{\"type\":"
+                  "\"json_schema\",\"json_schema\":{\"name\":\"answer\",\"schema\":{\"type\":\"object\","
+                  "\"properties\":{\"keyword\":{\"type\":\"string\",\"maxLength\":8},\"builtin\":{\"type\":"
+                  "\"boolean\"}},\"required\":[\"keyword\",\"builtin\"]}}}}'"): None,
     # README.md "Set up", inline
     ("README.md", 'make run ARGS="--model-id /path/to/model"'): run_make_run_local_model,
     ("README.md", 'make run ARGS="--model-id org/name"'): HUB,

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "textgen/grammar/grammar.h"
 #include "textgen/runtime/engine.h"
 #include "textgen/tokenizer/tokenizer.h"
 
@@ -144,6 +145,82 @@ TEST_F(CudaEngineTest, SeededSamplingOnTheDeviceEqualsTheCpu) {
   const std::vector<uint32_t> onCpu = run(*cpu), onGpu = run(*backend_);
   ASSERT_EQ(onCpu.size(), 72u);
   EXPECT_EQ(onGpu, onCpu);
+}
+
+// Constrained decoding on the device: the sample kernel's token masks choose what the CPU
+// reference chooses (greedy, seeded sampling, several constrained rows in one batch with an
+// unconstrained one), and every constrained output that ends by EOS matches its grammar.
+TEST_F(CudaEngineTest, ConstrainedDecodingOnTheDeviceEqualsTheCpu) {
+  using G = SamplingParams::Grammar;
+  const std::vector<std::pair<G, std::string>> grammars = {
+      {G::kRegex, "[a-z]{2,6}( [a-z]{2,6}){0,3}\\."},
+      {G::kJson,
+       R"({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
+           "tag": {"type": "string", "maxLength": 4}}, "required": ["ok", "n", "tag"]})"},
+      {G::kNone, ""},
+  };
+  struct Out {
+    std::vector<uint32_t> ids;
+    std::vector<std::string> texts;
+    std::vector<bool> eos;
+  };
+  auto run = [&](Backend& backend) -> Out {
+    std::vector<int64_t> graphs;
+    if (std::string(backend.name()) == "cuda") graphs = {1, 2, 4, 8};
+    auto m =
+        loadModel(fixture(), backend, {.dtype = kernels::DType::kF32, .graphBatchSizes = graphs});
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return {};
+    Engine engine(**m, *tok_, backend, {.blockSize = 16, .kvCacheBytes = 64 << 20});
+    EXPECT_TRUE(engine.warmup(0, {}, std::nullopt, 64, std::nullopt).ok());
+    std::vector<RequestSpec> batch;
+    for (uint64_t id = 1; id <= 6; ++id) {
+      RequestSpec r = warmupBatch(6)[0];
+      r.id = id;
+      r.stopping.maxNewTokens = 60;
+      r.blocks = {static_cast<uint32_t>(5 * id), static_cast<uint32_t>(5 * id + 1),
+                  static_cast<uint32_t>(5 * id + 2), static_cast<uint32_t>(5 * id + 3),
+                  static_cast<uint32_t>(5 * id + 4)};
+      r.sampling.grammarType = grammars[id % 3].first;
+      r.sampling.grammar = grammars[id % 3].second;
+      r.sampling.doSample = id > 3;
+      r.sampling.seed = 77 + id;
+      r.sampling.temperature = 1.3f;
+      r.sampling.topNTokens = id == 5 ? 2 : 0;
+      batch.push_back(r);
+    }
+    Out out;
+    out.texts.resize(7);
+    out.eos.resize(7);
+    auto s = engine.prefill(1, batch, std::nullopt);
+    while (s.ok()) {
+      for (const auto& g : s->generations) {
+        EXPECT_FALSE(g.error.has_value()) << *g.error;
+        if (g.error) continue;
+        out.ids.push_back(g.tokens.ids[0]);
+        if (g.finished) {
+          out.texts[g.requestId] = g.finished->text;
+          out.eos[g.requestId] = g.finished->reason == FinishReason::kEosToken;
+        }
+      }
+      if (!s->batch) break;
+      s = engine.decode({1});
+    }
+    EXPECT_TRUE(s.ok()) << s.status();
+    return out;
+  };
+  auto cpu = makeCpuBackend(1);
+  const Out onCpu = run(*cpu), onGpu = run(*backend_);
+  ASSERT_FALSE(onCpu.ids.empty());
+  EXPECT_EQ(onGpu.ids, onCpu.ids);
+  for (uint64_t id = 1; id <= 6; ++id) {
+    const auto& [type, source] = grammars[id % 3];
+    if (type == G::kNone || !onGpu.eos[id]) continue;
+    auto g = grammar::Grammar::compile(
+        type == G::kJson ? grammar::Kind::kJsonSchema : grammar::Kind::kRegex, source);
+    ASSERT_TRUE(g.ok());
+    EXPECT_TRUE((*g)->matches(onGpu.texts[id])) << id << ": " << onGpu.texts[id];
+  }
 }
 
 // An fp8 KV cache (--kv-cache-dtype) on the device: Warmup's pool from the same free memory holds
