@@ -200,22 +200,31 @@ class SubsetBuilder {
     closure(seed);
     intern(std::move(seed));
     std::vector<std::vector<int32_t>> buckets(dfa_.numClasses);
+    auto overWorked = [&] {
+      return resourceExhaustedError(
+          fmt::format("grammar: building the automaton takes more than maxCompileWork ({} steps)",
+                      limits_.maxCompileWork));
+    };
     for (size_t d = 0; d < sets_.size(); ++d) {
       for (auto& b : buckets) b.clear();
       for (int32_t s : *sets_[d]) {
         const NfaState& st = nfa_[s];
         if (st.kind != NfaState::kRange) continue;
         for (int c = clsOf_[st.lo]; c <= clsOf_[st.hi]; ++c) buckets[c].push_back(st.out);
+        work_ += clsOf_[st.hi] - clsOf_[st.lo] + 1;
       }
+      if (work_ > limits_.maxCompileWork) return overWorked();
       const std::vector<int32_t>* prevBucket = nullptr;
       int32_t prevTarget = Grammar::kDead;
       for (int c = 0; c < dfa_.numClasses; ++c) {
         int32_t target = Grammar::kDead;
+        work_ += buckets[c].size();
         if (prevBucket && *prevBucket == buckets[c]) {
           target = prevTarget;
         } else if (!buckets[c].empty()) {
           std::vector<int32_t> set = buckets[c];
           closure(set);
+          if (work_ > limits_.maxCompileWork) return overWorked();
           if (!set.empty()) {
             target = intern(std::move(set));
             if (sets_.size() > limits_.maxDfaStates) {
@@ -264,6 +273,7 @@ class SubsetBuilder {
     while (!stack_.empty()) {
       const int32_t s = stack_.back();
       stack_.pop_back();
+      ++work_;
       if (s < 0 || mark_[s] == gen_) continue;
       mark_[s] = gen_;
       const NfaState& st = nfa_[s];
@@ -279,6 +289,7 @@ class SubsetBuilder {
       }
     }
     std::sort(set.begin(), set.end());
+    work_ += set.size();
   }
 
   int32_t intern(std::vector<int32_t> set) {
@@ -298,6 +309,7 @@ class SubsetBuilder {
   std::array<uint8_t, 256> clsOf_{};
   std::vector<uint32_t> mark_;
   uint32_t gen_ = 0;
+  size_t work_ = 0;  // closure steps and bucket entries, against Limits::maxCompileWork
   std::vector<int32_t> stack_;
   std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids_;
   std::vector<const std::vector<int32_t>*> sets_;

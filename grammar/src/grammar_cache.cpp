@@ -1,6 +1,6 @@
 // GrammarCache: compiled grammars and their token indexes by (kind, source), least recently used
-// dropped past the capacity. Compiles run outside the lock; two threads compiling the same source
-// at once both compile and the first to finish is kept.
+// dropped past the capacity; failed compiles are remembered too. Compiles run outside the lock; two
+// threads compiling the same source at once both compile and the first to finish is kept.
 #include <list>
 #include <mutex>
 #include <string>
@@ -22,6 +22,10 @@ struct GrammarCache::Impl {
   std::mutex mu;
   std::list<Entry> lru;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> byKey;
+  // Compiles that failed, by key: a hostile grammar resent costs a lookup, not another compile up
+  // to the limits. Forgotten all at once past kMaxFailed entries.
+  static constexpr size_t kMaxFailed = 1024;
+  std::unordered_map<std::string, Status> failed;
 
   static std::string keyOf(Kind kind, std::string_view source) {
     std::string k(1, kind == Kind::kRegex ? 'r' : 'j');
@@ -64,10 +68,16 @@ StatusOr<std::shared_ptr<const Grammar>> GrammarCache::grammar(Kind kind, std::s
   {
     std::lock_guard<std::mutex> lock(m.mu);
     if (Impl::Entry* e = m.find(key)) return e->grammar;
+    if (auto f = m.failed.find(key); f != m.failed.end()) return f->second;
   }
-  TG_ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, Grammar::compile(kind, source, m.limits));
+  auto g = Grammar::compile(kind, source, m.limits);
   std::lock_guard<std::mutex> lock(m.mu);
-  return m.insert(std::move(key), std::move(g))->grammar;
+  if (!g.ok()) {
+    if (m.failed.size() >= Impl::kMaxFailed) m.failed.clear();
+    m.failed.emplace(std::move(key), g.status());
+    return g.status();
+  }
+  return m.insert(std::move(key), std::move(*g))->grammar;
 }
 
 StatusOr<std::shared_ptr<const TokenIndex>> GrammarCache::index(Kind kind,

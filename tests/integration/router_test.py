@@ -404,6 +404,8 @@ def test_chat_errors(s):
          "integr"),
         ({"messages": CHAT, "response_format": {"type": "xml"}}, "xml"),
         ({"messages": CHAT, "presence_penalty": 3}, "presence_penalty"),
+        ({"messages": CHAT, "tool_choice": "required"}, "needs `tools`"),
+        ({"messages": CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "not found"),
     ]
     for body, needle in cases:
         status, _, out = request(s.port, "POST", "/v1/chat/completions", body)
@@ -416,6 +418,17 @@ def test_chat_errors(s):
                             ({"type": "yaml", "value": "x"}, "unknown variant")]:
         status, _, out = request(s.port, "POST", "/generate", {"inputs": "x", "parameters": {"grammar": grammar}})
         check(status == 422 and needle in out, f"grammar {grammar}: {status} {out[:200]}")
+    # A short regex whose automaton is costly to build is refused within the compile bound, and the
+    # same one again is answered from the cache of failed compiles.
+    odd = "".join("\\" + chr(b) if chr(b) in "]\\^-" else chr(b) for b in range(0x21, 0x7f, 2))
+    hostile = {"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": f"([{odd}]?[!-~]?){{0,450}}z"}}}
+    times = []
+    for _ in range(2):
+        t0 = time.time()
+        status, _, out = request(s.port, "POST", "/generate", hostile)
+        times.append(time.time() - t0)
+        check(status == 422 and "maxCompileWork" in out, f"costly regex: {status} {out[:200]}")
+    check(times[0] < 5 and times[1] < 0.5, f"costly regex answered in {times[0]:.2f} s, again in {times[1]:.3f} s")
     check(alive(s), "alive after bad chat requests")
 
 

@@ -68,7 +68,7 @@ struct Engine::Request {
       const uint32_t id = spec.inputIds[i];
       generated.push_back(id);
       sampler.skipDraw();
-      if (matcher) {
+      if (matcher && !matcher->ended()) {  // as update() (EOS ends it; ignore_eos goes on)
         if (Status s = matcher->accept(id); !s.ok()) {
           return invalidArgumentError(
               "request " + std::to_string(spec.id) +
@@ -227,7 +227,17 @@ Status Engine::attachGrammar(Request& r) {
     for (int64_t id = 0; id < vocab; ++id)
       bytes[id] = tokenizer_.tokenBytes(static_cast<uint32_t>(id));
     grammars_ = std::make_unique<grammar::GrammarCache>(
-        grammar::Vocabulary::create(std::move(bytes), model_.config().eosTokenIds));
+        grammar::Vocabulary::create(std::move(bytes), model_.config().eosTokenIds),
+        /*capacity=*/32);
+  }
+  // Generation under a grammar ends by EOS: without an EOS id in the vocabulary a finished match
+  // would leave no token to choose.
+  const int64_t vocab = model_.config().vocabSize;
+  const auto& eos = model_.config().eosTokenIds;
+  if (std::none_of(eos.begin(), eos.end(), [&](uint32_t id) { return id < vocab; })) {
+    return invalidArgumentError("request " + std::to_string(r.spec.id) +
+                                ": grammar needs an EOS token id within the vocabulary; this "
+                                "model has none");
   }
   const auto kind = p.grammarType == SamplingParams::Grammar::kJson ? grammar::Kind::kJsonSchema
                                                                     : grammar::Kind::kRegex;

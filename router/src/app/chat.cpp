@@ -95,8 +95,12 @@ StatusOr<json> functionSchema(const json& function, json& defs) {
 // Checks OpenAI's tools array and applies tool_choice; nullopt when no tool is offered (no tools,
 // or "none").
 StatusOr<std::optional<ToolSetup>> toolGrammar(const json& tools, const ToolChoice& choice) {
-  if (tools.is_null() || tools.empty() || choice.mode == ToolChoice::Mode::kNone)
-    return std::optional<ToolSetup>();
+  const bool none = tools.is_null() || tools.empty();
+  if (none && choice.mode == ToolChoice::Mode::kFunction)
+    return toolError("Tool with name " + choice.function + " not found");
+  if (none && choice.mode == ToolChoice::Mode::kRequired)
+    return toolError("`tool_choice` \"required\" needs `tools`");
+  if (none || choice.mode == ToolChoice::Mode::kNone) return std::optional<ToolSetup>();
   std::set<std::string> names;
   json offered = json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -246,6 +250,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   // A new generation (the first, or the rerun) with its prompt length; returns its epoch.
   int begin(uint32_t promptTokens, uint32_t maxNewTokens, std::shared_ptr<RequestControl> c) {
     std::lock_guard lock(mutex_);
+    if (cancelled_) c->cancelled = true;  // the client left while the rerun was on its way
     promptTokens_ = promptTokens;
     maxNewTokens_ = maxNewTokens;
     control_ = std::move(c);
@@ -306,7 +311,12 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
 
   void cancel() {
     std::lock_guard lock(mutex_);
+    cancelled_ = true;
     if (control_) control_->cancelled = true;
+  }
+  bool cancelled() {
+    std::lock_guard lock(mutex_);
+    return cancelled_;
   }
 
  private:
@@ -519,6 +529,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   int64_t created_;
   int epoch_ = 0;
   bool done_ = false;
+  bool cancelled_ = false;  // the client went away
   std::shared_ptr<RequestControl> control_;
   uint32_t promptTokens_ = 0, maxNewTokens_ = 0, generated_ = 0, cached_ = 0;
   FinishReason reason_ = FinishReason::kLength;
@@ -605,7 +616,7 @@ void RouterApp::chatCompletions(const HttpRequest& request,
       .stream = httpStream,
       .headers = headers,
       .model = model,
-      .id = "chatcmpl-" + std::to_string(nextId_.load()),
+      .id = "chatcmpl-" + std::to_string(chatIds_.fetch_add(1) + 1),
       .logprobs = chat->logprobs,
       .includeUsage = chat->includeUsage,
       .usingTools = prompt->usingTools,
@@ -618,23 +629,31 @@ void RouterApp::chatCompletions(const HttpRequest& request,
   // "auto" and the model chose no_tool: the same conversation without tools, on a validation
   // worker (rendering and tokenizing are not for the batcher's thread).
   auto chatCopy = std::make_shared<ChatCompletionRequest>(std::move(*chat));
-  setup.rerunWithoutTools = [this, chatCopy, replica, stream](std::shared_ptr<ChatSink> sink) {
+  // The replica is picked again: a sink never owns one (a drained replica's last reference must not
+  // go on its own batcher's thread).
+  setup.rerunWithoutTools = [this, chatCopy, stream](std::shared_ptr<ChatSink> sink) {
     return workers_->post(
-        [this, chatCopy, replica, stream, sink] {
+        [this, chatCopy, stream, sink] {
           auto again = chatPrompt(*chatCopy, /*withTools=*/false);
           StatusOr<ValidRequest> v =
               again.ok() ? validator_.validate(again->request, stream ? Endpoint::kGenerateStream
                                                                       : Endpoint::kCompletions)
                          : StatusOr<ValidRequest>(again.status());
           auto control = std::make_shared<RequestControl>();
+          std::shared_ptr<Replica> target = v.ok() ? replicas_.pick(v->inputIds) : nullptr;
+          if (v.ok() && !target) v = unavailableError("No replica is serving");
           if (!v.ok()) {
             const int epoch = sink->begin(0, 0, control);
             sink->onError(epoch, v.status());
             return;
           }
           const int epoch = sink->begin(v->inputLength, v->maxNewTokens, control);
-          replica->batcher->submit(nextId_++, std::move(*v), control,
-                                   std::make_shared<ChatEpochSink>(sink, epoch));
+          if (control->cancelled) {  // the client left: nothing to run
+            sink->onError(epoch, cancelledError("the client went away"));
+            return;
+          }
+          target->batcher->submit(nextId_++, std::move(*v), control,
+                                  std::make_shared<ChatEpochSink>(sink, epoch));
         },
         options_.maxConcurrentRequests);
   };

@@ -245,7 +245,7 @@ GenerateRequest ChatCompletionRequest::toGenerate(std::string prompt) const {
   }
   p.stop = stop;
   p.details = true;
-  p.topNTokens = topLogprobs;
+  if (logprobs) p.topNTokens = topLogprobs;  // top_logprobs means nothing without logprobs
   p.grammar = responseFormat;
   return g;
 }

@@ -33,6 +33,9 @@ struct Limits {
   size_t maxRegexBytes = 1 << 20;      // the regex a schema compiles to
   size_t maxNfaStates = 1 << 20;
   size_t maxDfaStates = 1 << 15;
+  // Steps of the DFA's construction (epsilon-closure steps and transition entries): bounds compile
+  // time whatever the state count (a few hundred ms at the default).
+  size_t maxCompileWork = size_t{1} << 26;
 };
 
 enum class Kind { kRegex, kJsonSchema };
@@ -122,7 +125,8 @@ class Matcher {
 };
 
 // Compiled grammars and (with a vocabulary) their token indexes, by (kind, source), the least
-// recently used dropped past `capacity`. Thread-safe; a failed compile is not cached.
+// recently used dropped past `capacity`. Thread-safe; a failed compile is remembered (its error
+// comes back without compiling again).
 class GrammarCache {
  public:
   explicit GrammarCache(std::shared_ptr<const Vocabulary> vocab = nullptr, size_t capacity = 64,

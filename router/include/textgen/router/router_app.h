@@ -77,6 +77,7 @@ class RouterApp {
   Validator validator_;
   std::atomic<uint32_t> inFlight_{0};
   std::atomic<uint64_t> nextId_{1};
+  std::atomic<uint64_t> chatIds_{0};  // chat completions' ids (chatcmpl-N)
   // Last: their threads stop before the rest goes.
   std::unique_ptr<WorkerPool> workers_;
   std::unique_ptr<WorkerPool> healthWorkers_;  // /health's shard RPCs, off the server's threads
