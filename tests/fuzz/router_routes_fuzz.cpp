@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "chat/chat_template.h"
 #include "fuzz_util.h"
 #include "textgen/router/router_app.h"
 
@@ -38,7 +39,8 @@ const char* const kRoutes[] = {"/generate",
                                "//generate",
                                "/GENERATE",
                                "/docs",
-                               "/ping"};
+                               "/ping",
+                               "/chat_tokenize"};
 constexpr size_t kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
 
 class RecordingStream final : public HttpStream {
@@ -102,8 +104,18 @@ struct App {
   RouterApp app;
 };
 
+// A ChatML template: the chat routes get as far as rendering and validation.
+std::shared_ptr<const ChatTemplate> chatTemplate() {
+  auto t = ChatTemplate::fromSource(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+      "<s>", "</s>");
+  if (!t.ok()) textgen::fuzz::fail(__FILE__, __LINE__, t.status().toString());
+  return std::move(*t);
+}
+
 App& plainApp() {
-  static App app{RouterOptions{.modelId = "llama-gqa"}};
+  static App app{RouterOptions{.modelId = "llama-gqa", .chatTemplate = chatTemplate()}};
   return app;
 }
 
