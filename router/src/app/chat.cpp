@@ -404,7 +404,10 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   }
 
   void rerun(std::unique_lock<std::mutex>& lock) {
-    if (control_) control_->cancelled = true;
+    if (control_) {
+      control_->superseded = true;  // before cancelled: the batcher reads them in that order
+      control_->cancelled = true;
+    }
     ++epoch_;  // this generation's remaining calls are ignored
     s_.usingTools = false;
     lock.unlock();

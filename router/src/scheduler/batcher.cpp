@@ -135,8 +135,9 @@ void Batcher::drop(uint64_t id, const Status& why) {
   auto it = active_.find(id);
   if (it == active_.end()) return;
   const std::shared_ptr<ResponseSink> sink = it->second.sink;
+  const bool superseded = it->second.control && it->second.control->superseded;
   finish(id);  // the blocks are free before the sink hears
-  if (metrics_ && why.code() == StatusCode::kCancelled)
+  if (metrics_ && why.code() == StatusCode::kCancelled && !superseded)
     metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
   sink->onError(why);
 }

@@ -11,7 +11,8 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
   // (a head that cannot get blocks would keep them, their sinks and connections, meanwhile).
   std::erase_if(entries_, [&](const QueueEntry& e) {
     if (!e.control || !e.control->cancelled) return false;
-    if (metrics_) metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
+    if (metrics_ && !e.control->superseded)
+      metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
     if (dropped) dropped->push_back(e.id);
     return true;
   });
@@ -24,7 +25,8 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
     QueueEntry entry = std::move(entries_.front());
     entries_.pop_front();
     if (entry.control && entry.control->cancelled) {
-      if (metrics_) metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
+      if (metrics_ && !entry.control->superseded)
+        metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
       if (dropped) dropped->push_back(entry.id);
       continue;
     }

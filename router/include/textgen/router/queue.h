@@ -23,6 +23,9 @@ namespace textgen::router {
 // disconnects; the scheduler stops the request within one step.
 struct RequestControl {
   std::atomic<bool> cancelled{false};
+  // Cancelled by its own route, not its client (a chat's tool-less rerun replaces it): not counted
+  // as a dropped request.
+  std::atomic<bool> superseded{false};
 };
 
 struct QueueEntry {
