@@ -357,14 +357,19 @@ def test_tools(s):
     check(choice.get("message", {}).get("content") is None, "a tool call has no content")
     status, ctype, events = sse(s.port, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 80, "temperature": 0,
                                                                  "tools": [WEATHER], "tool_choice": "required", "stream": True,
-                                                                 "tool_prompt": TOOL_PROMPT})
+                                                                 "tool_prompt": TOOL_PROMPT, "logprobs": True,
+                                                                 "stream_options": {"include_usage": True}})
     chunks = [json.loads(e) for e in events[:-1]] if events and events[-1] == "[DONE]" else []
     deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if c["choices"] and
               c["choices"][0]["delta"].get("tool_calls")]
     streamed = "".join(d["function"].get("arguments") or "" for d in deltas)
     check(status == 200 and deltas and deltas[0]["function"]["name"] == "get_weather" and
-          json.loads(streamed or "null") == args and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls",
+          json.loads(streamed or "null") == args and chunks[-2]["choices"][0]["finish_reason"] == "tool_calls",
           f"streamed tool call {streamed!r} != {args} ({events[-3:]})")
+    # Every generated token's log-probability arrives once, spread over the call's chunks.
+    lps = sum(len((c["choices"][0].get("logprobs") or {}).get("content", [])) for c in chunks if c["choices"])
+    check(chunks and lps == chunks[-1]["usage"]["completion_tokens"],
+          f"streamed tool call log-probs: {lps} for {chunks[-1].get('usage') if chunks else None}")
     other = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
     status, out = chat(s, max_tokens=60, temperature=0, tools=[WEATHER, other],

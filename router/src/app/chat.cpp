@@ -259,6 +259,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
     top_.clear();
     toolState_ = ToolState::kName;
     sent_ = 0;
+    pendingLp_ = json::array();
     return ++epoch_;
   }
 
@@ -290,7 +291,12 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
         s_.logprobs ? json{{"content", logprobsJson(g.tokens, g.topTokens)}} : json(nullptr);
     if (s_.stream) {
       if (s_.usingTools) {
-        if (!streamTool(g, lp, lock)) return;
+        // A tool call's chunks do not follow its tokens one to one: each carries the log-probs of
+        // the tokens since the last one.
+        if (s_.logprobs) {
+          for (auto& e : lp["content"]) pendingLp_.push_back(std::move(e));
+        }
+        if (!streamTool(g, lock)) return;
       } else {
         json delta{{"role", "assistant"}, {"content", piece}};
         const bool last = g.generatedText.has_value();
@@ -379,7 +385,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
 
   // Streams a tool call's name, then its arguments; false when the sink is done with this
   // generation (the rerun took over).
-  bool streamTool(const Generation& g, const json& lp, std::unique_lock<std::mutex>& lock) {
+  bool streamTool(const Generation& g, std::unique_lock<std::mutex>& lock) {
     if (toolState_ == ToolState::kName) {
       auto name = callName(text_);
       if (!name) return true;  // the name is not complete yet
@@ -390,17 +396,25 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
       argsAt_ = name->second;
       toolState_ = ToolState::kArguments;
       toolName_ = name->first;
-      write(chunk(toolDelta({{"name", name->first}, {"arguments", "{"}}, true), lp, nullptr));
+      write(chunk(toolDelta({{"name", name->first}, {"arguments", "{"}}, true), takeLp(), nullptr));
       if (g.generatedText) return true;  // finish() sends the rest
     }
     const std::string body = argumentBody();
     const size_t upto = heldBack(body);
     if (upto > sent_ && !g.generatedText) {
-      write(
-          chunk(toolDelta({{"arguments", body.substr(sent_, upto - sent_)}}, false), lp, nullptr));
+      write(chunk(toolDelta({{"arguments", body.substr(sent_, upto - sent_)}}, false), takeLp(),
+                  nullptr));
       sent_ = upto;
     }
     return true;
+  }
+
+  // The log-probs gathered for the next tool-call chunk (null without logprobs).
+  json takeLp() {
+    if (!s_.logprobs) return nullptr;
+    json out{{"content", std::move(pendingLp_)}};
+    pendingLp_ = json::array();
+    return out;
   }
 
   void rerun(std::unique_lock<std::mutex>& lock) {
@@ -453,15 +467,15 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
       if (call && cut) {
         const std::string body = argumentBody();
         if (toolState_ == ToolState::kName) {
-          write(chunk(toolDelta({{"name", call->name}, {"arguments", "{" + body}}, true), nullptr,
+          write(chunk(toolDelta({{"name", call->name}, {"arguments", "{" + body}}, true), takeLp(),
                       finishReason));
         } else {
           write(chunk(
               toolDelta({{"arguments", body.size() > sent_ ? body.substr(sent_) : ""}}, false),
-              nullptr, finishReason));
+              takeLp(), finishReason));
         }
       } else if (!call && s_.usingTools) {
-        write(chunk({{"role", "assistant"}, {"content", text_}}, nullptr, finishReason));
+        write(chunk({{"role", "assistant"}, {"content", text_}}, takeLp(), finishReason));
       } else if (call) {
         // The rest of the arguments, without the call's closing braces.
         std::string body = argumentBody();
@@ -476,7 +490,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
           }
         }
         std::string rest = end > sent_ ? body.substr(sent_, end - sent_) : std::string();
-        write(chunk(toolDelta({{"arguments", rest + "}"}}, false), nullptr, finishReason));
+        write(chunk(toolDelta({{"arguments", rest + "}"}}, false), takeLp(), finishReason));
       }
       if (s_.includeUsage) {
         json last = chunk(json::object(), nullptr, nullptr);
@@ -542,6 +556,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   ToolState toolState_ = ToolState::kName;
   std::string toolName_;
   size_t argsAt_ = 0, sent_ = 0;
+  json pendingLp_ = json::array();
 };
 
 namespace {
