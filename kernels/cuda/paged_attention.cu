@@ -7,8 +7,10 @@
 //    decode rows and whatever the tensor-core kernel does not cover.
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
-// Both are templated on kAlibi: the ALiBi bias slope[h] * (j - i) joins the scores only in the
-// instantiations launched with slopes, so the kernels without them are the same code as before;
+// Both are templated on the bias (kAlibi; the split kernel's Bias also has T5's relative bias): it
+// joins the scores only in the instantiations launched with one, so the kernels without it are the
+// same code as before. T5's calls (relative bias, non-causal, contextLens) take the split kernel
+// alone for now, whatever their rows;
 // and on kCache, the cache's element type (kv_cache.cuh): T, or fp8 codes widened to float as they
 // are loaded (into T for the tensor cores, exactly).
 #include <mma.h>
@@ -23,6 +25,7 @@
 #include "common.cuh"
 #include "kv_cache.cuh"
 #include "textgen/kernels/paged_attention.h"
+#include "textgen/kernels/relative_position.h"
 
 namespace textgen::kernels {
 namespace {
@@ -57,6 +60,9 @@ __device__ __forceinline__ float alibiBias(float slope, int j, int pos, float di
   return slope * static_cast<float>(j - pos);
 }
 
+// The split kernel's bias: none, ALiBi's, or T5's relative bias table (paged_attention.h).
+enum class Bias { kNone, kAlibi, kRelative };
+
 __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, int pos) {
   return static_cast<int64_t>(blocks[pos / blockSize]) * blockSize + pos % blockSize;
 }
@@ -66,7 +72,7 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // grouped- and multi-query attention load each key and value once for all of them: Falcon-7B's 71
 // heads over one KV head read it 71 times from L2 with one head per block. Each head's arithmetic
 // is the same, in the same order, as with kHeads = 1.
-template <typename T, KvCacheDType kCache, int kEpl, int kHeads, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias>
 __global__ void __launch_bounds__(kWarps * 32)
     splitKernel(PagedAttentionParams p, int partition, int numSplits, int tilesPerKv,
                 int flashMinRows) {
@@ -86,14 +92,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   // A mixed batch: the tensor-core kernel takes the sequences of flashMinRows rows or more.
   if (flashMinRows > 0 && p.seqStarts[s + 1] - p.seqStarts[s] >= flashMinRows) return;
   const int pos = p.startPos[s] + (row - p.seqStarts[s]);
-  const int lo = p.slidingWindow > 0 ? max(0, pos - static_cast<int>(p.slidingWindow) + 1) : 0;
-  const int begin = max(lo, split * partition), end = min(pos + 1, (split + 1) * partition);
-  if (numSplits > 1 && begin >= end) return;  // nothing here: the merge skips this split
+  // Keys [lo, keyEnd): causal up to the row's own position; else the sequence's whole context,
+  // or contextLens[s] (cross-attention).
+  int lo = 0, keyEnd = pos + 1;
+  if (p.contextLens) {
+    keyEnd = p.contextLens[s];
+  } else if (!p.causal) {
+    keyEnd = p.startPos[s] + (p.seqStarts[s + 1] - p.seqStarts[s]);
+  } else if (p.slidingWindow > 0) {
+    lo = max(0, pos - static_cast<int>(p.slidingWindow) + 1);
+  }
+  // Splits holding this row's keys; with none (contextLens 0) the first writes zeros.
+  const int first = lo / partition, last = max(first, min((keyEnd - 1) / partition, numSplits - 1));
+  const int begin = max(lo, split * partition), end = min(keyEnd, (split + 1) * partition);
+  // Nothing here: the merge skips this split.
+  if (numSplits > 1 && begin >= end && split != first) return;
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   const int d0 = lane * kEpl;
   float slope[kHeads] = {};
-  if constexpr (kAlibi) {
+  if constexpr (kBias == Bias::kAlibi) {
 #pragma unroll
     for (int t = 0; t < kHeads; ++t) slope[t] = t < nHeads ? p.alibiSlopes[head0 + t] : 0.0f;
   }
@@ -131,6 +149,17 @@ __global__ void __launch_bounds__(kWarps * 32)
         vv[u][e] = in ? K::toFloat(vBase[off + e]) : 0.0f;
       }
     }
+    // T5: each key's row of the bias table, shared by the tile's heads.
+    int64_t biasRow[kKeys] = {};
+    if constexpr (kBias == Bias::kRelative) {
+#pragma unroll
+      for (int u = 0; u < kKeys; ++u) {
+        biasRow[u] =
+            static_cast<int64_t>(relativePositionBucketInline(
+                j0 + u - pos, p.relativeBidirectional, p.relativeBuckets, p.relativeMaxDistance)) *
+            p.numHeads;
+      }
+    }
 #pragma unroll
     for (int t = 0; t < kHeads; ++t) {
       if (t >= nHeads) break;  // uniform over the block
@@ -142,7 +171,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int e = 0; e < kEpl; ++e) dot += q[t][e] * kv[u][e];
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if constexpr (kAlibi) dot += alibiBias(slope[t], j0 + u, pos, p.alibiBf16Divisor);
+        if constexpr (kBias == Bias::kAlibi) {
+          dot += alibiBias(slope[t], j0 + u, pos, p.alibiBf16Divisor);
+        } else if constexpr (kBias == Bias::kRelative) {
+          dot += __ldg(p.relativeBias + biasRow[u] + head0 + t);
+        }
         score[u] = j0 + u < end ? dot : -INFINITY;
       }
       float mNew = m[t];
@@ -189,7 +222,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t rowHead0 = static_cast<int64_t>(row) * p.numHeads + head0;
   // Splits holding this row's keys (the others returned above). A lone one writes the output
   // itself: merging one partial would give the same bits after two more round trips.
-  const int first = lo / partition, last = min(pos / partition, numSplits - 1);
   if (first == last) {
 #pragma unroll
     for (int t = 0; t < kHeads; ++t) {
@@ -270,20 +302,20 @@ int headsPerBlock(int64_t group, int64_t headDim, int64_t rowHeads, int64_t targ
   return group >= 8 && headDim > 32 && headDim <= 128 && rowHeads >= target ? 8 : 1;
 }
 
-template <typename T, KvCacheDType kCache, int kEpl, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kEpl, Bias kBias>
 auto splitKernelHeads(int heads) {
   if constexpr (kEpl == 2 || kEpl == 4) {
-    if (heads == 8) return splitKernel<T, kCache, kEpl, 8, kAlibi>;
+    if (heads == 8) return splitKernel<T, kCache, kEpl, 8, kBias>;
   }
-  return splitKernel<T, kCache, kEpl, 1, kAlibi>;
+  return splitKernel<T, kCache, kEpl, 1, kBias>;
 }
 
-template <typename T, KvCacheDType kCache, bool kAlibi>
+template <typename T, KvCacheDType kCache, Bias kBias>
 auto splitKernelFor(int64_t headDim, int heads) {
-  return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kAlibi>(heads)
-         : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kAlibi>(heads)
-         : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kAlibi>(heads)
-                          : splitKernelHeads<T, kCache, 8, kAlibi>(heads);
+  return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)
+         : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kBias>(heads)
+         : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kBias>(heads)
+                          : splitKernelHeads<T, kCache, 8, kBias>(heads);
 }
 
 template <typename T, KvCacheDType kCache>
@@ -319,8 +351,9 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numKvHeads * tilesPerKv),
                   static_cast<unsigned>(splits));
   const int s = static_cast<int>(splits), part = static_cast<int>(partition);
-  auto* kernel = p.alibiSlopes ? splitKernelFor<T, kCache, true>(p.headDim, heads)
-                               : splitKernelFor<T, kCache, false>(p.headDim, heads);
+  auto* kernel = p.alibiSlopes    ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads)
+                 : p.relativeBias ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads)
+                                  : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, part, s,
                       static_cast<int>(tilesPerKv), flashMinRows);
 }
@@ -693,7 +726,9 @@ Status invokePagedAttention(const PagedAttentionParams& p, Stream stream) {
   // cached prefix) split the context among blocks (flashSplits): one block per (64-row tile, head)
   // walking the whole context alone took 351 us a layer for 16 rows after 2048 cached tokens on an
   // H100.
-  const bool flash = p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
+  // T5's modes (no causal mask, contextLens, the relative bias) take the split kernel for now.
+  const bool t5 = !p.causal || p.contextLens || p.relativeBias;
+  const bool flash = !t5 && p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
                      p.maxNewRows >= kFlashMinRows && p.qRowStride % 8 == 0 &&
                      cuda::aligned16(p.q) && cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
   TG_DISPATCH_DTYPE(p.dtype, launch, p, stream, flash);

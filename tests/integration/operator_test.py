@@ -515,10 +515,15 @@ def test_delete(server):
 
 def free_ports(n):
     """n consecutive free local ports (a run of container ports, e.g. a pod's ranks' gRPC ports,
-    which the launcher numbers from its --port)."""
+    which the launcher numbers from its --port). Drawn below the kernel's ephemeral range: a port the
+    kernel hands out for outgoing connections (other tests', gRPC clients') can be taken between this
+    check and the shard's bind (a CI run lost demo-tp4 to "Address already in use" on one)."""
+    import random
+    lo, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    low = max(1024, lo - 12000)
     while True:
-        base = free_port()
-        if base + n <= 65536 and all(port_free(base + i) for i in range(1, n)):
+        base = random.randrange(low, lo - n)
+        if all(port_free(base + i) for i in range(n)):
             return base
 
 

@@ -14,6 +14,13 @@
 // absolute position, the product rounded to bfloat16 as transformers' build_alibi_tensor rounds it
 // (then divided by sqrt(head_dim)): exact only in the absolute form, which softmax also accepts.
 //
+// T5 (relative_position.h): with causal = false every row of sequence s attends to all of the
+// sequence's positions [0, startPos[s] + rows of s) (encoder self-attention), and with contextLens
+// to [0, contextLens[s]) of its blocks whatever startPos and the rows (cross-attention over the
+// encoder's cached keys and values, which the rows do not write). With relativeBias the score of
+// query position i = startPos[s] + t and key position j is q·k * scale + bias[bucket(j - i), h]
+// (T5 passes scale 1). Neither mixes with ALiBi; a non-causal call takes no sliding window.
+//
 // On the device: a flash-attention kernel on tensor cores for prefill tiles (f16/bf16, head sizes
 // 64 and 128), and a split-K ("flash-decoding") kernel for decode rows and every other case, whose
 // partial results are merged by a second pass. Scores, softmax and accumulation are fp32; the
@@ -50,8 +57,19 @@ struct PagedAttentionParams {
   const float* alibiSlopes = nullptr;
   // > 0: Falcon's bias bf16(slope * j) / alibiBf16Divisor (above); 0: slope * (j - i).
   float alibiBf16Divisor = 0.0f;
+  // false: no causal mask, each row sees its sequence's whole context (above).
+  bool causal = true;
+  // [numSeqs] in the backend's memory, each >= 0: the keys of sequence s are positions
+  // [0, contextLens[s]) (requires causal = false); null: the rows' own context.
+  const int32_t* contextLens = nullptr;
+  // T5's bias table of this call's heads, [relativeBuckets, numHeads] fp32 in the backend's memory
+  // (transformers' relative_attention_bias.weight, its columns this rank's heads); null: none.
+  const float* relativeBias = nullptr;
+  int32_t relativeBuckets = 0, relativeMaxDistance = 0;
+  bool relativeBidirectional = false;  // true: the encoder's buckets; false: the decoder's
   // Launch shape, known on the host: the most new rows of any sequence, and the longest context
-  // (startPos + new rows). Both are upper bounds; larger values only cost idle blocks.
+  // (startPos + new rows, or with contextLens the largest of them). Both are upper bounds; larger
+  // values only cost idle blocks.
   int64_t maxNewRows = 0, maxContext = 0;
   // The fewest new rows of any sequence (0: unknown). A batch mixing prompts with decode rows
   // (chunked prefill beside running requests) takes the tensor-core kernel for the prompts and the
