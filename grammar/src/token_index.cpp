@@ -285,6 +285,40 @@ int32_t TokenIndex::advance(int32_t state, uint32_t token) const {
   return grammar_->walk(state, *vocab_->bytes(token));
 }
 
+size_t TokenIndex::warm(size_t maxStates, const std::atomic<bool>& stop) const {
+  const Impl& m = *impl_;
+  const size_t n = m.slots.size();
+  std::vector<uint8_t> seen(n, 0);
+  std::vector<int32_t> queue;
+  const int32_t start = grammar_->start();
+  if (!m.valid(start)) return 0;
+  queue.push_back(start);
+  seen[start] = 1;
+  size_t computed = 0;
+  for (size_t head = 0; head < queue.size() && head < maxStates; ++head) {
+    if (stop.load(std::memory_order_relaxed)) break;
+    const int32_t s = queue[head];
+    bool had = false;
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      had = m.slots[s].mask != nullptr;
+      if (m.cachedBytes > kMaskBudgetBytes / 2) break;
+    }
+    if (!had) {
+      m.mask(s);
+      ++computed;
+    }
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = m.step(s, static_cast<uint8_t>(b));
+      if (t != Grammar::kDead && !seen[t]) {
+        seen[t] = 1;
+        queue.push_back(t);
+      }
+    }
+  }
+  return computed;
+}
+
 bool TokenIndex::isEos(uint32_t token) const {
   return token < impl_->isEos.size() && impl_->isEos[token];
 }

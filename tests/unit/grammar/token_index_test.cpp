@@ -132,6 +132,34 @@ TEST(TokenIndexTest, ThreadsFillMasksConcurrently) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+// warm() computes masks ahead, nearest the start first, once: the masks are the same as computed on
+// demand, a second run computes none, a set stop flag computes none, and it can run while requests
+// fill masks.
+TEST(TokenIndexTest, WarmComputesMasksAheadOnce) {
+  auto vocab = syntheticVocab(500);
+  auto index = std::make_shared<const TokenIndex>(
+      compile(
+          Kind::kJsonSchema,
+          R"({"type":"object","properties":{"name":{"type":"string"},"tags":{"type":"array","items":{"enum":["a","b"]}}}})"),
+      vocab);
+  std::atomic<bool> stop{true};
+  EXPECT_EQ(index->warm(1000, stop), 0u);
+  stop = false;
+  std::vector<uint32_t> words(vocab->maskWords());
+  std::thread filler([&] {
+    for (int i = 0; i < 200; ++i) index->fillMask(i % 7, words);
+  });
+  const size_t computed = index->warm(1000, stop);
+  filler.join();
+  EXPECT_GT(computed, 10u);
+  EXPECT_LE(computed, index->grammar().numStates());
+  EXPECT_EQ(index->warm(1000, stop), 0u);  // all there already
+  testing::expectMasksMatchBruteForce(*index);
+  // A bound on the states: at most that many.
+  auto fresh = std::make_shared<const TokenIndex>(compile(Kind::kJsonSchema, "{}"), vocab);
+  EXPECT_LE(fresh->warm(5, stop), 5u);
+}
+
 TEST(GrammarCacheTest, CachesAndEvicts) {
   auto vocab = syntheticVocab();
   GrammarCache cache(vocab, 2);

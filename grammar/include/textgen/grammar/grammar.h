@@ -13,6 +13,7 @@
 // where no other token fits).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -95,6 +96,11 @@ class TokenIndex {
   // The state after `token` (kDead when it is not allowed; an EOS id leaves the state unchanged).
   int32_t advance(int32_t state, uint32_t token) const;
   bool isEos(uint32_t token) const;
+  // Computes ahead the masks of up to `maxStates` states, nearest the start first (breadth-first
+  // over the automaton's transitions), for a background thread: the requests' fillMask calls then
+  // find them computed instead of walking the vocabulary inside a step. Stops early when `stop` is
+  // set or half the mask budget is used. Returns how many masks it computed.
+  size_t warm(size_t maxStates, const std::atomic<bool>& stop) const;
 
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocabulary() const { return *vocab_; }

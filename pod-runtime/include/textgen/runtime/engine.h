@@ -166,6 +166,9 @@ class Engine {
   Sampler sampler_;  // token choice over the model's logits, where they are
   // Compiled grammars and their token masks over this model's vocabulary (built on first use).
   std::unique_ptr<grammar::GrammarCache> grammars_;
+  // A background thread computing a new grammar's masks ahead of its requests' steps.
+  class GrammarWarmer;
+  std::unique_ptr<GrammarWarmer> warmer_;
   std::unique_ptr<KvCache> cache_;
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;
 };
