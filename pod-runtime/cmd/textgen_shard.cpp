@@ -10,7 +10,8 @@
 //                 [--shard-urls ADDR,ADDR,...] [--collective-timeout SECONDS]
 //                 [--json-output] [--log-level info]
 // The device defaults to CUDA where there is one. On CUDA the dtype defaults to the checkpoint's
-// (float16 for a float32 checkpoint, as TGI does) and the KV pool is sized at Warmup from free
+// (float16 for a float32 checkpoint, as TGI does; bfloat16 for T5, which overflows float16) and
+// the KV pool is sized at Warmup from free
 // device memory; on the CPU it is float32 and the pool a fraction of MemAvailable. The KV cache is
 // kept in the dtype, or with --kv-cache-dtype as fp8 codes (one byte an element: twice the blocks
 // of a 16-bit cache in the same memory).
@@ -330,6 +331,8 @@ StatusOr<kernels::DType> pickDtype(const Flags& f, const runtime::ModelConfig& c
     return f.dtype == "float16" ? kernels::DType::kF16 : kernels::DType::kBF16;
   }
   if (!cuda) return kernels::DType::kF32;
+  // T5 overflows float16 (its graph refuses it): bfloat16 whatever the checkpoint's, as TGI.
+  if (c.isEncoderDecoder) return kernels::DType::kBF16;
   return c.dtype == kernels::DType::kBF16 ? kernels::DType::kBF16 : kernels::DType::kF16;
 }
 

@@ -177,7 +177,9 @@ StatusOr<Flags> parse(int argc, char** argv) {
 }
 
 // A warmup batch of max_batch_prefill_tokens prompt tokens, with blocks from 1 on.
-std::vector<BatchEntry> warmupBatch(uint32_t maxInput, uint32_t maxPrefill, uint32_t blockSize) {
+// An encoder-decoder model's prompt takes whole blocks, then its first decoder position one more.
+std::vector<BatchEntry> warmupBatch(uint32_t maxInput, uint32_t maxPrefill, uint32_t blockSize,
+                                    bool encoderDecoder) {
   std::vector<BatchEntry> batch;
   uint32_t tokens = 0, nextBlock = 1;
   uint64_t id = 0;
@@ -188,9 +190,11 @@ std::vector<BatchEntry> warmupBatch(uint32_t maxInput, uint32_t maxPrefill, uint
     e.entry.request.inputIds.assign(len, 1);
     e.entry.request.inputLength = len;
     e.entry.request.maxNewTokens = 1;
-    const uint32_t blocks = (len + 1 + blockSize - 1) / blockSize;
+    const uint32_t positions =
+        encoderDecoder ? (len + blockSize - 1) / blockSize * blockSize + 1 : len + 1;
+    const uint32_t blocks = (positions + blockSize - 1) / blockSize;
     for (uint32_t b = 0; b < blocks; ++b) e.blocks.blocks.push_back(nextBlock++);
-    for (uint32_t p = 0; p < len + 1; ++p)
+    for (uint32_t p = 0; p < positions; ++p)
       e.blocks.slots.push_back(e.blocks.blocks[p / blockSize] * blockSize + p % blockSize);
     batch.push_back(std::move(e));
     tokens += len;
@@ -234,7 +238,11 @@ int run(int argc, char** argv) {
   MetricsRegistry metrics;
   // Limits are fixed by the first replica that connects; later ones must fit them.
   std::mutex limitsMutex;
-  std::optional<std::pair<uint32_t, uint32_t>> limits;  // (max_input_tokens, max_total_tokens)
+  struct Limits {
+    uint32_t maxInput = 0, maxTotal = 0;
+    bool encoderDecoder = false;  // the model's kind: every replica serves the same
+  };
+  std::optional<Limits> limits;
   ReplicaSet::Factory factory =
       [&](const std::string& master) -> StatusOr<std::shared_ptr<Replica>> {
     const ShardDeadlines deadlines{.health = std::chrono::milliseconds(f.shardHealthTimeoutMs),
@@ -250,9 +258,16 @@ int run(int argc, char** argv) {
         // TGI's defaults: the model's context for max_total_tokens, one less for max_input_tokens.
         const uint32_t total =
             f.maxTotalTokens.value_or(std::min<uint32_t>(info.maxPositionEmbeddings, 4096));
-        limits = std::make_pair(f.maxInputTokens.value_or(total - 1), total);
+        limits = Limits{f.maxInputTokens.value_or(total - 1), total, info.encoderDecoder};
       }
-      std::tie(maxInput, maxTotal) = *limits;
+      if (limits->encoderDecoder != info.encoderDecoder) {
+        return invalidArgumentError(
+            "replica " + master + " serves " +
+            (info.encoderDecoder ? "an encoder-decoder" : "a decoder-only") +
+            " model, unlike the first replica");
+      }
+      maxInput = limits->maxInput;
+      maxTotal = limits->maxTotal;
     }
     if (maxInput >= maxTotal)
       return invalidArgumentError("`max_input_tokens` must be < `max_total_tokens`");
@@ -266,8 +281,9 @@ int run(int argc, char** argv) {
           "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: " +
           std::to_string(f.maxBatchPrefillTokens) + " and " + std::to_string(maxInput));
     }
-    auto warm = group->warmup(0, warmupBatch(maxInput, f.maxBatchPrefillTokens, info.blockSize),
-                              maxInput, f.maxBatchPrefillTokens, maxTotal);
+    auto warm = group->warmup(
+        0, warmupBatch(maxInput, f.maxBatchPrefillTokens, info.blockSize, info.encoderDecoder),
+        maxInput, f.maxBatchPrefillTokens, maxTotal);
     if (!warm.ok()) return warm.status().withContext("warmup on " + master);
     const uint32_t supported =
         warm->maxSupportedTotalTokens.value_or(f.maxBatchTotalTokens.value_or(16000));
@@ -282,7 +298,9 @@ int run(int argc, char** argv) {
     // the head of the queue forever (and every request behind it).
     const uint32_t usableBlocks =
         batchTotal / info.blockSize > 0 ? batchTotal / info.blockSize - 1 : 0;
-    const uint32_t neededBlocks = (maxTotal + info.blockSize - 1) / info.blockSize;
+    // (An encoder-decoder request's prompt starts the decoder's positions on a fresh block.)
+    const uint32_t neededBlocks =
+        (maxTotal + info.blockSize - 1) / info.blockSize + (info.encoderDecoder ? 1 : 0);
     if (neededBlocks > usableBlocks) {
       return invalidArgumentError(
           "`max_batch_total_tokens` (" + std::to_string(batchTotal) + ") leaves " +
@@ -300,6 +318,7 @@ int run(int argc, char** argv) {
     bo.waitingServedRatio = f.waitingServedRatio;
     bo.maxWaitingTokens = f.maxWaitingTokens;
     bo.supportChunking = info.supportChunking;
+    bo.encoderDecoder = info.encoderDecoder;
     bo.prefixCaching = info.usePrefixCaching;
     bo.name = master;
     bo.blockSize = info.blockSize;
@@ -307,13 +326,14 @@ int run(int argc, char** argv) {
     // A shard that comes back after a failure starts with no KV cache: redo ClearCache + Warmup.
     ShardGroup* shards = group.get();
     const uint32_t prefill = f.maxBatchPrefillTokens, blockSize = info.blockSize;
-    bo.recover = [shards, maxInput, maxTotal, prefill, blockSize]() -> Status {
+    const bool encoderDecoder = info.encoderDecoder;
+    bo.recover = [shards, maxInput, maxTotal, prefill, blockSize, encoderDecoder]() -> Status {
       // Health first, under its short deadline: while a shard stays frozen or gone, each batch
       // fails within that deadline instead of waiting out ClearCache's and Warmup's.
       TG_RETURN_IF_ERROR(shards->health());
       TG_RETURN_IF_ERROR(shards->clearCache(std::nullopt));
-      auto w =
-          shards->warmup(0, warmupBatch(maxInput, prefill, blockSize), maxInput, prefill, maxTotal);
+      auto w = shards->warmup(0, warmupBatch(maxInput, prefill, blockSize, encoderDecoder),
+                              maxInput, prefill, maxTotal);
       if (!w.ok()) return w.status();
       spdlog::info("replica {} recovered", shards->urls().front());
       return okStatus();
@@ -350,7 +370,7 @@ int run(int argc, char** argv) {
     return fail(s);
   }
   if (!limits) return fail(unavailableError("no replica"));
-  const auto [maxInput, maxTotal] = *limits;
+  const auto [maxInput, maxTotal, encoderDecoder] = *limits;
   RouterOptions ro;
   ro.modelId = f.modelId;
   ro.maxConcurrentRequests = f.maxConcurrentRequests;
@@ -359,7 +379,8 @@ int run(int argc, char** argv) {
                .maxStopSequences = f.maxStopSequences,
                .maxTopNTokens = f.maxTopNTokens,
                .maxInputTokens = maxInput,
-               .maxTotalTokens = maxTotal};
+               .maxTotalTokens = maxTotal,
+               .encoderDecoder = encoderDecoder};
   ro.apiKey = f.apiKey;
   ro.validationWorkers = f.validationWorkers;
   ro.corsAllowOrigins = f.cors;

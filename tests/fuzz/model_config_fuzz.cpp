@@ -43,6 +43,8 @@ void checkAccepted(const textgen::runtime::ModelConfig* c) {
   }
   FUZZ_CHECK(q.groupSize >= 0 && q.groupSize <= (int64_t{1} << 20),
              "group size " + std::to_string(q.groupSize));
+  // An encoder-decoder (T5) starts its decoder from an id of its vocabulary.
+  if (c->isEncoderDecoder) FUZZ_CHECK(c->decoderStartTokenId < c->vocabSize, "decoder start token");
 }
 
 }  // namespace

@@ -7,8 +7,14 @@ weights 1, biases 0).
 Llama shapes are written from a table of their tensors; the other families (FAMILY_SHAPES) take
 their tensor names and shapes from transformers' own class, built on the meta device (no memory).
 
+T5 shapes (T5_SHAPES: FLAN-T5-XL for bench_t5, and a tiny one for quick runs) are written from a
+table of T5ForConditionalGeneration's tensors, scaled so that bfloat16 activations stay finite and
+of order 1 through every layer: T5 neither scales its embeddings nor its attention scores, so the
+values are those of a trained model's magnitude rather than a fresh init (see t5_tensors).
+
     python3 tools/bench/make_random_model.py OUT_DIR [--shape llama-2-7b] [--dtype bfloat16]
                                              [--gptq-bits 4|8]
+    python3 tools/bench/make_random_model.py /tmp/flan-t5-xl --shape flan-t5-xl
 
 --gptq-bits (Llama shapes) writes the decoder layers' linear weights as a GPT-Q checkpoint
 (AutoGPTQ's v1 layout: qweight, qzeros holding zero - 1, float16 scales, g_idx; group 128,
@@ -52,6 +58,69 @@ FAMILY_SHAPES = {
 }
 
 
+# d_model, d_kv, heads, d_ff, encoder layers, decoder layers, vocab (google/flan-t5-xl's config; its
+# head is an untied lm_head, its FFN gated-gelu, 32 relative buckets over a distance of 128).
+T5_SHAPES = {
+    "flan-t5-xl": (2048, 64, 32, 5120, 24, 24, 32128),
+    "t5-test": (256, 64, 4, 512, 2, 2, 1000),
+}
+
+
+def t5_tensors(shape, dtype, randn):
+    """(config dict, [(name, make)]) of a T5ForConditionalGeneration checkpoint as the hub stores
+    it: [out, in] linear weights without biases, the bias tables on block 0 of each stack only,
+    shared.weight as the one embedding (the stacks' embed_tokens are tied to it and not saved).
+
+    Scales: embeddings and bias tables N(0, 1), norm weights 1, each linear N(0, 1)/sqrt(in) (its
+    outputs keep the inputs' magnitude), q an extra 1/sqrt(d_kv) (T5 does not scale its scores; a
+    trained q carries that factor), so scores, the residual stream and the logits stay O(1)."""
+    d, d_kv, heads, d_ff, enc_layers, dec_layers, vocab = T5_SHAPES[shape]
+    inner = heads * d_kv
+    buckets = 32
+    config = {
+        "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "d_model": d,
+        "d_kv": d_kv, "num_heads": heads, "d_ff": d_ff, "num_layers": enc_layers,
+        "num_decoder_layers": dec_layers, "vocab_size": vocab, "feed_forward_proj": "gated-gelu",
+        "is_encoder_decoder": True, "relative_attention_num_buckets": buckets,
+        "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6,
+        "tie_word_embeddings": False, "decoder_start_token_id": 0, "pad_token_id": 0,
+        "eos_token_id": 1, "n_positions": 512, "dtype": str(dtype).replace("torch.", ""),
+    }
+
+    def linear(name, out, inp, extra=1.0):
+        return [(name, lambda: randn(extra / inp ** 0.5, out, inp))]
+
+    def ones(name):
+        return [(name, lambda: torch.ones(d, dtype=dtype))]
+
+    def attention(p, block):
+        t = linear(p + "q.weight", inner, d, 1.0 / d_kv ** 0.5)
+        t += linear(p + "k.weight", inner, d) + linear(p + "v.weight", inner, d)
+        t += linear(p + "o.weight", d, inner)
+        if block == 0 and p.endswith("SelfAttention."):
+            t += [(p + "relative_attention_bias.weight", lambda: randn(1.0, buckets, heads))]
+        return t
+
+    def ffn(p):
+        return (linear(p + "wi_0.weight", d_ff, d) + linear(p + "wi_1.weight", d_ff, d) +
+                linear(p + "wo.weight", d, d_ff))
+
+    tensors = [("shared.weight", lambda: randn(1.0, vocab, d))]
+    for i in range(enc_layers):
+        p = f"encoder.block.{i}.layer."
+        tensors += ones(p + "0.layer_norm.weight") + attention(p + "0.SelfAttention.", i)
+        tensors += ones(p + "1.layer_norm.weight") + ffn(p + "1.DenseReluDense.")
+    tensors += ones("encoder.final_layer_norm.weight")
+    for i in range(dec_layers):
+        p = f"decoder.block.{i}.layer."
+        tensors += ones(p + "0.layer_norm.weight") + attention(p + "0.SelfAttention.", i)
+        tensors += ones(p + "1.layer_norm.weight") + attention(p + "1.EncDecAttention.", i)
+        tensors += ones(p + "2.layer_norm.weight") + ffn(p + "2.DenseReluDense.")
+    tensors += ones("decoder.final_layer_norm.weight")
+    tensors += linear("lm_head.weight", vocab, d)
+    return config, tensors
+
+
 def family_tensors(shape, dtype, rand):
     """(config dict, [(name, make)]) from transformers' class for `shape`, built on meta."""
     import transformers
@@ -81,18 +150,29 @@ def family_tensors(shape, dtype, rand):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES) + sorted(FAMILY_SHAPES))
+    ap.add_argument("--shape", default="llama-2-7b",
+                    choices=sorted(SHAPES) + sorted(FAMILY_SHAPES) + sorted(T5_SHAPES))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--gptq-bits", type=int, choices=[4, 8])
     args = ap.parse_args()
+    if args.gptq_bits and args.shape not in SHAPES:
+        ap.error("--gptq-bits applies to the Llama shapes only")
     dtype = getattr(torch, args.dtype)
     os.makedirs(args.out, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=dev).manual_seed(0)
 
-    def rand(*shape):
-        return (torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32) * 0.02).to(dtype).cpu()
+    def randn(std, *shape):
+        return (torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32) * std).to(dtype).cpu()
 
+    def rand(*shape):
+        return randn(0.02, *shape)
+
+    if args.shape in T5_SHAPES:
+        config, tensors = t5_tensors(args.shape, dtype, randn)
+        with open(os.path.join(args.out, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        return write_shards(args, tensors)
     if args.shape in FAMILY_SHAPES:
         config, tensors = family_tensors(args.shape, dtype, rand)
         with open(os.path.join(args.out, "config.json"), "w") as f:

@@ -53,6 +53,13 @@ struct Engine::Request {
   TokenList prefill;                          // prefill log-probabilities, gathered over chunks
   std::unique_ptr<grammar::Matcher> matcher;  // constrained output: where its grammar stands
 
+  // Encoder-decoder requests (seq2seq): the prompt is the encoder's input, kept as cross keys and
+  // values in the first crossBlocks of the table; the decoder's tokens (`tokens`, from the start
+  // token) take the blocks after them. Penalties and the text see the decoder's tokens, the text
+  // after the start token (TGI's Seq2SeqLM).
+  bool seq2seq = false;
+  int64_t crossBlocks = 0;
+
   Request(RequestSpec s, const tokenizer::Tokenizer& tok, std::vector<uint32_t> eos)
       : spec(std::move(s)),
         tokens(spec.inputIds),
@@ -63,6 +70,33 @@ struct Engine::Request {
         detok(tok, false,
               std::span<const uint32_t>(spec.inputIds)
                   .first(spec.inputIds.size() - spec.generatedTokens)) {}
+  Request(RequestSpec s, const tokenizer::Tokenizer& tok, std::vector<uint32_t> eos,
+          uint32_t decoderStart, int64_t blockSize)
+      : spec(std::move(s)),
+        tokens{decoderStart},
+        history(std::span<const uint32_t>(&decoderStart, 1)),
+        sampler(spec.sampling),
+        stopping(spec.stopping, std::move(eos)),
+        detok(tok, false, std::span<const uint32_t>(&decoderStart, 1)),
+        seq2seq(true),
+        crossBlocks((static_cast<int64_t>(spec.inputIds.size()) + blockSize - 1) / blockSize) {}
+
+  // The block table's parts: the encoder output's (seq2seq) and the positions' in `tokens`.
+  std::span<const uint32_t> crossTable() const {
+    return std::span<const uint32_t>(spec.blocks).first(crossBlocks);
+  }
+  std::span<const uint32_t> selfTable() const {
+    return std::span<const uint32_t>(spec.blocks).subspan(crossBlocks);
+  }
+  // Blocks that hold positions [0, end) of `tokens` (and a seq2seq request's encoder output).
+  int64_t blocksFor(int64_t end, int64_t blockSize) const {
+    return crossBlocks + (end + blockSize - 1) / blockSize;
+  }
+  // Positions the request can reach: its prompt + max_new_tokens, or a seq2seq request's cross
+  // blocks' positions + max_new_tokens (the decoder writes the start token and all but the last).
+  int64_t maxLength(int64_t blockSize) const {
+    return seq2seq ? crossBlocks * blockSize + spec.stopping.maxNewTokens : spec.maxLength();
+  }
 
   // A resumed request replays its earlier output (validate() bounds generatedTokens): the text
   // stream, the stopping criteria and the seeded draws end where they were when it was preempted.
@@ -98,16 +132,19 @@ struct Engine::Request {
            p.topNTokens == 0 && !matcher && !(prefilling() && spec.prefillLogprobs);
   }
   int64_t nextRows() const {
-    if (!prefilling()) return 1;
+    if (!prefilling() || seq2seq) return 1;
     const int64_t remaining = static_cast<int64_t>(spec.inputIds.size()) - computed;
     return spec.chunkLen && *spec.chunkLen > 0 ? std::min<int64_t>(*spec.chunkLen, remaining)
                                                : remaining;
   }
   // This step ends the prompt (or decodes): a token is chosen from its last row.
   bool choosesNow() const {
-    return !prefilling() || computed + nextRows() >= static_cast<int64_t>(spec.inputIds.size());
+    return !prefilling() || seq2seq ||
+           computed + nextRows() >= static_cast<int64_t>(spec.inputIds.size());
   }
-  bool wantsPromptLogprobs() const { return prefilling() && spec.prefillLogprobs; }
+  // A seq2seq request's prefill details are its decoder input's (the start token), known without
+  // logits.
+  bool wantsPromptLogprobs() const { return prefilling() && spec.prefillLogprobs && !seq2seq; }
   void append(uint32_t id) {
     tokens.push_back(id);
     history.add(id);
@@ -237,14 +274,35 @@ Status Engine::validate(const RequestSpec& r) const {
   }
   if (r.cacheLen >= r.inputIds.size())
     return invalidArgumentError(who + "cache_len must be below the prompt length");
+  const int64_t bs = cache_->blockSize();
+  const auto prompt = static_cast<int64_t>(r.inputIds.size());
+  const auto blocks = static_cast<int64_t>(r.blocks.size());
+  if (model_.config().isEncoderDecoder) {
+    // The encoder runs over the whole prompt in one step, computed anew: no chunk, no cached
+    // prefix, no resumed output (the router never preempts without chunking).
+    if (r.cacheLen > 0)
+      return invalidArgumentError(who + "cache_len: an encoder-decoder model has no prefix cache");
+    if (r.chunkLen && *r.chunkLen > 0 && *r.chunkLen < prompt)
+      return invalidArgumentError(who +
+                                  "chunk_len: an encoder-decoder model encodes its prompt "
+                                  "in one step (no chunked prefill)");
+    if (r.generatedTokens > 0)
+      return invalidArgumentError(who +
+                                  "generated_tokens: an encoder-decoder request cannot "
+                                  "resume");
+    const int64_t cross = (prompt + bs - 1) / bs;
+    if (blocks < cross + 1) {
+      return invalidArgumentError(who + std::to_string(blocks) + " blocks of " +
+                                  std::to_string(bs) + " cannot hold the encoder output of " +
+                                  std::to_string(prompt) + " tokens (" + std::to_string(cross) +
+                                  " blocks) and the decoder's first position");
+    }
+  }
   if (r.cacheLen > 0 && r.prefillLogprobs) {
     return invalidArgumentError(
         who + "prefill_logprobs needs every prompt token computed: cache_len must be 0");
   }
   // The blocks cover the prompt at least; later positions may come by extension.
-  const int64_t bs = cache_->blockSize();
-  const auto prompt = static_cast<int64_t>(r.inputIds.size());
-  const auto blocks = static_cast<int64_t>(r.blocks.size());
   if (blocks * bs < prompt) {
     return invalidArgumentError(who + std::to_string(blocks) + " blocks of " + std::to_string(bs) +
                                 " cannot hold the prompt's " + std::to_string(prompt) + " tokens");
@@ -315,7 +373,7 @@ BatchInfo Engine::info(const Batch& b) const {
   i.id = b.id;
   for (const auto& r : b.requests) {
     i.requestIds.push_back(r->spec.id);
-    i.maxTokens += static_cast<uint32_t>(r->spec.maxLength());
+    i.maxTokens += static_cast<uint32_t>(r->maxLength(cache_->blockSize()));
     i.currentTokens += static_cast<uint32_t>(r->nextRows());
   }
   return i;
@@ -333,12 +391,20 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
     const SequenceRows rows{.firstRow = static_cast<int64_t>(fb.tokenIds.size()),
                             .numRows = n,
                             .startPos = r.computed,
-                            .blocks = r.spec.blocks};
+                            .blocks = r.selfTable()};
     for (int64_t p = r.computed; p < r.computed + n; ++p) {
       fb.tokenIds.push_back(r.tokens[p]);
-      fb.slots.push_back(slotOf(r.spec.blocks, bs, p));
+      fb.slots.push_back(slotOf(rows.blocks, bs, p));
     }
     fb.sequences.push_back(rows);
+    if (r.seq2seq) {
+      fb.cross.push_back({.encoderLen = static_cast<int64_t>(r.spec.inputIds.size()),
+                          .encode = r.prefilling(),
+                          .blocks = r.crossTable()});
+      if (r.prefilling())
+        fb.encoderTokenIds.insert(fb.encoderTokenIds.end(), r.spec.inputIds.begin(),
+                                  r.spec.inputIds.end());
+    }
     plan.logitStart.push_back(static_cast<int64_t>(fb.logitRows.size()));
     if (r.wantsPromptLogprobs()) {
       for (int64_t t = 0; t < n; ++t) fb.logitRows.push_back(rows.firstRow + t);
@@ -444,7 +510,7 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
     }
     const bool wasPrefilling = r.prefilling();
     r.computed += n;
-    if (r.computed >= static_cast<int64_t>(r.spec.inputIds.size()))
+    if (r.seq2seq || r.computed >= static_cast<int64_t>(r.spec.inputIds.size()))
       r.state = RequestState::kDecoding;
     if (!chooses) {  // more prompt chunks to come: nothing to choose yet
       alive.push_back(std::move(owner));
@@ -475,7 +541,15 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
     }
     GenerationResult g;
     g.requestId = r.spec.id;
-    if (wasPrefilling && r.spec.prefillLogprobs) {
+    if (wasPrefilling && r.spec.prefillLogprobs && r.seq2seq) {
+      // The decoder's input, as TGI reports a seq2seq prefill: the start token, no log-prob.
+      const uint32_t start = r.tokens[0];
+      r.prefill.ids = {start};
+      r.prefill.logprobs = {std::numeric_limits<float>::quiet_NaN()};
+      r.prefill.texts = {tokenizer_.decode(std::span<const uint32_t>(&start, 1))};
+      r.prefill.isSpecial = {false};
+      g.prefillTokens = std::move(r.prefill);
+    } else if (wasPrefilling && r.spec.prefillLogprobs) {
       for (uint32_t id : r.prefill.ids) {
         r.prefill.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
         r.prefill.isSpecial.push_back(tokenizer_.isSpecial(id));
@@ -537,7 +611,8 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
       return invalidArgumentError("block extension for request " + std::to_string(e.requestId) +
                                   ", which is not in the batch");
     }
-    const RequestSpec& spec = it->second->spec;
+    const Request& req = *it->second;
+    const RequestSpec& spec = req.spec;
     std::set<uint32_t>& mine = added[e.requestId];
     for (uint32_t b : e.blocks) {
       if (b >= cache_->numBlocks())
@@ -552,7 +627,7 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
     }
     // A request never needs more blocks than its prompt + max_new_tokens fill.
     const auto total = static_cast<int64_t>(spec.blocks.size() + mine.size());
-    if (total > (spec.maxLength() + bs - 1) / bs) {
+    if (total > (req.maxLength(bs) + bs - 1) / bs) {
       return invalidArgumentError("block extension gives request " + std::to_string(e.requestId) +
                                   " " + std::to_string(total) +
                                   " blocks, more than its prompt + max_new_tokens fill");
@@ -565,7 +640,7 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
     auto a = added.find(id);
     const auto blocks =
         static_cast<int64_t>(r->spec.blocks.size() + (a == added.end() ? 0 : a->second.size()));
-    if (blocks * bs < end) {
+    if (blocks < r->blocksFor(end, bs)) {
       return failedPreconditionError("request " + std::to_string(id) +
                                      " has no KV block for position " + std::to_string(end - 1) +
                                      ": extend its blocks first");
@@ -585,7 +660,7 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
   const int64_t bs = cache_->blockSize();
   for (const auto& r : batch->requests) {
     const int64_t end = r->computed + r->nextRows();
-    if (static_cast<int64_t>(r->spec.blocks.size()) * bs < end) {
+    if (static_cast<int64_t>(r->spec.blocks.size()) < r->blocksFor(end, bs)) {
       const uint64_t id = r->spec.id;
       batches_.emplace(batch->id, std::move(batch));  // unchanged: the router decides
       return failedPreconditionError("request " + std::to_string(id) +
@@ -639,7 +714,11 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
       refused.push_back(GenerationResult::refusal(r.id, s.message()));
       continue;
     }
-    auto req = std::make_unique<Request>(std::move(r), tokenizer_, model_.config().eosTokenIds);
+    const ModelConfig& config = model_.config();
+    auto req = config.isEncoderDecoder
+                   ? std::make_unique<Request>(std::move(r), tokenizer_, config.eosTokenIds,
+                                               config.decoderStartTokenId, cache_->blockSize())
+                   : std::make_unique<Request>(std::move(r), tokenizer_, config.eosTokenIds);
     if (s = attachGrammar(*req); !s.ok()) {
       refused.push_back(GenerationResult::refusal(req->spec.id, s.message()));
       continue;

@@ -59,6 +59,8 @@ StatusOr<Attention> Attention::load(const WeightLoader& w, const Weights& names,
     return invalidArgumentError("attention: clip_qkv must be positive and finite");
   if (!std::isfinite(options.scale) || options.scale < 0)
     return invalidArgumentError("attention: the softmax scale must be positive and finite");
+  if ((options.relativeBias || !options.causal) && (!options.alibiSlopes.empty() || options.rope))
+    return invalidArgumentError("attention: T5's bias and masks take neither RoPE nor ALiBi");
   if (!options.alibiSlopes.empty()) {
     if (static_cast<int64_t>(options.alibiSlopes.size()) != c.numHeads)
       return invalidArgumentError("attention: " + std::to_string(options.alibiSlopes.size()) +
@@ -151,6 +153,13 @@ Status Attention::forward(const ForwardContext& ctx, int64_t layer, void* hs) co
        .scale = options_.scale > 0 ? options_.scale : 1.0f / std::sqrt(static_cast<float>(hd)),
        .alibiSlopes = alibiSlopes_ ? static_cast<const float*>(alibiSlopes_->data()) : nullptr,
        .alibiBf16Divisor = options_.alibiBf16Divisor,
+       .causal = options_.causal,
+       .relativeBias = options_.relativeBias
+                           ? static_cast<const float*>(options_.relativeBias->data())
+                           : nullptr,
+       .relativeBuckets = options_.relativeBuckets,
+       .relativeMaxDistance = options_.relativeMaxDistance,
+       .relativeBidirectional = options_.relativeBidirectional,
        .maxNewRows = meta.layout.maxNewRows,
        .maxContext = meta.layout.maxContext,
        .minNewRows = meta.layout.minNewRows,

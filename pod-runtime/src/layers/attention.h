@@ -57,6 +57,13 @@ class Attention {
     // > 0: Falcon's ALiBi, bf16(slope * j) / alibiBf16Divisor with j the key's absolute position
     // (kernels/paged_attention.h); 0: slope * (j - i).
     float alibiBf16Divisor = 0.0f;
+    // T5: no causal mask (the encoder's self-attention: every row sees its whole sequence).
+    bool causal = true;
+    // T5's relative position bias, [buckets, this rank's heads] fp32 in backend memory (shared
+    // by the layers of one stack: RelativeBias, layers/relative_bias.h); null: none.
+    std::shared_ptr<Buffer> relativeBias = nullptr;
+    int32_t relativeBuckets = 0, relativeMaxDistance = 0;
+    bool relativeBidirectional = false;
   };
 
   static StatusOr<Attention> load(const WeightLoader& w, const Weights& names,

@@ -14,6 +14,9 @@ struct BatchMetadata {
     int64_t rows = 0, numSeqs = 0, maxBlocksPerSeq = 1, logitRows = 0;
     int64_t maxNewRows = 0, maxContext = 0;
     int64_t minNewRows = 0;  // the fewest new rows of any sequence (0: unknown)
+    // Encoder-decoder models: the widest cross-attention block table and the longest encoder
+    // output (0: no cross-attention).
+    int64_t crossBlocksPerSeq = 0, maxCrossLen = 0;
   };
 
   const int32_t* ids = nullptr;          // [rows]
@@ -24,6 +27,10 @@ struct BatchMetadata {
   const int32_t* blockTables = nullptr;  // [numSeqs, maxBlocksPerSeq]
   const int32_t* logitRows = nullptr;    // [logitRows]
   const float* invFreq = nullptr;        // [rows, rotaryDim / 2]
+  // Encoder-decoder models: each sequence's encoder length and the blocks holding its cross keys
+  // and values (ForwardBatch::cross).
+  const int32_t* crossLens = nullptr;    // [numSeqs]
+  const int32_t* crossTables = nullptr;  // [numSeqs, crossBlocksPerSeq]
   Layout layout;
 };
 

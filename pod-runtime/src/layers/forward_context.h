@@ -25,8 +25,15 @@ struct ForwardContext {
   const BatchMetadata& meta;
   Workspace& ws;
   KvCache& cache;
+  // Encoder-decoder models in a step where sequences start: the encoder's rows (their prompts),
+  // one sequence each over its cross-attention blocks, positions from 0; null otherwise.
+  const BatchMetadata* encoder = nullptr;
 
   int64_t rows() const { return meta.layout.rows; }
+  // The same context over the encoder's rows (requires `encoder`).
+  ForwardContext encoderContext() const {
+    return {backend, comm, config, partition, dtype, *encoder, ws, cache, nullptr};
+  }
   int64_t logitRows() const { return meta.layout.logitRows; }
   // Element `i` of a buffer of the compute dtype.
   void* at(void* base, int64_t i) const {

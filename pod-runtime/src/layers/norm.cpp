@@ -3,14 +3,16 @@
 namespace textgen::runtime {
 
 StatusOr<Norm> Norm::load(const WeightLoader& w, NormKind kind, const std::string& weight,
-                          double eps, NormBias bias) {
+                          double eps, NormBias bias, float weightScale) {
   if (kind == NormKind::kRms && bias != NormBias::kAbsent)
     return invalidArgumentError("norm '" + weight + "': RMSNorm has no bias");
   Norm n;
   n.kind_ = kind;
   n.eps_ = static_cast<float>(eps);
   const int64_t hidden = w.config().hiddenSize;
-  TG_ASSIGN_OR_RETURN(n.weight_, w.upload({{weight, {hidden}, {}}}));
+  if (weightScale != 1.0f && bias != NormBias::kAbsent)
+    return invalidArgumentError("norm '" + weight + "': a scaled weight takes no bias");
+  TG_ASSIGN_OR_RETURN(n.weight_, w.upload({{weight, {hidden}, {}}}, weightScale));
   const std::string biasTensor = biasName(weight);
   if (bias == NormBias::kRequired || (bias == NormBias::kOptional && w.contains(biasTensor))) {
     TG_ASSIGN_OR_RETURN(n.bias_, w.upload({{biasTensor, {hidden}, {}}}));

@@ -30,8 +30,11 @@ class Norm {
  public:
   // NOT_FOUND / INVALID_ARGUMENT naming a missing or misshapen weight or required bias;
   // INVALID_ARGUMENT for an RMSNorm given a bias.
+  // `weightScale` multiplies the weight as it loads (a constant factor on the output folded in:
+  // T5's decoder output scaled by d_model^-0.5; exact in every dtype for a power of two).
   static StatusOr<Norm> load(const WeightLoader& w, NormKind kind, const std::string& weight,
-                             double eps, NormBias bias = NormBias::kAbsent);
+                             double eps, NormBias bias = NormBias::kAbsent,
+                             float weightScale = 1.0f);
 
   // output = norm(input + residual) [rows, hidden], the sum kept in `residual`; with no residual
   // (the first layer) output = norm(input).

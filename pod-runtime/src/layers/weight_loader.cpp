@@ -5,6 +5,7 @@
 
 #include "loader/dequantize.h"
 #include "loader/quantized_tensor.h"
+#include "textgen/kernels/half.h"
 
 namespace textgen::runtime {
 
@@ -152,6 +153,26 @@ StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& 
     offset += t.bytes();
   }
   // Host tensors are freed on return; pageable uploads are staged before upload() returns.
+  return buf;
+}
+
+StatusOr<std::unique_ptr<Buffer>> WeightLoader::upload(const std::vector<Part>& parts,
+                                                       float scale) const {
+  if (scale == 1.0f) return upload(parts);
+  std::vector<float> values;
+  for (const Part& p : parts) {
+    TG_ASSIGN_OR_RETURN(Tensor t, hostSlice(p, DType::kF32));
+    values.insert(values.end(), t.f32(), t.f32() + t.numel());
+  }
+  for (float& v : values) v *= scale;
+  if (dtype_ == DType::kF32) return uploadF32(values);
+  std::vector<uint16_t> half(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    half[i] =
+        dtype_ == DType::kF16 ? kernels::floatToF16(values[i]) : kernels::floatToBf16(values[i]);
+  }
+  TG_ASSIGN_OR_RETURN(auto buf, backend_.allocate(half.size() * sizeof(uint16_t)));
+  TG_RETURN_IF_ERROR(backend_.upload(*buf, half.data(), half.size() * sizeof(uint16_t)));
   return buf;
 }
 

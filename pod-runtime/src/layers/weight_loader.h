@@ -50,8 +50,14 @@ class WeightLoader {
   // misshapen tensor. A part "x.weight" the checkpoint holds as a pre-quantized layer ("x.qweight",
   // ...: loader/dequantize.h) is dequantized whole on the host, then sliced like a dense one.
   StatusOr<std::unique_ptr<Buffer>> upload(const std::vector<Part>& parts) const;
+  // The same, each element multiplied by `scale` in float32 before it is rounded to the compute
+  // dtype (a weight that folds a constant factor: T5's scaled decoder output).
+  StatusOr<std::unique_ptr<Buffer>> upload(const std::vector<Part>& parts, float scale) const;
   // Values computed on the host at load (ALiBi slopes), fp32 whatever the compute dtype.
   StatusOr<std::unique_ptr<Buffer>> uploadF32(const std::vector<float>& values) const;
+  // One part's slice for this rank on the host in float32 (tables read at load: T5's relative
+  // position bias, whose head columns a rank keeps).
+  StatusOr<Tensor> hostF32(const Part& p) const { return hostSlice(p, DType::kF32); }
   // A dense linear layer from `parts` stacked along the outputs (each part's slice [out_i, in]),
   // split as `split`. A layer the checkpoint stores pre-quantized keeps its format (packed into the
   // kernels' runtime layout: WeightFormat::kQuantized), as does every layer but the logits head

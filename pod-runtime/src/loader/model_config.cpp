@@ -66,6 +66,15 @@ StatusOr<double> positiveNumber(const json& j, const char* key, double fallback)
   return it->get<double>();
 }
 
+// An optional token id below `vocab` (absent or null: none).
+StatusOr<std::optional<uint32_t>> tokenId(const json& j, const char* key, int64_t vocab) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::optional<uint32_t>();
+  if (!it->is_number_unsigned() || it->get<uint64_t>() >= static_cast<uint64_t>(vocab))
+    return fieldError(key, "must be a token id below vocab_size (" + std::to_string(vocab) + ")");
+  return std::optional<uint32_t>(it->get<uint32_t>());
+}
+
 StatusOr<bool> boolean(const json& j, const char* key, bool fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
@@ -254,15 +263,33 @@ StatusOr<kernels::Activation> parseActivation(const json& j, kernels::Activation
 }
 
 // The top-level keys parseModelConfig reads: a dialect's alias must name one of them.
-constexpr std::string_view kCanonicalKeys[] = {
-    "model_type",          "vocab_size",         "hidden_size",
-    "intermediate_size",   "num_hidden_layers",  "num_attention_heads",
-    "num_key_value_heads", "head_dim",           "max_position_embeddings",
-    "rms_norm_eps",        "rope_theta",         "partial_rotary_factor",
-    "rope_scaling",        "rope_parameters",    "tie_word_embeddings",
-    "attention_bias",      "mlp_bias",           "hidden_act",
-    "sliding_window",      "use_sliding_window", "dtype",
-    "torch_dtype",         "bos_token_id",       "eos_token_id"};
+constexpr std::string_view kCanonicalKeys[] = {"model_type",
+                                               "vocab_size",
+                                               "hidden_size",
+                                               "intermediate_size",
+                                               "num_hidden_layers",
+                                               "num_attention_heads",
+                                               "num_key_value_heads",
+                                               "head_dim",
+                                               "max_position_embeddings",
+                                               "rms_norm_eps",
+                                               "rope_theta",
+                                               "partial_rotary_factor",
+                                               "rope_scaling",
+                                               "rope_parameters",
+                                               "tie_word_embeddings",
+                                               "attention_bias",
+                                               "mlp_bias",
+                                               "hidden_act",
+                                               "sliding_window",
+                                               "use_sliding_window",
+                                               "dtype",
+                                               "torch_dtype",
+                                               "bos_token_id",
+                                               "eos_token_id",
+                                               "is_encoder_decoder",
+                                               "decoder_start_token_id",
+                                               "pad_token_id"};
 
 bool isCanonicalKey(std::string_view key) {
   return std::find(std::begin(kCanonicalKeys), std::end(kCanonicalKeys), key) !=
@@ -342,6 +369,13 @@ Status parseFields(const json& j, const ConfigDialect& dialect, ModelConfig& c) 
       return fieldError("bos_token_id", "must be a token id");
     c.bosTokenId = it->get<uint32_t>();
   }
+  TG_ASSIGN_OR_RETURN(c.isEncoderDecoder, boolean(j, "is_encoder_decoder", false));
+  if (c.isEncoderDecoder) {
+    for (const char* key : {"pad_token_id", "decoder_start_token_id"}) {
+      TG_ASSIGN_OR_RETURN(std::optional<uint32_t> id, tokenId(j, key, c.vocabSize));
+      if (id) c.decoderStartTokenId = *id;
+    }
+  }
   return addTokenIds(j, "eos_token_id", c.eosTokenIds, "config.json");
 }
 
@@ -386,6 +420,14 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
     TG_ASSIGN_OR_RETURN(json g, parseJson(generationConfigJson, "generation_config.json"));
     if (!g.is_object()) return invalidArgumentError("generation_config.json: not a JSON object");
     TG_RETURN_IF_ERROR(addTokenIds(g, "eos_token_id", c.eosTokenIds, "generation_config.json"));
+    if (c.isEncoderDecoder) {
+      auto id = tokenId(g, "decoder_start_token_id", c.vocabSize);
+      if (!id.ok()) {
+        return invalidArgumentError(
+            "generation_config.json: 'decoder_start_token_id' must be a token id below vocab_size");
+      }
+      if (*id) c.decoderStartTokenId = **id;
+    }
   }
   c.json = std::make_shared<const json>(std::move(j));
   return c;

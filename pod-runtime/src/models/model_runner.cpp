@@ -69,13 +69,19 @@ Status ModelRunner::run(const ForwardBatch& b, KvCache& cache) {
   if (const int64_t bucket = graphBucket(b, cache); bucket > 0) return runGraph(b, cache, bucket);
   const Layout layout = eagerLayout(b);
   TG_ASSIGN_OR_RETURN(const BatchMetadata meta, uploadMetadata(b, layout, meta_, invFreq_));
-  TG_RETURN_IF_ERROR(reserve(layout.rows, n));
-  return enqueue(meta, cache);
+  std::optional<BatchMetadata> encoder;
+  if (!b.encoderTokenIds.empty()) {
+    TG_ASSIGN_OR_RETURN(encoder, uploadEncoderMetadata(b, cache));
+  }
+  TG_RETURN_IF_ERROR(
+      reserve(std::max<int64_t>(layout.rows, encoder ? encoder->layout.rows : 0), n));
+  return enqueue(meta, cache, encoder ? &*encoder : nullptr);
 }
 
 // Enqueues the whole forward (no host synchronisation): the architecture's graph, then the
 // tensor-parallel logits gathered into whole rows.
-Status ModelRunner::enqueue(const BatchMetadata& meta, KvCache& cache) {
+Status ModelRunner::enqueue(const BatchMetadata& meta, KvCache& cache,
+                            const BatchMetadata* encoder) {
   const ForwardContext ctx{.backend = backend_,
                            .comm = comm_,
                            .config = config_,
@@ -83,7 +89,8 @@ Status ModelRunner::enqueue(const BatchMetadata& meta, KvCache& cache) {
                            .dtype = dtype_,
                            .meta = meta,
                            .ws = ws_,
-                           .cache = cache};
+                           .cache = cache,
+                           .encoder = encoder};
   TG_RETURN_IF_ERROR(graph_->build(ctx));
   return part_.world == 1 ? okStatus() : gatherLogits(meta.layout.logitRows);
 }
@@ -118,13 +125,18 @@ BatchMetadata::Layout ModelRunner::eagerLayout(const ForwardBatch& b) const {
     l.maxNewRows = std::max(l.maxNewRows, s.numRows);
     l.maxContext = std::max(l.maxContext, s.startPos + s.numRows);
   }
+  for (const CrossContext& c : b.cross) {
+    l.crossBlocksPerSeq =
+        std::max<int64_t>(l.crossBlocksPerSeq, static_cast<int64_t>(c.blocks.size()));
+    l.maxCrossLen = std::max(l.maxCrossLen, c.encoderLen);
+  }
   return l;
 }
 
 // The graph batch size for a decode step (one new row per sequence, every sequence's logits), or
 // 0 to run eagerly.
 int64_t ModelRunner::graphBucket(const ForwardBatch& b, const KvCache& cache) const {
-  if (graphSizes_.empty()) return 0;
+  if (graphSizes_.empty() || !b.encoderTokenIds.empty()) return 0;
   const auto n = static_cast<int64_t>(b.sequences.size());
   if (static_cast<int64_t>(b.tokenIds.size()) != n || static_cast<int64_t>(b.logitRows.size()) != n)
     return 0;
@@ -134,6 +146,9 @@ int64_t ModelRunner::graphBucket(const ForwardBatch& b, const KvCache& cache) co
     if (s.numRows != 1 || b.logitRows[i] != static_cast<int64_t>(i) ||
         static_cast<int64_t>(s.blocks.size()) > maxBlocks || s.startPos + 1 > graphContext_)
       return 0;
+  }
+  for (const CrossContext& c : b.cross) {
+    if (static_cast<int64_t>(c.blocks.size()) > maxBlocks || c.encoderLen > graphContext_) return 0;
   }
   for (int64_t size : graphSizes_) {
     if (size >= n) return size;
@@ -147,6 +162,10 @@ BatchMetadata::Layout ModelRunner::graphLayout(int64_t bucket, const KvCache& ca
   l.maxBlocksPerSeq = graphContext_ / cache.blockSize() + 1;
   l.minNewRows = l.maxNewRows = 1;
   l.maxContext = graphContext_;
+  if (config_.isEncoderDecoder) {
+    l.crossBlocksPerSeq = l.maxBlocksPerSeq;
+    l.maxCrossLen = graphContext_;
+  }
   return l;
 }
 
@@ -166,9 +185,9 @@ Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, int64_t buck
   if (it == graphs_.end()) {
     // One eager forward first: GEMM plans are tuned (timing them, which no capture allows) and
     // modules loaded outside the capture. The graph then recomputes the same rows.
-    TG_RETURN_IF_ERROR(enqueue(meta, cache));
+    TG_RETURN_IF_ERROR(enqueue(meta, cache, nullptr));
     TG_RETURN_IF_ERROR(backend_.beginCapture());
-    const Status st = enqueue(meta, cache);
+    const Status st = enqueue(meta, cache, nullptr);
     auto graph = backend_.endCapture();
     TG_RETURN_IF_ERROR(st.withContext("capturing the decode graph of " + std::to_string(bucket)));
     if (!graph.ok()) return graph.status();
@@ -182,7 +201,8 @@ Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, int64_t buck
 std::pair<size_t, size_t> ModelRunner::graphMetaBytes() const {
   const int64_t bucket = graphSizes_.back();
   const int64_t blocks = graphContext_ + 1;  // an upper bound on blocks per sequence
-  return {static_cast<size_t>(5 * bucket + 1 + bucket * blocks) * sizeof(int32_t),
+  const int64_t cross = config_.isEncoderDecoder ? bucket * (1 + blocks) : 0;
+  return {static_cast<size_t>(5 * bucket + 1 + bucket * blocks + cross) * sizeof(int32_t),
           static_cast<size_t>(bucket * config_.rotaryDim() / 2) * sizeof(float)};
 }
 
@@ -196,10 +216,14 @@ StatusOr<BatchMetadata> ModelRunner::uploadMetadata(const ForwardBatch& b, const
                                                     std::pair<size_t, size_t> minBytes) {
   const int64_t rows = layout.rows, numSeqs = layout.numSeqs, n = layout.logitRows,
                 width = layout.maxBlocksPerSeq;
-  // [ids | positions | slots | seqStarts | startPos | blockTables | logitRows]
+  // [ids | positions | slots | seqStarts | startPos | blockTables | logitRows | crossLens |
+  //  crossTables] (the last two for encoder-decoder models)
+  const int64_t crossWidth = layout.crossBlocksPerSeq;
   const int64_t oIds = 0, oPos = rows, oSlots = 2 * rows, oStarts = 3 * rows,
                 oStartPos = oStarts + numSeqs + 1, oTables = oStartPos + numSeqs,
-                oLogits = oTables + numSeqs * width, total = oLogits + n;
+                oLogits = oTables + numSeqs * width, oCrossLens = oLogits + n,
+                oCrossTables = oCrossLens + (crossWidth > 0 ? numSeqs : 0),
+                total = oCrossTables + numSeqs * crossWidth;
   hostMeta_.assign(total, 0);
   const int64_t half = config_.rotaryDim() / 2;
   hostFreq_.assign(rows * half, 0.0f);
@@ -210,8 +234,9 @@ StatusOr<BatchMetadata> ModelRunner::uploadMetadata(const ForwardBatch& b, const
   }
   const auto realSeqs = static_cast<int64_t>(b.sequences.size());
   for (int64_t i = 0; i < numSeqs; ++i) {
-    if (i >= realSeqs) {  // padding: one row at position 0
+    if (i >= realSeqs) {  // padding: one row at position 0 (and one encoder position), block 0
       hostMeta_[oStarts + i] = static_cast<int32_t>(realRows + (i - realSeqs));
+      if (crossWidth > 0) hostMeta_[oCrossLens + i] = 1;
       continue;
     }
     const SequenceRows& s = b.sequences[i];
@@ -224,6 +249,13 @@ StatusOr<BatchMetadata> ModelRunner::uploadMetadata(const ForwardBatch& b, const
     hostMeta_[oStartPos + i] = static_cast<int32_t>(s.startPos);
     for (size_t j = 0; j < s.blocks.size(); ++j)
       hostMeta_[oTables + i * width + static_cast<int64_t>(j)] = static_cast<int32_t>(s.blocks[j]);
+    if (crossWidth > 0 && i < static_cast<int64_t>(b.cross.size())) {
+      const CrossContext& c = b.cross[i];
+      hostMeta_[oCrossLens + i] = static_cast<int32_t>(c.encoderLen);
+      for (size_t j = 0; j < c.blocks.size(); ++j)
+        hostMeta_[oCrossTables + i * crossWidth + static_cast<int64_t>(j)] =
+            static_cast<int32_t>(c.blocks[j]);
+    }
   }
   hostMeta_[oStarts + numSeqs] = static_cast<int32_t>(rows);
   for (int64_t i = 0; i < n; ++i) {
@@ -248,7 +280,61 @@ StatusOr<BatchMetadata> ModelRunner::uploadMetadata(const ForwardBatch& b, const
   m.blockTables = base + oTables;
   m.logitRows = base + oLogits;
   m.invFreq = freqBuf->as<const float>();
+  if (crossWidth > 0) {
+    m.crossLens = base + oCrossLens;
+    m.crossTables = base + oCrossTables;
+  }
   m.layout = layout;
+  return m;
+}
+
+// The encoder's rows of a step where encoder-decoder sequences start: their prompts, one sequence
+// each over its cross-attention blocks (whose slots the encoder's keys and values use while it
+// runs, before the cross keys and values take them), positions from 0, no logit rows.
+StatusOr<BatchMetadata> ModelRunner::uploadEncoderMetadata(const ForwardBatch& b,
+                                                           const KvCache& cache) {
+  Layout l;
+  l.rows = static_cast<int64_t>(b.encoderTokenIds.size());
+  for (const CrossContext& c : b.cross) {
+    if (!c.encode) continue;
+    ++l.numSeqs;
+    l.maxBlocksPerSeq = std::max<int64_t>(l.maxBlocksPerSeq, static_cast<int64_t>(c.blocks.size()));
+    l.maxNewRows = std::max(l.maxNewRows, c.encoderLen);
+    l.minNewRows = l.minNewRows == 0 ? c.encoderLen : std::min(l.minNewRows, c.encoderLen);
+  }
+  l.maxContext = l.maxNewRows;
+  const int64_t rows = l.rows, numSeqs = l.numSeqs, width = l.maxBlocksPerSeq;
+  // [ids | positions | slots | seqStarts | startPos | blockTables]
+  const int64_t oIds = 0, oPos = rows, oSlots = 2 * rows, oStarts = 3 * rows,
+                oStartPos = oStarts + numSeqs + 1, oTables = oStartPos + numSeqs,
+                total = oTables + numSeqs * width;
+  std::vector<int32_t> host(total, 0);
+  const int64_t bs = cache.blockSize();
+  int64_t row = 0, seq = 0;
+  for (const CrossContext& c : b.cross) {
+    if (!c.encode) continue;
+    host[oStarts + seq] = static_cast<int32_t>(row);
+    for (int64_t t = 0; t < c.encoderLen; ++t, ++row) {
+      host[oIds + row] = static_cast<int32_t>(b.encoderTokenIds[row]);
+      host[oPos + row] = static_cast<int32_t>(t);
+      host[oSlots + row] = static_cast<int32_t>(c.blocks[t / bs] * bs + t % bs);
+    }
+    for (size_t j = 0; j < c.blocks.size(); ++j)
+      host[oTables + seq * width + static_cast<int64_t>(j)] = static_cast<int32_t>(c.blocks[j]);
+    ++seq;
+  }
+  host[oStarts + numSeqs] = static_cast<int32_t>(rows);
+  TG_RETURN_IF_ERROR(ensureBuffer(backend_, encoderMeta_, host.size() * sizeof(int32_t)));
+  TG_RETURN_IF_ERROR(backend_.upload(*encoderMeta_, host.data(), host.size() * sizeof(int32_t)));
+  BatchMetadata m{};
+  const auto* base = encoderMeta_->as<const int32_t>();
+  m.ids = base + oIds;
+  m.positions = base + oPos;
+  m.slots = base + oSlots;
+  m.seqStarts = base + oStarts;
+  m.startPos = base + oStartPos;
+  m.blockTables = base + oTables;
+  m.layout = l;
   return m;
 }
 
@@ -288,6 +374,36 @@ Status ModelRunner::validate(const ForwardBatch& b, const KvCache& cache) const 
   }
   for (int64_t r : b.logitRows) {
     if (r < 0 || r >= rows) return invalidArgumentError("logit row out of range");
+  }
+  return validateCross(b, cache);
+}
+
+// An encoder-decoder batch's cross-attention contexts: one per sequence, each within its blocks,
+// the encoding ones' prompts making up encoderTokenIds exactly; none for a decoder-only model.
+Status ModelRunner::validateCross(const ForwardBatch& b, const KvCache& cache) const {
+  if (!config_.isEncoderDecoder) {
+    if (!b.cross.empty() || !b.encoderTokenIds.empty())
+      return invalidArgumentError("cross-attention context for a decoder-only model");
+    return okStatus();
+  }
+  if (b.cross.size() != b.sequences.size())
+    return invalidArgumentError("an encoder-decoder batch needs one cross context per sequence");
+  int64_t encoded = 0;
+  for (const CrossContext& c : b.cross) {
+    if (c.encoderLen <= 0) return invalidArgumentError("an empty encoder input");
+    if (static_cast<int64_t>(c.blocks.size()) * cache.blockSize() < c.encoderLen)
+      return invalidArgumentError("a sequence has fewer cross blocks than encoder positions");
+    for (uint32_t block : c.blocks) {
+      if (block >= cache.numBlocks())
+        return invalidArgumentError("block " + std::to_string(block) + " out of range");
+    }
+    if (c.encode) encoded += c.encoderLen;
+  }
+  if (encoded != static_cast<int64_t>(b.encoderTokenIds.size()))
+    return invalidArgumentError("the encoder's token ids do not match the encoding sequences");
+  for (uint32_t id : b.encoderTokenIds) {
+    if (id >= config_.vocabSize)
+      return invalidArgumentError("token id " + std::to_string(id) + " out of vocabulary");
   }
   return okStatus();
 }

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "layers/batch_metadata.h"
@@ -41,8 +42,9 @@ class ModelRunner final : public Model {
   using Layout = BatchMetadata::Layout;
 
   Status validate(const ForwardBatch& b, const KvCache& cache) const;
+  Status validateCross(const ForwardBatch& b, const KvCache& cache) const;
   Status run(const ForwardBatch& b, KvCache& cache);
-  Status enqueue(const BatchMetadata& meta, KvCache& cache);
+  Status enqueue(const BatchMetadata& meta, KvCache& cache, const BatchMetadata* encoder);
   Status gatherLogits(int64_t logitRows);
   Layout eagerLayout(const ForwardBatch& b) const;
   int64_t graphBucket(const ForwardBatch& b, const KvCache& cache) const;
@@ -53,6 +55,7 @@ class ModelRunner final : public Model {
                                          std::unique_ptr<Buffer>& metaBuf,
                                          std::unique_ptr<Buffer>& freqBuf,
                                          std::pair<size_t, size_t> minBytes = {0, 0});
+  StatusOr<BatchMetadata> uploadEncoderMetadata(const ForwardBatch& b, const KvCache& cache);
   Status reserve(int64_t rows, int64_t logitRows);
 
   ModelConfig config_;
@@ -63,6 +66,7 @@ class ModelRunner final : public Model {
   DType dtype_ = DType::kF32;
   Workspace ws_;
   std::unique_ptr<Buffer> meta_, invFreq_;  // eager metadata
+  std::unique_ptr<Buffer> encoderMeta_;     // encoder-decoder models: the encoder's rows
   // Decode graphs by batch size, bound to one KV cache and to the workspace's buffers.
   std::vector<int64_t> graphSizes_;  // ascending
   int64_t graphContext_ = 0;         // longest context a graph serves

@@ -22,6 +22,8 @@ StatusOr<std::unique_ptr<ArchitectureGraph>> makeMptGraph(const ArchitectureSpec
 Status prepareMptConfig(nlohmann::json& config);
 StatusOr<std::unique_ptr<ArchitectureGraph>> makeFalconGraph(const ArchitectureSpec& spec);
 ArchitectureSpec falconSpec(std::string_view name);  // models/falcon.cpp
+StatusOr<std::unique_ptr<ArchitectureGraph>> makeT5Graph(const ArchitectureSpec& spec);
+Status prepareT5Config(nlohmann::json& config);
 
 namespace {
 
@@ -63,6 +65,26 @@ constexpr ArchitectureSpec::Tensors kMptTensors = {
     .gate = "",
     .up = "transformer.blocks.{}.ffn.up_proj.weight",
     .down = "transformer.blocks.{}.ffn.down_proj.weight"};
+
+// T5 (models/t5.cpp; the graph names the encoder's and decoder's block tensors itself).
+constexpr ConfigKeyAlias kT5Keys[] = {{"d_model", "hidden_size"},
+                                      {"num_heads", "num_attention_heads"},
+                                      {"d_ff", "intermediate_size"},
+                                      {"d_kv", "head_dim"},
+                                      {"layer_norm_epsilon", "rms_norm_eps"},
+                                      {"n_positions", "max_position_embeddings"}};
+constexpr ArchitectureSpec::Tensors kT5Tensors = {.embed = "shared.weight",
+                                                  .finalNorm = "decoder.final_layer_norm.weight",
+                                                  .lmHead = "lm_head.weight",
+                                                  .inputNorm = "",
+                                                  .q = "",
+                                                  .k = "",
+                                                  .v = "",
+                                                  .o = "",
+                                                  .postNorm = "",
+                                                  .gate = "",
+                                                  .up = "",
+                                                  .down = ""};
 
 const Architecture kArchitectures[] = {
     {{.name = "LlamaForCausalLM"}, makeLlamaGraph},
@@ -113,6 +135,13 @@ const Architecture kArchitectures[] = {
      makeMptGraph},
     {falconSpec("FalconForCausalLM"), makeFalconGraph},
     {falconSpec("RWForCausalLM"), makeFalconGraph},  // Falcon's remote-code configs, as TGI
+    {{.name = "T5ForConditionalGeneration",
+      .tensors = kT5Tensors,
+      .activation = Activation::kRelu,
+      .position = PositionKind::kRelative,
+      .configKeyAliases = kT5Keys,
+      .prepareConfig = prepareT5Config},
+     makeT5Graph},
 };
 
 }  // namespace

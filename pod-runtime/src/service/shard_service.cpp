@@ -165,8 +165,11 @@ class ShardService final : public pb::ShardService::Service {
     out->set_device_type(options_.deviceType);
     if (c.slidingWindow) out->set_window_size(static_cast<uint32_t>(*c.slidingWindow));
     out->set_speculate(0);
-    out->set_support_chunking(true);
-    out->set_use_prefix_caching(options_.prefixCaching);
+    // An encoder-decoder model encodes a prompt in one step, computed anew (Engine::validate).
+    out->set_support_chunking(!c.isEncoderDecoder);
+    out->set_use_prefix_caching(options_.prefixCaching && !c.isEncoderDecoder);
+    out->set_model_kind(c.isEncoderDecoder ? pb::MODEL_KIND_ENCODER_DECODER
+                                           : pb::MODEL_KIND_DECODER_ONLY);
     out->set_attention_impl("paged");
     out->set_block_size(static_cast<uint32_t>(engine_.options().blockSize));
     out->set_max_position_embeddings(static_cast<uint32_t>(engine_.maxContext()));

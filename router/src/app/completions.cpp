@@ -56,6 +56,10 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
     for (const std::string& t : g.tokens.texts) piece += t;
     texts_[index] += piece;
     if (g.generatedText) {
+      // The whole answer is the generated text, as TGI's /v1/completions returns it: the ids
+      // decoded together without special tokens (an encoder-decoder's first piece streams with the
+      // leading space the whole decode drops; an EOS streams its text).
+      if (!stream_) texts_[index] = g.generatedText->text;
       finish_[index] = openAiFinish(g.generatedText->reason);
       generated_[index] = g.generatedText->generatedTokens;
       ++finished_;

@@ -15,7 +15,8 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
       // A resumed request's input is its prompt and its answer so far: it may exceed the
       // prefill-token budget, which only chunked prefill can take. So blocks grow only with it.
       queue_(options.blockSize, options.supportChunking, metrics,
-             options.growBlocks && options.supportChunking),
+             options.growBlocks && options.supportChunking && !options.encoderDecoder,
+             options.encoderDecoder),
       allocator_(options.numBlocks, options.blockSize, options.prefixCaching) {
   thread_ = std::thread([this] { run(); });
 }

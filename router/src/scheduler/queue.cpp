@@ -33,11 +33,14 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
     // Growing: the prompt and the first new token's position (the first decode writes it); a
     // resumed request's max_new_tokens counts the tokens it generated before.
     const bool grows = growing_ && entry.request.inputIds.size() == entry.request.inputLength;
+    const uint32_t encoderPositions =
+        (entry.request.inputLength + blockSize_ - 1) / blockSize_ * blockSize_;
     const uint32_t tokens =
-        grows ? entry.request.inputLength + 1
-              : entry.request.inputLength - entry.generated + entry.request.maxNewTokens;
+        encoderDecoder_ ? encoderPositions + entry.request.maxNewTokens
+        : grows         ? entry.request.inputLength + 1
+                        : entry.request.inputLength - entry.generated + entry.request.maxNewTokens;
     // A request that wants its prompt's logprobs computes every prompt token: no cached prefix.
-    const bool reuse = !entry.request.decoderInputDetails &&
+    const bool reuse = !encoderDecoder_ && !entry.request.decoderInputDetails &&
                        entry.request.inputIds.size() == entry.request.inputLength;
     const std::span<const uint32_t> prompt =
         reuse ? std::span<const uint32_t>(entry.request.inputIds) : std::span<const uint32_t>();

@@ -147,6 +147,7 @@ class GrpcShardGroup final : public ShardGroup {
     i.maxPositionEmbeddings = r.max_position_embeddings();
     i.vocabSize = r.vocab_size();
     i.worldSize = r.world_size();
+    i.encoderDecoder = r.model_kind() == pb::MODEL_KIND_ENCODER_DECODER;
     return i;
   }
 

@@ -493,7 +493,7 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   v.stop = p.stop;
   v.details = p.details;
   v.decoderInputDetails = p.decoderInputDetails;
-  v.returnFullText = p.returnFullText.value_or(false);
+  v.returnFullText = !limits_.encoderDecoder && p.returnFullText.value_or(false);
   v.addSpecialTokens = request.addSpecialTokens;
   if (p.grammar) {
     TG_RETURN_IF_ERROR(checkGrammar(*p.grammar));

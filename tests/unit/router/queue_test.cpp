@@ -34,6 +34,25 @@ TEST(QueueTest, PrefillBudgetStopsTheBatchWithoutChunking) {
             99u - 2 * 2);  // each holds 30 tokens: 2 blocks; the third's were returned
 }
 
+TEST(QueueTest, AnEncoderDecoderPromptTakesWholeBlocksBeforeItsDecoderPositions) {
+  // T5: a 20-token prompt's encoder output takes 2 blocks of 16 of its own, then max_new_tokens 10
+  // decoder positions a third; decoder-only, 30 positions take 2. Never a cached prefix.
+  Queue q(16, /*supportChunking=*/false, nullptr, /*growing=*/false, /*encoderDecoder=*/true);
+  BlockAllocator blocks(100, 16, /*prefixCaching=*/true);
+  q.append(entry(1, 20, 10));
+  q.append(entry(2, 16, 17));  // 1 block + 2 blocks
+  auto b = q.nextBatch(std::nullopt, std::nullopt, 4096, blocks);
+  ASSERT_EQ(ids(b), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(b[0].blocks.blocks.size(), 3u);
+  EXPECT_EQ(b[1].blocks.blocks.size(), 3u);
+  EXPECT_EQ(b[0].blocks.cacheLen, 0u);
+  blocks.publish(b[0].entry.request.inputIds, b[0].blocks.blocks);
+  q.append(entry(3, 20, 10));  // the same prompt: still computed anew
+  auto again = q.nextBatch(std::nullopt, std::nullopt, 4096, blocks);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].blocks.cacheLen, 0u);
+}
+
 TEST(QueueTest, BudgetIsPaddedToWholeBlocks) {
   Queue q(16, false);
   BlockAllocator blocks(100, 16);

@@ -46,6 +46,20 @@ TEST_F(ValidationTest, DefaultsAsTgi) {
   EXPECT_EQ(v->inputLength, v->inputIds.size());
 }
 
+TEST_F(ValidationTest, ReturnFullTextDoesNotApplyToAnEncoderDecoder) {
+  const auto body = R"({"inputs": "Hello world", "parameters": {"return_full_text": true}})";
+  Validator decoder(*tok_, ValidationLimits{.maxInputTokens = 1024, .maxTotalTokens = 2048});
+  auto v = decoder.validate(*parseGenerateRequest(body), Endpoint::kGenerate);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->returnFullText);
+  Validator seq2seq(
+      *tok_,
+      ValidationLimits{.maxInputTokens = 1024, .maxTotalTokens = 2048, .encoderDecoder = true});
+  v = seq2seq.validate(*parseGenerateRequest(body), Endpoint::kGenerate);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE(v->returnFullText);
+}
+
 TEST_F(ValidationTest, MaxNewTokensDefaultIs100AndNullFillsTheBudget) {
   const size_t n = tok_->encode("Hello")->size();
   EXPECT_EQ(message(R"({"inputs": "Hello"})"),

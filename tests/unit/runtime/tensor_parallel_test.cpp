@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "models/registry.h"
+#include "runtime/t5_runner.h"
 #include "runtime/tiny_llama.h"
 #include "textgen/kernels/half.h"
 #include "textgen/runtime/communicator.h"
@@ -851,6 +852,46 @@ TEST(TensorParallelQkvLayouts, EqualOneRank) {
         }
       }
       expectSameBitsOnEveryRank(got);
+    }
+  }
+}
+
+// T5 (encoder-decoder): the encoder's and decoder's heads, the FFN's columns and both relative
+// bias tables' head columns split over the ranks; every prompt batched with staggered joins (so
+// encoder rows run beside decoder rows) equals one rank in float32, and every rank holds the same
+// logits.
+TEST(TensorParallelT5, EqualsOneRank) {
+  for (const char* name : {"t5-gated-gelu", "t5-relu-tied"}) {
+    for (int world : kWorlds) {
+      if (!haveRanks(world)) GTEST_SKIP() << "needs " << world << " GPUs";
+      const std::string dir = fixture(name);
+      const auto ps = t5test::t5Prompts(t5test::readT5Reference(dir));
+      const std::vector<int> join = {0, 2, 2, 5};
+      auto backend = rankBackend(0);
+      auto single = loadModel(dir, *backend, {.comm = nullptr, .graphBatchSizes = kGraphs});
+      ASSERT_TRUE(single.ok()) << single.status();
+      const t5test::T5Trace want = t5test::runT5Greedy(**single, *backend, ps, 16, join);
+      ASSERT_TRUE(want.error.empty()) << want.error;
+      std::vector<t5test::T5Trace> got(world);
+      ASSERT_TRUE(onShardedModel(dir, world, DType::kF32, (*single)->config(),
+                                 [&](int rank, Model& m, Backend& b) {
+                                   got[rank] = t5test::runT5Greedy(m, b, ps, 16, join);
+                                 }));
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(got[r].error.empty()) << got[r].error;
+        ASSERT_EQ(got[r].tokens, want.tokens) << name << " TP=" << world << " rank " << r;
+        for (size_t i = 0; i < want.logits.size(); ++i) {
+          for (size_t s = 0; s < want.logits[i].size(); ++s) {
+            ASSERT_EQ(got[r].logits[i][s], got[0].logits[i][s])
+                << "rank " << r << " differs from rank 0";
+            for (size_t v = 0; v < want.logits[i][s].size(); ++v) {
+              const float w = want.logits[i][s][v], g = got[r].logits[i][s][v];
+              ASSERT_LE(std::fabs(g - w), kAtol + kRtol * std::fabs(w))
+                  << name << " TP=" << world << " sequence " << i << " step " << s;
+            }
+          }
+        }
+      }
     }
   }
 }

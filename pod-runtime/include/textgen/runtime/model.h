@@ -53,11 +53,25 @@ class KvCache {
   std::vector<std::unique_ptr<Buffer>> keys_, values_;
 };
 
+// An encoder-decoder sequence's cross-attention context: the encoder's output over its prompt,
+// kept as every decoder layer's cross keys and values in positions [0, encoderLen) of `blocks`
+// (its own blocks, apart from those of its decoder self-attention). A sequence that starts this
+// step (`encode`) has its prompt run through the encoder first, which writes them.
+struct CrossContext {
+  int64_t encoderLen = 0;
+  bool encode = false;
+  std::span<const uint32_t> blocks;
+};
+
 struct ForwardBatch {
   std::vector<uint32_t> tokenIds;       // [rows]
   std::vector<uint32_t> slots;          // [rows]: where each row's key and value go
   std::vector<SequenceRows> sequences;  // which rows belong to which sequence
   std::vector<int64_t> logitRows;       // rows whose logits are wanted
+  // Encoder-decoder models only (ModelConfig::isEncoderDecoder): one per sequence, and the
+  // prompts of the sequences that encode this step, one after another in sequence order.
+  std::vector<CrossContext> cross;
+  std::vector<uint32_t> encoderTokenIds;
 };
 
 // A step's logits where the model computed them: [rows, vocab] in `dtype` at the start of

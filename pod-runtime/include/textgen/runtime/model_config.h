@@ -80,6 +80,12 @@ struct ModelConfig {
   kernels::DType dtype = kernels::DType::kF32;  // the checkpoint's torch dtype
   std::optional<uint32_t> bosTokenId;
   std::vector<uint32_t> eosTokenIds;  // config.json and generation_config.json, merged
+  // Encoder-decoder models (T5; config.json's is_encoder_decoder): the prompt is the encoder's
+  // input, the decoder starts from decoderStartTokenId (generation_config.json's, else
+  // config.json's, else pad_token_id, else 0) and numLayers counts the decoder's layers (those
+  // that keep a KV cache).
+  bool isEncoderDecoder = false;
+  uint32_t decoderStartTokenId = 0;
   // A pre-quantized checkpoint's format (quantization_config; kNone for a dense checkpoint).
   QuantizationConfig quantization;
   // config.json as parsed (aliases applied, the dialect's prepare run), for the fields only one

@@ -52,6 +52,8 @@ struct BatcherOptions {
   float waitingServedRatio = 0.3f;
   uint32_t maxWaitingTokens = 20;
   bool supportChunking = false;
+  // T5's shards (ShardInfo::encoderDecoder): a prompt's blocks are the encoder output's.
+  bool encoderDecoder = false;
   // Reuse cached prompt prefixes (cache_len); only when the shards honour it.
   bool prefixCaching = false;
   // Send each decode step before delivering the previous one's tokens (while nothing waits).

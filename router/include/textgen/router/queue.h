@@ -49,11 +49,14 @@ class Queue {
   // `growing`: a request gets blocks for its prompt and first new token only, and more as it
   // generates (the batcher extends them, preempting when they run out); otherwise blocks for
   // prompt + max_new_tokens up front (TGI).
+  // `encoderDecoder` (T5): a request's prompt takes whole blocks of its own (the encoder's output)
+  // before its decoder's positions, max_new_tokens of them (shard.proto ModelKind).
   Queue(uint32_t blockSize, bool supportChunking, MetricsRegistry* metrics = nullptr,
-        bool growing = false)
+        bool growing = false, bool encoderDecoder = false)
       : blockSize_(blockSize),
         supportChunking_(supportChunking),
         growing_(growing),
+        encoderDecoder_(encoderDecoder),
         metrics_(metrics) {}
 
   void append(QueueEntry entry) { entries_.push_back(std::move(entry)); }
@@ -75,6 +78,7 @@ class Queue {
   uint32_t blockSize_;
   bool supportChunking_;
   bool growing_;
+  bool encoderDecoder_;
   MetricsRegistry* metrics_;
   std::deque<QueueEntry> entries_;
 };

@@ -29,6 +29,8 @@ struct ShardInfo {
   uint32_t maxPositionEmbeddings = 0;
   uint32_t vocabSize = 0;
   uint32_t worldSize = 1;
+  // T5: the prompt is the encoder's; its blocks come before the decoder's (shard.proto ModelKind).
+  bool encoderDecoder = false;
 };
 
 struct CachedBatch {

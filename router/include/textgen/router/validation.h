@@ -130,6 +130,9 @@ struct ValidationLimits {
   uint32_t maxTopNTokens = 5;
   uint32_t maxInputTokens = 1024;
   uint32_t maxTotalTokens = 2048;
+  // The model is an encoder-decoder (T5): return_full_text does not apply (the answer is not a
+  // continuation of the prompt).
+  bool encoderDecoder = false;
 };
 
 // What the scheduler needs: a request ready for the shards.
