@@ -6,7 +6,9 @@
 // one forwardLogits through backend.synchronize() (the logits left on the device, no token
 // choice); medians over repeats after warm-up. Prints a markdown table and one JSON line. Usage:
 //   bench_t5 --model DIR [--dtype bfloat16|float32] [--steps 32] [--encoder-len 512]
-//            [--hbm-tbps 3.35]
+//            [--hbm-tbps 3.35] [--profile]
+// --profile: then the kernels (CUPTI, kernel_trace.h) of one encode of a prompt and of one eager
+// decode step of 1 and of 64 sequences.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernel_trace.h"
 #include "textgen/kernels/dtype.h"
 #include "textgen/runtime/model.h"
 #include "textgen/runtime/weights.h"
@@ -166,6 +169,7 @@ int main(int argc, char** argv) {
   std::string modelDir, dtypeName = "bfloat16";
   int64_t steps = 32, encoderLen = 512;
   double hbmTBps = 3.35;  // H100 SXM's HBM3; pass the device's own figure on another card
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -178,6 +182,8 @@ int main(int argc, char** argv) {
       encoderLen = std::atol(argv[++i]);
     } else if (a == "--hbm-tbps" && i + 1 < argc) {
       hbmTBps = std::atof(argv[++i]);
+    } else if (a == "--profile") {
+      profile = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_t5 --model DIR [--dtype bfloat16|float32] [--steps N] "
@@ -293,6 +299,31 @@ int main(int argc, char** argv) {
   auto eager = orFail(loadModel(modelDir, *backend, {.dtype = dtype, .graphBatchSizes = {}}),
                       "loading " + modelDir);
   decode(*eager, 1, "off");
+  if (profile) {
+    // Eager forwards (each kernel its own launch), traced after one untraced warm-up each.
+    auto traced = [&](const char* what, int64_t batch, bool encode) {
+      std::vector<Seq> seqs = makeSeqs(batch, encoderLen, selfLen, c.vocabSize);
+      if (!encode) {
+        for (int64_t g = 0; g < batch; g += kEncodeGroup)
+          (void)orFail(step(*eager, *backend, *cache,
+                            std::span<Seq>(seqs).subspan(
+                                static_cast<size_t>(g),
+                                static_cast<size_t>(std::min(kEncodeGroup, batch - g)))),
+                       what);
+      }
+      for (Seq& s : seqs) s.pos = encode ? 0 : s.pos;
+      (void)orFail(step(*eager, *backend, *cache, seqs), what);
+      for (Seq& s : seqs) s.pos = encode ? 0 : s.pos;
+      bench::KernelTrace trace;
+      if (!trace.start()) return;
+      (void)orFail(step(*eager, *backend, *cache, seqs), what);
+      std::printf("\n%s\n", what);
+      bench::printKernelTable(trace.stop(), 1);
+    };
+    traced("profile: encode of one prompt", 1, true);
+    traced("profile: decode step of 1 sequence (eager)", 1, false);
+    traced("profile: decode step of 64 sequences (eager)", kMaxBatch, false);
+  }
 
   std::printf("\nencoder prompts of %ld tokens; decode: %ld timed steps after %ld warm, median\n",
               static_cast<long>(encoderLen), static_cast<long>(steps),
