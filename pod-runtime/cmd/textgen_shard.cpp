@@ -393,6 +393,13 @@ int run(int argc, char** argv) {
   if (!quantize.ok()) return fail(quantize.status());
   auto dtype = pickDtype(f, *config, cuda);
   if (!dtype.ok()) return fail(dtype.status());
+  if (config->isEncoderDecoder && f.kvCacheDtype != kernels::KvCacheDType::kAuto) {
+    return fail(invalidArgumentError("--kv-cache-dtype " +
+                                     std::string(kernels::kvCacheDTypeName(f.kvCacheDtype)) + ": " +
+                                     config->architecture +
+                                     " keeps its encoder's attention in the KV cache; fp8 is not "
+                                     "supported for encoder-decoder models"));
+  }
   // CUDA: 0 sizes the pool from free device memory at Warmup.
   auto budget = f.kvCacheMemory.empty() ? StatusOr<int64_t>(cuda ? 0 : *kvBudget("0.25"))
                                         : kvBudget(f.kvCacheMemory);

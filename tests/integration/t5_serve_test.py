@@ -165,7 +165,21 @@ def serve_fixture(name, world):
         stop(p)
 
 
+def fp8_refused():
+    p, url, lines = serve(os.path.join(MODELS, "t5-relu-tied"), 1,
+                          ["--kv-cache-dtype", "fp8_e4m3fn"])
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    out = "".join(lines)
+    check(url is None and "fp8 is not supported for encoder-decoder models" in out,
+          f"--kv-cache-dtype fp8 refused for T5 at start-up, naming why: {out[-300:]!r}")
+    stop(p)
+
+
 def main():
+    fp8_refused()
     for name in FIXTURES:
         serve_fixture(name, 1)
     if not CUDA:

@@ -595,6 +595,26 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
   return result;
 }
 
+std::set<uint32_t> Engine::liveBlocks() const {
+  std::set<uint32_t> held;
+  for (const auto& [id, b] : batches_) {
+    for (const auto& r : b->requests) held.insert(r->spec.blocks.begin(), r->spec.blocks.end());
+  }
+  return held;
+}
+
+Status Engine::claimBlocks(uint64_t requestId, std::span<const uint32_t> blocks,
+                           std::set<uint32_t>& held) const {
+  for (uint32_t b : blocks) {
+    if (held.contains(b)) {
+      return invalidArgumentError("request " + std::to_string(requestId) + ": block " +
+                                  std::to_string(b) + " is held by another request");
+    }
+  }
+  held.insert(blocks.begin(), blocks.end());
+  return okStatus();
+}
+
 Status Engine::extend(const std::vector<uint64_t>& batchIds,
                       const std::vector<BlockExtension>& extensions) {
   std::map<uint64_t, Request*> live;
@@ -605,7 +625,10 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
   }
   const int64_t bs = cache_->blockSize();
   std::map<uint64_t, std::set<uint32_t>> added;
+  std::set<uint32_t> held = model_.config().isEncoderDecoder ? liveBlocks() : std::set<uint32_t>();
   for (const BlockExtension& e : extensions) {
+    if (model_.config().isEncoderDecoder)
+      TG_RETURN_IF_ERROR(claimBlocks(e.requestId, e.blocks, held).withContext("block extension"));
     auto it = live.find(e.requestId);
     if (it == live.end()) {
       return invalidArgumentError("block extension for request " + std::to_string(e.requestId) +
@@ -706,10 +729,15 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
     for (const auto& r : b->requests) ids.insert(r->spec.id);
   }
   std::vector<std::unique_ptr<Request>> accepted;
+  // An encoder-decoder request writes every block of its table (the encoder's scratch and cross
+  // keys and values in its first blocks): none may be another live request's (no prefix is ever
+  // shared). Decoder-only requests may share a cached prefix's blocks (cache_len).
+  std::set<uint32_t> held = model_.config().isEncoderDecoder ? liveBlocks() : std::set<uint32_t>();
   for (RequestSpec& r : requests) {
     Status s = validate(r);
     if (s.ok() && !ids.insert(r.id).second)
       s = invalidArgumentError("request " + std::to_string(r.id) + ": id already in use");
+    if (s.ok() && model_.config().isEncoderDecoder) s = claimBlocks(r.id, r.blocks, held);
     if (!s.ok()) {
       refused.push_back(GenerationResult::refusal(r.id, s.message()));
       continue;

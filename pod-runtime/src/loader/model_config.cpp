@@ -369,11 +369,20 @@ Status parseFields(const json& j, const ConfigDialect& dialect, ModelConfig& c) 
       return fieldError("bos_token_id", "must be a token id");
     c.bosTokenId = it->get<uint32_t>();
   }
-  TG_ASSIGN_OR_RETURN(c.isEncoderDecoder, boolean(j, "is_encoder_decoder", false));
+  TG_ASSIGN_OR_RETURN(const bool encoderDecoder, boolean(j, "is_encoder_decoder", false));
+  if (encoderDecoder && !dialect.encoderDecoder) {
+    return fieldError("is_encoder_decoder", "is true, but " + c.architecture +
+                                                " is a decoder-only class (no encoder to run)");
+  }
+  c.isEncoderDecoder = dialect.encoderDecoder;
   if (c.isEncoderDecoder) {
-    for (const char* key : {"pad_token_id", "decoder_start_token_id"}) {
+    // decoder_start_token_id, else pad_token_id (read only when it is the one used), else 0.
+    for (const char* key : {"decoder_start_token_id", "pad_token_id"}) {
       TG_ASSIGN_OR_RETURN(std::optional<uint32_t> id, tokenId(j, key, c.vocabSize));
-      if (id) c.decoderStartTokenId = *id;
+      if (id) {
+        c.decoderStartTokenId = *id;
+        break;
+      }
     }
   }
   return addTokenIds(j, "eos_token_id", c.eosTokenIds, "config.json");

@@ -63,13 +63,16 @@ struct ArchitectureSpec {
   // Then this rewrites the class's config.json into canonical keys (ConfigDialect::prepare); the
   // graph file defines it. Null: the keys are Llama's already.
   Status (*prepareConfig)(nlohmann::json& config) = nullptr;
+  // An encoder-decoder class (T5): ModelConfig::isEncoderDecoder, and its graph runs the encoder.
+  bool encoderDecoder = false;
 };
 
 // How the spec's class spells config.json, for parseModelConfig.
 inline ConfigDialect configDialect(const ArchitectureSpec& spec) {
   return {.aliases = spec.configKeyAliases,
           .defaultActivation = spec.activation,
-          .prepare = spec.prepareConfig};
+          .prepare = spec.prepareConfig,
+          .encoderDecoder = spec.encoderDecoder};
 }
 
 // A tensor name for one layer.

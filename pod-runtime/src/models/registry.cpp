@@ -140,7 +140,8 @@ const Architecture kArchitectures[] = {
       .activation = Activation::kRelu,
       .position = PositionKind::kRelative,
       .configKeyAliases = kT5Keys,
-      .prepareConfig = prepareT5Config},
+      .prepareConfig = prepareT5Config,
+      .encoderDecoder = true},
      makeT5Graph},
 };
 

@@ -153,6 +153,12 @@ class T5Graph final : public ArchitectureGraph {
   }
 
   Status build(const ForwardContext& ctx) const override {
+    // The encoder's self-attention runs over the cache (its scratch keys and values): fp8 codes
+    // would round every encoder layer's attention, not only the stored cross keys and values.
+    if (ctx.cache.cacheDtype() != kernels::KvCacheDType::kAuto)
+      return failedPreconditionError(
+          "T5: an fp8 KV cache is not supported (the encoder attends "
+          "over the cache); serve it without --kv-cache-dtype");
     if (ctx.encoder != nullptr) TG_RETURN_IF_ERROR(encode(ctx.encoderContext()));
     void* x = ctx.ws.residual->data();  // [rows, hidden]: the residual stream
     void* hs = ctx.ws.hidden->data();   // [rows, hidden]: each sublayer's input and output
@@ -253,7 +259,6 @@ Status prepareT5Config(nlohmann::json& j) {
   j["is_gated_act"] = gated;
   if (!j.contains("max_position_embeddings") || j["max_position_embeddings"].is_null())
     j["max_position_embeddings"] = 512;
-  j["is_encoder_decoder"] = true;
   return okStatus();
 }
 

@@ -177,6 +177,20 @@ TEST(T5Config, FeedForwardProjAndTheFieldsT5Needs) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->hiddenAct, kernels::Activation::kSilu);
   EXPECT_EQ(c->decoderStartTokenId, 3u);
+  // pad_token_id is read only when decoder_start_token_id is absent.
+  json padless = base;
+  padless["decoder_start_token_id"] = 0;
+  padless["pad_token_id"] = -1;
+  c = parse(padless);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->decoderStartTokenId, 0u);
+  // A decoder-only class that claims an encoder is refused (its graph has none).
+  auto llama = parse(json::parse(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100,
+      "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "is_encoder_decoder": true})"));
+  ASSERT_FALSE(llama.ok());
+  EXPECT_NE(llama.status().message().find("decoder-only class"), std::string::npos)
+      << llama.status();
   for (const auto& [key, value, why] : std::vector<std::tuple<std::string, json, std::string>>{
            {"feed_forward_proj", "gated-gelu-x", "is not of the form"},
            {"feed_forward_proj", "gated-", "is not of the form"},
@@ -319,6 +333,30 @@ TEST_F(T5EngineTest, WhatAnEncoderDecoderRequestCannotHaveIsRefusedAlone) {
   auto s = engine_->prefill(14, {r}, std::nullopt);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_FALSE(s->generations[0].error.has_value());
+}
+
+TEST_F(T5EngineTest, ABlockOfAnotherLiveRequestIsRefused) {
+  // Request 1 holds blocks 1..17 (11 cross + 6 decoder). A request naming block 5 would write its
+  // encoder output over request 1's cross keys and values: refused alone; so is an extension.
+  auto first = engine_->prefill(1, {spec(1, 3, kSteps, 1)}, std::nullopt);
+  ASSERT_TRUE(first.ok()) << first.status();
+  RequestSpec overlap = spec(2, 0, 4, 60);
+  overlap.blocks[0] = 5;
+  auto s = engine_->prefill(2, {overlap, spec(3, 0, 4, 80)}, std::nullopt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const auto& g : s->generations) {
+    if (g.requestId == 2) {
+      ASSERT_TRUE(g.error.has_value());
+      EXPECT_NE(g.error->find("block 5 is held by another request"), std::string::npos) << *g.error;
+    } else {
+      EXPECT_FALSE(g.error.has_value()) << *g.error;
+    }
+  }
+  auto extended = engine_->decode({1}, {{.requestId = 1, .blocks = {81}}});
+  ASSERT_FALSE(extended.ok());
+  EXPECT_NE(extended.status().message().find("held by another request"), std::string::npos)
+      << extended.status();
+  EXPECT_TRUE(engine_->decode({1}).ok());  // the refused call changed nothing
 }
 
 TEST_F(T5EngineTest, SeededSamplingWithPenaltiesRepeatsItself) {

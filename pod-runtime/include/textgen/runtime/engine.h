@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -148,6 +150,11 @@ class Engine {
   Status validate(const RequestSpec& r) const;
   // The request's grammar matcher, compiled or from the cache (INVALID_ARGUMENT: a bad grammar).
   Status attachGrammar(Request& r);
+  // Blocks in the tables of every live request.
+  std::set<uint32_t> liveBlocks() const;
+  // INVALID_ARGUMENT naming a block of `blocks` already in `held`; else adds them to it.
+  Status claimBlocks(uint64_t requestId, std::span<const uint32_t> blocks,
+                     std::set<uint32_t>& held) const;
   // Appends each extension's blocks to its request in `batchIds`, all or none.
   Status extend(const std::vector<uint64_t>& batchIds, const std::vector<BlockExtension>& ext);
   // One step: schedule (the forward's rows and how tokens are chosen) -> execute (the model's

@@ -51,6 +51,9 @@ struct ConfigDialect {
   // epsilon whatever the norm, rope_parameters, ...); an error names the field. Null: nothing to
   // rewrite.
   Status (*prepare)(nlohmann::json& config) = nullptr;
+  // The class is an encoder-decoder (T5): only then is config.json's is_encoder_decoder honoured
+  // (a decoder-only class that claims it is refused: its graph has no encoder).
+  bool encoderDecoder = false;
 };
 
 // The dialect of config.json's class, given its name ("architectures"[0]); an error refuses the
@@ -80,7 +83,7 @@ struct ModelConfig {
   kernels::DType dtype = kernels::DType::kF32;  // the checkpoint's torch dtype
   std::optional<uint32_t> bosTokenId;
   std::vector<uint32_t> eosTokenIds;  // config.json and generation_config.json, merged
-  // Encoder-decoder models (T5; config.json's is_encoder_decoder): the prompt is the encoder's
+  // Encoder-decoder models (T5: the class's dialect says so): the prompt is the encoder's
   // input, the decoder starts from decoderStartTokenId (generation_config.json's, else
   // config.json's, else pad_token_id, else 0) and numLayers counts the decoder's layers (those
   // that keep a KV cache).
