@@ -7,10 +7,11 @@
 //    decode rows and whatever the tensor-core kernel does not cover.
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
-// Both are templated on the bias (kAlibi; the split kernel's Bias also has T5's relative bias): it
-// joins the scores only in the instantiations launched with one, so the kernels without it are the
-// same code as before. T5's calls (relative bias, non-causal, contextLens) take the split kernel
-// alone for now, whatever their rows;
+//    T5's encoder (no causal mask) and decoder prompts (causal) with the relative bias run here
+//    too: each key tile's 127 relative positions take their bias from a table built per tile.
+// Both are templated on the bias (Bias: none, ALiBi's or T5's relative bias): it joins the scores
+// only in the instantiations launched with one, so the kernels without it are the same code as
+// before. Cross-attention (contextLens) takes the split kernel alone (its rows are decode rows);
 // and on kCache, the cache's element type (kv_cache.cuh): T, or fp8 codes widened to float as they
 // are loaded (into T for the tensor cores, exactly).
 #include <mma.h>
@@ -376,14 +377,16 @@ struct FlashSmem {
   static constexpr size_t kO = kP + sizeof(T) * kTileRows * kPp;
   static constexpr size_t kStats = kO + sizeof(float) * kTileRows * kOp;  // m, l, alpha per row
   static constexpr size_t kSlots = kStats + sizeof(float) * 3 * kTileRows;
-  static constexpr size_t kBytes = kSlots + sizeof(int64_t) * kTileKeys;
+  // T5: the relative bias of a key tile's relative positions, [kTileRows + kTileKeys - 1].
+  static constexpr size_t kBias = kSlots + sizeof(int64_t) * kTileKeys;
+  static constexpr size_t kBytes = kBias + sizeof(float) * (kTileRows + kTileKeys);
 };
 
 // With numSplits > 1 (a grid of (tiles, heads) under a wave, over a long context: a prompt's tail
 // after a cached prefix) each tile's keys are shared among numSplits blocks (blockIdx.z), each
 // walking its own run of key tiles; they leave (max, sum, unnormalised output) per row in the
 // workspace, and the last to finish merges them, as splitKernel does for decode rows.
-template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kD, Bias kBias>
 __global__ void __launch_bounds__(kWarps * 32)
     flashKernel(PagedAttentionParams p, int tilesPerSeq, int numSplits, int minRows) {
   namespace wmma = nvcuda::wmma;
@@ -404,6 +407,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float* sL = sM + kTileRows;
   float* sAlpha = sL + kTileRows;
   int64_t* sSlot = reinterpret_cast<int64_t*>(smem + L::kSlots);
+  float* sBias = reinterpret_cast<float*>(smem + L::kBias);
   cuda::waitForPrimary();
   cuda::allowDependents();
 
@@ -415,13 +419,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (numRows <= 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int firstPos = p.startPos[s] + tile * kTileRows, lastPos = firstPos + numRows - 1;
+  // The last key any row of the tile sees: its own position (causal), or the sequence's last
+  // (T5's encoder: every row sees the whole sequence).
+  const int keyLast = p.causal ? lastPos : p.startPos[s] + seqRows - 1;
   const int window = static_cast<int>(p.slidingWindow);
   const int kvBegin = window > 0 ? max(0, firstPos - window + 1) : 0;
   const int kvh = head / static_cast<int>(p.numHeads / p.numKvHeads);
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * kD;
   float slope = 0.0f;
-  if constexpr (kAlibi) slope = p.alibiSlopes[head];
+  if constexpr (kBias == Bias::kAlibi) slope = p.alibiSlopes[head];
   constexpr int kVecsPerRow = kD / 8;
 
   // Q tile (rows past the sequence are zero), O = 0, statistics reset.
@@ -447,7 +454,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     wmma::load_matrix_sync(qFrag[kk], sQ + warp * 16 * L::kDp + kk * 16, L::kDp);
 
   // This block's run of key tiles: an even share of the tile's own range.
-  const int kvTile0 = kvBegin / kTileKeys, kvTiles = lastPos / kTileKeys + 1 - kvTile0;
+  const int kvTile0 = kvBegin / kTileKeys, kvTiles = keyLast / kTileKeys + 1 - kvTile0;
   const int perSplit = (kvTiles + numSplits - 1) / numSplits;
   const int myFirst = kvTile0 + static_cast<int>(blockIdx.z) * perSplit;
   const int myEnd = min(kvTile0 + kvTiles, myFirst + perSplit);
@@ -455,7 +462,17 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int c = threadIdx.x; c < kTileKeys; c += blockDim.x) {
       const int j = kvStart + c;
       sSlot[c] =
-          j >= kvBegin && j <= lastPos ? slotOf(blocks, static_cast<int>(p.blockSize), j) : -1;
+          j >= kvBegin && j <= keyLast ? slotOf(blocks, static_cast<int>(p.blockSize), j) : -1;
+    }
+    if constexpr (kBias == Bias::kRelative) {
+      // Entry i: relative position (key - query) kvStart - (firstPos + kTileRows - 1) + i, which
+      // row r and column c of the tile read at i = c + kTileRows - 1 - r.
+      const int relFirst = kvStart - (firstPos + kTileRows - 1);
+      for (int i = threadIdx.x; i < kTileRows + kTileKeys - 1; i += blockDim.x) {
+        const int bucket = relativePositionBucketInline(relFirst + i, p.relativeBidirectional,
+                                                        p.relativeBuckets, p.relativeMaxDistance);
+        sBias[i] = __ldg(p.relativeBias + static_cast<int64_t>(bucket) * p.numHeads + head);
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < kTileKeys * kVecsPerRow; i += blockDim.x) {
@@ -516,9 +533,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int c = 0; c < kTileKeys / 2; ++c) {
         const int col = half * (kTileKeys / 2) + c, j = kvStart + col;
-        const bool valid = r < numRows && j >= lo && j <= pos;
+        const bool valid = r < numRows && j >= lo && j <= (p.causal ? pos : keyLast);
         float v = sS[r * L::kSp + col] * p.scale;
-        if constexpr (kAlibi) v += alibiBias(slope, j, pos, p.alibiBf16Divisor);
+        if constexpr (kBias == Bias::kAlibi) v += alibiBias(slope, j, pos, p.alibiBf16Divisor);
+        if constexpr (kBias == Bias::kRelative) v += sBias[col + kTileRows - 1 - r];
         sc[c] = valid ? v : -INFINITY;
         rowMax = fmaxf(rowMax, sc[c]);
       }
@@ -651,7 +669,7 @@ int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDi
   return std::clamp<int64_t>(splits, 1, 32);
 }
 
-template <typename T, KvCacheDType kCache, int kD, bool kAlibi>
+template <typename T, KvCacheDType kCache, int kD, Bias kBias>
 Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minRows) {
   using L = FlashSmem<T, kD>;
   // The opt-in is a property of the kernel on each device: once per device (tensor-parallel ranks
@@ -661,7 +679,7 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minR
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(optedIn.load(std::memory_order_acquire) & bit)) {
-    const cudaError_t attr = cudaFuncSetAttribute(flashKernel<T, kCache, kD, kAlibi>,
+    const cudaError_t attr = cudaFuncSetAttribute(flashKernel<T, kCache, kD, kBias>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   static_cast<int>(L::kBytes));
     if (attr != cudaSuccess) {
@@ -674,7 +692,7 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minR
   const int64_t splits = flashSplits(p, p.numSeqs * tilesPerSeq * p.numHeads, kD);
   const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq), static_cast<unsigned>(p.numHeads),
                   static_cast<unsigned>(splits));
-  return cuda::launch("paged_attention (flash)", flashKernel<T, kCache, kD, kAlibi>, grid,
+  return cuda::launch("paged_attention (flash)", flashKernel<T, kCache, kD, kBias>, grid,
                       kWarps * 32, L::kBytes, stream, p, static_cast<int>(tilesPerSeq),
                       static_cast<int>(splits), minRows);
 }
@@ -692,13 +710,14 @@ Status launchFlash(const PagedAttentionParams& p, cudaStream_t stream) {
   } else {
     const bool mixed = p.minNewRows > 0 && p.minNewRows < kFlashMinRows;
     const int minRows = mixed ? kFlashMinRows : 0;
+    auto withBias = [&]<Bias kBias>() -> Status {
+      if (p.headDim == 64) return launchFlashD<T, kCache, 64, kBias>(p, stream, minRows);
+      return launchFlashD<T, kCache, 128, kBias>(p, stream, minRows);
+    };
     auto flash = [&]() -> Status {
-      if (p.alibiSlopes) {
-        if (p.headDim == 64) return launchFlashD<T, kCache, 64, true>(p, stream, minRows);
-        return launchFlashD<T, kCache, 128, true>(p, stream, minRows);
-      }
-      if (p.headDim == 64) return launchFlashD<T, kCache, 64, false>(p, stream, minRows);
-      return launchFlashD<T, kCache, 128, false>(p, stream, minRows);
+      if (p.alibiSlopes) return withBias.template operator()<Bias::kAlibi>();
+      if (p.relativeBias) return withBias.template operator()<Bias::kRelative>();
+      return withBias.template operator()<Bias::kNone>();
     };
     const Status st = flash();
     if (!st.ok() || !mixed) return st;
@@ -726,9 +745,9 @@ Status invokePagedAttention(const PagedAttentionParams& p, Stream stream) {
   // cached prefix) split the context among blocks (flashSplits): one block per (64-row tile, head)
   // walking the whole context alone took 351 us a layer for 16 rows after 2048 cached tokens on an
   // H100.
-  // T5's modes (no causal mask, contextLens, the relative bias) take the split kernel for now.
-  const bool t5 = !p.causal || p.contextLens || p.relativeBias;
-  const bool flash = !t5 && p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
+  // T5's encoder (no causal mask) and decoder prompts (the relative bias) take it too;
+  // cross-attention (contextLens: decode rows over the encoder output) the split kernel.
+  const bool flash = !p.contextLens && p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
                      p.maxNewRows >= kFlashMinRows && p.qRowStride % 8 == 0 &&
                      cuda::aligned16(p.q) && cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
   TG_DISPATCH_DTYPE(p.dtype, launch, p, stream, flash);
