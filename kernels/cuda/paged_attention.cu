@@ -73,7 +73,11 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // grouped- and multi-query attention load each key and value once for all of them: Falcon-7B's 71
 // heads over one KV head read it 71 times from L2 with one head per block. Each head's arithmetic
 // is the same, in the same order, as with kHeads = 1.
-template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias>
+// kLanes < 32 (heads of 64 with 8 elements a lane: kLanes = 8): a warp holds 32 / kLanes groups of
+// kLanes lanes, each walking its own keys with 16-byte loads and a kLanes-lane reduction, merged
+// at the end; one key a warp with two elements a lane read T5's multi-head cross-attention at about
+// 1.4 TB/s on an H100.
+template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias, int kLanes = 32>
 __global__ void __launch_bounds__(kWarps * 32)
     splitKernel(PagedAttentionParams p, int partition, int numSplits, int tilesPerKv,
                 int flashMinRows) {
@@ -83,7 +87,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   cuda::waitForPrimary();
   cuda::allowDependents();
   const int row = blockIdx.x, split = blockIdx.z;
+  constexpr int kGroups = 32 / kLanes;  // key groups of a warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int sub = lane % kLanes, keyGroup = lane / kLanes;
   const int hd = static_cast<int>(p.headDim);
   const int group = static_cast<int>(p.numHeads / p.numKvHeads);
   const int kvh = static_cast<int>(blockIdx.y) / tilesPerKv;
@@ -110,7 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (numSplits > 1 && begin >= end && split != first) return;
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
-  const int d0 = lane * kEpl;
+  const int d0 = sub * kEpl;
   float slope[kHeads] = {};
   if constexpr (kBias == Bias::kAlibi) {
 #pragma unroll
@@ -134,8 +140,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const E* kBase = static_cast<const E*>(p.kCache) + kvh * p.headDim;
   const E* vBase = static_cast<const E*>(p.vCache) + kvh * p.headDim;
-  constexpr int kKeys = 4;  // keys in flight per warp
-  for (int j0 = begin + warp * kKeys; j0 < end; j0 += kWarps * kKeys) {
+  constexpr int kKeys = 4;  // keys in flight per lane group
+  // The warp's iterations are uniform over its groups (their shuffles need every lane): group g
+  // takes keys [jw + g * kKeys, jw + (g + 1) * kKeys) of the warp's run, masked past the end.
+  for (int jw = begin + warp * kGroups * kKeys; jw < end; jw += kWarps * kGroups * kKeys) {
+    const int j0 = jw + keyGroup * kKeys;
     // Keys and values of kKeys positions loaded together: one memory round trip per iteration.
     float kv[kKeys][kEpl], vv[kKeys][kEpl];
 #pragma unroll
@@ -143,11 +152,25 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int j = j0 + u;
       const int64_t off =
           (j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth + d0;
+      if constexpr (kLanes < 32) {  // whole rows of kEpl: 16-byte (fp8: 8-byte) loads
+        using EV = cuda::Vec<E, kEpl>;
+        EV ke{}, ve{};
+        if (j < end) {
+          ke = *reinterpret_cast<const EV*>(kBase + off);
+          ve = *reinterpret_cast<const EV*>(vBase + off);
+        }
 #pragma unroll
-      for (int e = 0; e < kEpl; ++e) {
-        const bool in = j < end && d0 + e < hd;
-        kv[u][e] = in ? K::toFloat(kBase[off + e]) : 0.0f;
-        vv[u][e] = in ? K::toFloat(vBase[off + e]) : 0.0f;
+        for (int e = 0; e < kEpl; ++e) {
+          kv[u][e] = j < end ? K::toFloat(ke.v[e]) : 0.0f;
+          vv[u][e] = j < end ? K::toFloat(ve.v[e]) : 0.0f;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) {
+          const bool in = j < end && d0 + e < hd;
+          kv[u][e] = in ? K::toFloat(kBase[off + e]) : 0.0f;
+          vv[u][e] = in ? K::toFloat(vBase[off + e]) : 0.0f;
+        }
       }
     }
     // T5: each key's row of the bias table, shared by the tile's heads.
@@ -171,7 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int e = 0; e < kEpl; ++e) dot += q[t][e] * kv[u][e];
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        for (int o = kLanes / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
         if constexpr (kBias == Bias::kAlibi) {
           dot += alibiBias(slope[t], j0 + u, pos, p.alibiBf16Divisor);
         } else if constexpr (kBias == Bias::kRelative) {
@@ -197,16 +220,36 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 
-  // Merge the warps.
-  __shared__ float sM[kWarps][kHeads], sL[kWarps][kHeads], sAcc[kWarps][kHeads][kEpl * 32];
+  // Merge a warp's key groups (the lanes holding the same dimensions), then the warps.
+  if constexpr (kLanes < 32) {
+#pragma unroll
+    for (int t = 0; t < kHeads; ++t) {
+#pragma unroll
+      for (int o = kLanes; o < 32; o *= 2) {
+        const float mO = __shfl_xor_sync(0xffffffffu, m[t], o);
+        const float lO = __shfl_xor_sync(0xffffffffu, l[t], o);
+        const float mN = fmaxf(m[t], mO);
+        const float a = m[t] == -INFINITY ? 0.0f : __expf(m[t] - mN);
+        const float b = mO == -INFINITY ? 0.0f : __expf(mO - mN);
+        l[t] = l[t] * a + lO * b;
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e)
+          acc[t][e] = acc[t][e] * a + __shfl_xor_sync(0xffffffffu, acc[t][e], o) * b;
+        m[t] = mN;
+      }
+    }
+  }
+  __shared__ float sM[kWarps][kHeads], sL[kWarps][kHeads], sAcc[kWarps][kHeads][kEpl * kLanes];
 #pragma unroll
   for (int t = 0; t < kHeads; ++t) {
     if (lane == 0) {
       sM[warp][t] = m[t];
       sL[warp][t] = l[t];
     }
+    if (keyGroup == 0) {
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) sAcc[warp][t][d0 + e] = acc[t][e];
+      for (int e = 0; e < kEpl; ++e) sAcc[warp][t][d0 + e] = acc[t][e];
+    }
   }
   __syncthreads();
   float lAll[kHeads], scaleOf[kHeads][kWarps], mAll[kHeads];
@@ -313,6 +356,9 @@ auto splitKernelHeads(int heads) {
 
 template <typename T, KvCacheDType kCache, Bias kBias>
 auto splitKernelFor(int64_t headDim, int heads) {
+  // Heads of exactly 64, one a block (multi-head attention: T5, GPT-2-style models): four groups
+  // of 8 lanes a warp, 8 elements a lane (kLanes above).
+  if (headDim == 64 && heads == 1) return splitKernel<T, kCache, 8, 1, kBias, 8>;
   return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)
          : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kBias>(heads)
          : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kBias>(heads)
