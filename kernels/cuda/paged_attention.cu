@@ -205,13 +205,16 @@ __global__ void __launch_bounds__(kWarps * 32)
       float mNew = m[t];
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) mNew = fmaxf(mNew, score[u]);
-      const float corr = __expf(m[t] - mNew);  // m = -inf on the first keys: 0
+      // A lane group whose keys all lie past the end (kLanes < 32) has mNew = -inf: exponents
+      // taken against 0 then, so that nothing becomes NaN (-inf - -inf).
+      const float mUse = mNew == -INFINITY ? 0.0f : mNew;
+      const float corr = __expf(m[t] - mUse);  // m = -inf on the first keys: 0
       l[t] *= corr;
 #pragma unroll
       for (int e = 0; e < kEpl; ++e) acc[t][e] *= corr;
 #pragma unroll
       for (int u = 0; u < kKeys; ++u) {
-        const float w = __expf(score[u] - mNew);  // 0 past the end
+        const float w = __expf(score[u] - mUse);  // 0 past the end
         l[t] += w;
 #pragma unroll
         for (int e = 0; e < kEpl; ++e) acc[t][e] += w * vv[u][e];
