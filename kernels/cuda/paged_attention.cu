@@ -796,9 +796,10 @@ Status invokePagedAttention(const PagedAttentionParams& p, Stream stream) {
   // H100.
   // T5's encoder (no causal mask) and decoder prompts (the relative bias) take it too;
   // cross-attention (contextLens: decode rows over the encoder output) the split kernel.
-  const bool flash = !p.contextLens && p.dtype != DType::kF32 && (p.headDim == 64 || p.headDim == 128) &&
-                     p.maxNewRows >= kFlashMinRows && p.qRowStride % 8 == 0 &&
-                     cuda::aligned16(p.q) && cuda::aligned16(p.kCache) && cuda::aligned16(p.vCache);
+  const bool flash = !p.contextLens && p.dtype != DType::kF32 &&
+                     (p.headDim == 64 || p.headDim == 128) && p.maxNewRows >= kFlashMinRows &&
+                     p.qRowStride % 8 == 0 && cuda::aligned16(p.q) && cuda::aligned16(p.kCache) &&
+                     cuda::aligned16(p.vCache);
   TG_DISPATCH_DTYPE(p.dtype, launch, p, stream, flash);
 }
 
