@@ -10,7 +10,8 @@ does not prepend the prompt; /info reports the limits from n_positions; a prompt
 Usage: t5_serve_test.py LAUNCHER_BINARY MODELS_DIR [cuda]
 With `cuda` (the GPU machine): served on the GPU in bfloat16 (the default for T5), where greedy
 tokens must equal the reference-bfloat16.json that tools/reference/make_t5_dtype_references.py
-recorded with transformers until a divergence at one of its near-ties.
+recorded with transformers until a divergence at one of its near-ties; and with --dtype float32,
+where they must equal the float32 reference exactly.
 Prints "N passed, M failed" and exits non-zero on any failure.
 """
 import http.client
@@ -94,13 +95,13 @@ def get(url, path):
     return r.status, json.loads(r.read())
 
 
-def agrees(got, want, dref, i):
+def agrees(got, want, dref, i, half):
     """float32: equal. bfloat16: equal until a divergence at one of the bf16 reference's near-ties,
     where our token is in its top 5: the rule of runtime_cuda_test's T5 test (docs/gpu.md), a
     top-1/top-2 gap within 16 bf16 ulps of the first step's largest |logit|."""
     if got == want:
         return True
-    if not CUDA or len(got) != len(want):
+    if not half or len(got) != len(want):
         return False
     k = next(j for j in range(len(got)) if got[j] != want[j])
     p = dref["prompts"][i]
@@ -109,14 +110,13 @@ def agrees(got, want, dref, i):
     return p["gaps"][k] <= 16 * ulp and got[k] in p["top5"][k]
 
 
-def serve_fixture(name, world):
+def serve_fixture(name, world, float32=False):
     model = os.path.join(MODELS, name)
     ref = json.load(open(os.path.join(model, "reference.json")))
-    dref = ref
-    if CUDA:
-        dref = json.load(open(os.path.join(model, "reference-bfloat16.json")))
-    p, url, lines = serve(model, world)
-    tag = f"{name} TP={world}"
+    half = CUDA and not float32
+    dref = json.load(open(os.path.join(model, "reference-bfloat16.json"))) if half else ref
+    p, url, lines = serve(model, world, ["--dtype", "float32"] if CUDA and float32 else [])
+    tag = f"{name} TP={world}" + (" bfloat16" if half else " float32")
     try:
         if not url:
             check(False, f"{tag}: did not start: {''.join(lines)[-2000:]}")
@@ -135,7 +135,7 @@ def serve_fixture(name, world):
                 "max_new_tokens": STEPS, "details": True, "decoder_input_details": True,
                 "return_full_text": True}})
             ids = [t["id"] for t in body.get("details", {}).get("tokens", [])] if status == 200 else []
-            check(status == 200 and agrees(ids, want, dref, i),
+            check(status == 200 and agrees(ids, want, dref, i, half),
                   f"{tag} prompt {i}: /generate greedy equals transformers: {ids} vs {want}")
             if status != 200:
                 print(json.dumps(body)[:500])
@@ -182,6 +182,8 @@ def main():
     fp8_refused()
     for name in FIXTURES:
         serve_fixture(name, 1)
+        if CUDA:
+            serve_fixture(name, 1, float32=True)
     if not CUDA:
         one = serve_fixture("t5-gated-gelu", 2)
         check(one is not None, "t5-gated-gelu served over 2 ranks")
