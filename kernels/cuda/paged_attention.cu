@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
@@ -358,10 +359,10 @@ auto splitKernelHeads(int heads) {
 }
 
 template <typename T, KvCacheDType kCache, Bias kBias>
-auto splitKernelFor(int64_t headDim, int heads) {
+auto splitKernelFor(int64_t headDim, int heads, bool vectorLoads) {
   // Heads of exactly 64, one a block (multi-head attention: T5, GPT-2-style models): four groups
-  // of 8 lanes a warp, 8 elements a lane (kLanes above).
-  if (headDim == 64 && heads == 1) return splitKernel<T, kCache, 8, 1, kBias, 8>;
+  // of 8 lanes a warp, 8 elements a lane (kLanes above), when the cache allows their vector loads.
+  if (headDim == 64 && heads == 1 && vectorLoads) return splitKernel<T, kCache, 8, 1, kBias, 8>;
   return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)
          : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kBias>(heads)
          : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kBias>(heads)
@@ -401,9 +402,17 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numKvHeads * tilesPerKv),
                   static_cast<unsigned>(splits));
   const int s = static_cast<int>(splits), part = static_cast<int>(partition);
-  auto* kernel = p.alibiSlopes    ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads)
-                 : p.relativeBias ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads)
-                                  : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads);
+  // The 8-lane groups load 8 cache elements at once: both caches aligned to that (every layer's
+  // cache is an allocation of its own; a view at another offset takes the scalar loads).
+  const auto alignedTo = [](const void* ptr, size_t bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+  };
+  const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
+  const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
+  auto* kernel = p.alibiSlopes ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec)
+                 : p.relativeBias
+                     ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec)
+                     : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, part, s,
                       static_cast<int>(tilesPerKv), flashMinRows);
 }

@@ -37,6 +37,9 @@ struct T5Case {
   int32_t maxStart, maxRows;
   int32_t maxEncoderLen = 0;  // cross-attention: contextLens in [0, this]
   int32_t maxDistance = 128;  // the released checkpoints' (the fixtures use 64)
+  // The caches one element past an allocation's start: the split kernel's vector loads (heads of
+  // 64, one a block) must give way to scalar ones.
+  bool misalignedCache = false;
 };
 
 const char* modeName(Mode m) {
@@ -164,6 +167,17 @@ void T5AttentionCudaTest::run(const T5Case& c) {
   p.q = dq->get();
   p.kCache = dk->get();
   p.vCache = dv->get();
+  std::unique_ptr<DeviceBuffer> shiftedK, shiftedV;
+  if (c.misalignedCache) {
+    shiftedK = std::make_unique<DeviceBuffer>(kc.size() + 64);
+    shiftedV = std::make_unique<DeviceBuffer>(vc.size() + 64);
+    auto* k = static_cast<char*>(shiftedK->get()) + es;
+    auto* v = static_cast<char*>(shiftedV->get()) + es;
+    TG_ASSERT_CUDA(cudaMemcpy(k, kc.data(), kc.size(), cudaMemcpyHostToDevice));
+    TG_ASSERT_CUDA(cudaMemcpy(v, vc.data(), vc.size(), cudaMemcpyHostToDevice));
+    p.kCache = k;
+    p.vCache = v;
+  }
   p.out = dOut.get();
   p.seqStarts = dStarts->as<int32_t>();
   p.startPos = dStartPos->as<int32_t>();
@@ -206,6 +220,7 @@ TEST_F(T5AttentionCudaTest, CrossAttention) {
     run({dt, Mode::kCross, 3, 8, 8, 64, 16, 0, 40, 120});      // first steps of several rows
     run({dt, Mode::kCross, 5, 4, 4, 16, 4, 20, 5, 30});        // the fixtures' head size
     run({dt, Mode::kCross, 64, 12, 12, 64, 16, 100, 1, 400});  // a decode batch
+    run({dt, Mode::kCross, 8, 4, 4, 64, 16, 20, 1, 300, 128, /*misalignedCache=*/true});
   }
 }
 
