@@ -31,7 +31,13 @@ std::vector<uint32_t> sortedIds(const float* logits, uint32_t vocab) {
 
 void processRow(const SampleParams& sp, const SampleRow& p, float* logits) {
   const auto vocab = static_cast<uint32_t>(sp.vocab);
-  // Processors on the raw logits.
+  // Processors on the raw logits: the watermark first, as TGI.
+  if (p.greenBegin >= 0) {
+    const uint32_t* green = sp.masks + p.greenBegin;
+    for (uint32_t i = 0; i < vocab; ++i) {
+      if (green[i / 32] >> (i % 32) & 1u) logits[i] += p.greenDelta;
+    }
+  }
   if (p.repetitionPenalty > 0.0f && p.repetitionPenalty != 1.0f) {
     for (int32_t h = p.historyBegin; h < p.historyEnd; ++h) {
       const int32_t id = sp.historyTokens[h];
@@ -129,7 +135,7 @@ Status sampleReference(const SampleParams& sp) {
   for (int64_t r = 0; r < sp.rows; ++r) {
     const SampleRow& p = sp.rowParams[r];
     if (p.topN > sp.maxTopN) return invalidArgumentError("sample: top_n above maxTopN");
-    if (p.maskBegin >= 0 && !sp.masks)
+    if ((p.maskBegin >= 0 || p.greenBegin >= 0) && !sp.masks)
       return invalidArgumentError("sample: a row has a token mask but no masks are given");
     float* logits = sp.work + r * sp.vocab;
     if (static_cast<const void*>(logits) !=

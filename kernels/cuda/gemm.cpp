@@ -55,17 +55,22 @@ class LtRunner final : public GemmRunner {
         workspace_(workspace),
         workspaceBytes_(workspaceBytes),
         stream_(stream),
-        gemv_(gemv) {}
+        gemv_(gemv),
+        gemvRows_(gemv ? 1 : 0) {}
   ~LtRunner() override {
     plans_.clear();
     cudaFree(workspace_);
     cublasLtDestroy(handle_);
   }
 
+  void setGemvRows(int64_t rows) override {
+    gemvRows_ = gemv_ ? std::clamp<int64_t>(rows, 1, kMaxGemvRows) : 0;
+  }
+
   Status run(const GemmParams& p) override {
     TG_RETURN_IF_ERROR(validateGemm(p));
     if (p.rows == 0) return okStatus();
-    if (gemv_ && gemvApplies(p)) return invokeGemv(p, stream_);
+    if (gemvRows_ > 0 && gemvApplies(p, gemvRows_)) return invokeGemv(p, stream_);
     TG_ASSIGN_OR_RETURN(const Plan* plan, planFor(p, false));
     const float alpha = 1.0f, beta = 0.0f;
     TG_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
@@ -221,6 +226,7 @@ class LtRunner final : public GemmRunner {
   size_t workspaceBytes_;
   cudaStream_t stream_;
   bool gemv_;
+  int64_t gemvRows_;  // the most rows the gemv kernel takes; 0: never
   std::map<std::tuple<int64_t, int64_t, int64_t, DType, bool>, std::unique_ptr<Plan>> plans_;
   std::vector<std::unique_ptr<Plan>> untuned_;  // made during a capture, used by its graph
 };

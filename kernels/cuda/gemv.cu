@@ -1,6 +1,7 @@
 // Small-batch GEMM (rows <= 8) for 16-bit weights: decode is weight-streaming bound, and one warp
 // per output row reading W's contiguous row with 16-byte loads (several in flight) keeps more of
 // the memory bandwidth busy than a tiled GEMM does at this shape. x is re-read from L1/L2.
+#include <algorithm>
 #include <type_traits>
 
 #include "common.cuh"
@@ -105,17 +106,20 @@ Status launch(const GemmParams& p, cudaStream_t stream) {
   auto* y = static_cast<T*>(p.y);
   const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
             out = static_cast<int>(p.out);
-  static_assert(kMaxGemvRows == 1);
-  return cuda::launch("gemv", gemvKernel<T, 1>, grid, kWarps * 32, 0, stream, x, w, y, rows, in,
+  static_assert(kMaxGemvRows == 8);
+  if (rows == 1)
+    return cuda::launch("gemv", gemvKernel<T, 1>, grid, kWarps * 32, 0, stream, x, w, y, rows, in,
+                        out, p.weightsFromPrimary);
+  return cuda::launch("gemv", gemvKernel<T, 8>, grid, kWarps * 32, 0, stream, x, w, y, rows, in,
                       out, p.weightsFromPrimary);
 }
 
 }  // namespace
 
-bool gemvApplies(const GemmParams& p) {
-  return p.dtype != DType::kF32 && p.rows >= 1 && p.rows <= kMaxGemvRows && p.in % 8 == 0 &&
-         p.in < (int64_t{1} << 30) && p.out < (int64_t{1} << 31) && cuda::aligned16(p.x) &&
-         cuda::aligned16(p.weight);
+bool gemvApplies(const GemmParams& p, int64_t maxRows) {
+  return p.dtype != DType::kF32 && p.rows >= 1 && p.rows <= std::min(maxRows, kMaxGemvRows) &&
+         p.in % 8 == 0 && p.in < (int64_t{1} << 30) && p.out < (int64_t{1} << 31) &&
+         cuda::aligned16(p.x) && cuda::aligned16(p.weight);
 }
 
 Status invokeGemv(const GemmParams& p, Stream stream) {

@@ -375,11 +375,15 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // in flight), split every context into partitions of kMinPartition keys: a block per split
   // holding keys, so short and long contexts alike spread over the device even when maxContext is
   // a graph's bound rather than the batch's. Fewer, larger partitions when the workspace is small.
+  // The shape (heads per block, splits) is chosen from the sequences, not the rows: a sequence's
+  // few rows (speculative decoding's verification, 1 + speculate rows) are then computed exactly
+  // as one decode row of it is, and verified tokens keep plain decoding's logits bit for bit.
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   const int64_t group = p.numHeads / p.numKvHeads;
-  const int heads = headsPerBlock(group, p.headDim, p.rows * p.numHeads, target);
+  const int64_t seqs = p.numSeqs > 0 ? std::min(p.numSeqs, p.rows) : p.rows;
+  const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target);
   const int64_t tilesPerKv = (group + heads - 1) / heads;
-  const int64_t blocks = p.rows * p.numKvHeads * tilesPerKv;
+  const int64_t blocks = seqs * p.numKvHeads * tilesPerKv;
   int64_t splits = blocks >= target ? 1 : (p.maxContext + kMinPartition - 1) / kMinPartition;
   // No more splits than it takes to reach about twice the target: under a decode graph maxContext
   // is the model's whole context, and a block per 64 keys of it for (rows x heads) just under the
@@ -397,7 +401,11 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
     splits = 1;
   }
   if (splits < 1) splits = 1;
-  const int64_t partition = (p.maxContext + splits - 1) / splits;
+  // Partitions of whole kMinPartition multiples: uncapped, every context is cut at the same keys
+  // (multiples of kMinPartition) whatever the batch's longest, so a row's sums do not depend on
+  // the other rows of its step.
+  int64_t partition = (p.maxContext + splits - 1) / splits;
+  partition = (partition + kMinPartition - 1) / kMinPartition * kMinPartition;
   splits = (p.maxContext + partition - 1) / partition;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numKvHeads * tilesPerKv),
                   static_cast<unsigned>(splits));

@@ -147,6 +147,13 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleParams sp) {
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) w[i] = cuda::Convert<T>::toFloat(in[i]);
   }
   __syncthreads();
+  if (p.greenBegin >= 0) {  // the watermark first, as TGI
+    const uint32_t* green = sp.masks + p.greenBegin;
+    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+      if (green[i >> 5] >> (i & 31) & 1u) w[i] += p.greenDelta;
+    }
+    __syncthreads();
+  }
   // Penalties (each distinct token once, by one thread), then the bias.
   for (int32_t h = p.historyBegin + threadIdx.x; h < p.historyEnd; h += kThreads) {
     const int32_t id = sp.historyTokens[h];

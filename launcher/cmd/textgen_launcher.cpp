@@ -95,8 +95,9 @@ const FlagSpec kFlags[] = {
     {"json-output", Kind::kRouterSwitch},
     {"otlp-endpoint", Kind::kUnsupported, "tracing (OpenTelemetry) is not implemented yet"},
     {"cors-allow-origin", Kind::kRouter},
-    {"watermark-gamma", Kind::kUnsupported, "watermarking is not implemented yet"},
-    {"watermark-delta", Kind::kUnsupported, "watermarking is not implemented yet"},
+    {"watermark-gamma", Kind::kValue},  // the shard checks the ranges
+    {"watermark-delta", Kind::kValue},
+    {"speculate", Kind::kValue},  // n-gram speculation: tokens proposed per step
     {"api-key", Kind::kRouter},
     {"payload-limit", Kind::kRouter},
     {"validation-workers", Kind::kRouter},
@@ -386,7 +387,8 @@ std::vector<std::string> shardArgs(const Parsed& p, const fs::path& modelDir,
                                 modelDir.string(), "--log-level", p.get("log-level", "info")};
   // --dtype etc.: the shard checks them against its device.
   for (const char* flag :
-       {"dtype", "quantize", "kv-cache-dtype", "cuda-graphs", "cuda-memory-fraction"}) {
+       {"dtype", "quantize", "kv-cache-dtype", "cuda-graphs", "cuda-memory-fraction", "speculate",
+        "watermark-gamma", "watermark-delta"}) {
     if (p.values.contains(flag)) {
       args.push_back(std::string("--") + flag);
       args.push_back(p.get(flag, ""));

@@ -46,6 +46,7 @@
 #include "textgen/base/file.h"
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
+#include "textgen/base/watermark.h"
 #include "textgen/runtime/communicator.h"
 #include "textgen/runtime/engine.h"
 #include "textgen/tokenizer/tokenizer.h"
@@ -78,6 +79,8 @@ struct Flags {
       true;  // TGI's PREFIX_CACHING environment variable ("0" or "false" turns off)
   int collectiveTimeoutS = 300;
   std::vector<std::string> shardUrls;
+  int64_t speculate = 0;  // TGI's --speculate
+  double watermarkGamma = kWatermarkDefaultGamma, watermarkDelta = kWatermarkDefaultDelta;
 };
 
 std::atomic<bool> gStop{false};
@@ -170,6 +173,19 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       if (t < 1 || t > 86400)
         return invalidArgumentError("--collective-timeout must be in [1, 86400] seconds");
       f.collectiveTimeoutS = static_cast<int>(t);
+    } else if (a == "--speculate") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      TG_ASSIGN_OR_RETURN(f.speculate, parseInt(a, v));
+      if (f.speculate < 0 || f.speculate > 16)
+        return invalidArgumentError("--speculate must be in [0, 16]");
+    } else if (a == "--watermark-gamma" || a == "--watermark-delta") {
+      TG_ASSIGN_OR_RETURN(std::string v, value());
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0')
+        return invalidArgumentError(a + ": '" + v + "' is not a number");
+      (a == "--watermark-gamma" ? f.watermarkGamma : f.watermarkDelta) = x;
+      TG_RETURN_IF_ERROR(checkWatermarkParams(f.watermarkGamma, f.watermarkDelta));
     } else if (a == "--kv-cache-memory") {
       TG_ASSIGN_OR_RETURN(f.kvCacheMemory, value());
     } else if (a == "--threads") {
@@ -348,7 +364,9 @@ std::string fingerprint(const Flags& f, runtime::Backend& backend, kernels::DTyp
          " block-size=" + std::to_string(f.blockSize) + " cuda-graphs=" + graphs +
          " config.json=" + std::to_string(std::hash<std::string>{}(config)) +
          " TEXTGEN_CUSTOM_ALL_REDUCE=" + (custom ? custom : "") + " quantize=" + f.quantize +
-         " kv-cache-dtype=" + std::string(kernels::kvCacheDTypeName(f.kvCacheDtype));
+         " kv-cache-dtype=" + std::string(kernels::kvCacheDTypeName(f.kvCacheDtype)) +
+         " speculate=" + std::to_string(f.speculate) +
+         " watermark=" + std::to_string(f.watermarkGamma) + "," + std::to_string(f.watermarkDelta);
 }
 
 Status checkSameStart(runtime::Rendezvous& r, const std::string& mine) {
@@ -400,6 +418,12 @@ int run(int argc, char** argv) {
                                      " keeps its encoder's attention in the KV cache; fp8 is not "
                                      "supported for encoder-decoder models"));
   }
+  if (config->isEncoderDecoder && f.speculate > 0) {
+    return fail(invalidArgumentError("--speculate " + std::to_string(f.speculate) + ": " +
+                                     config->architecture +
+                                     " is an encoder-decoder model; speculative decoding is "
+                                     "supported for decoder-only models"));
+  }
   // CUDA: 0 sizes the pool from free device memory at Warmup.
   auto budget = f.kvCacheMemory.empty() ? StatusOr<int64_t>(cuda ? 0 : *kvBudget("0.25"))
                                         : kvBudget(f.kvCacheMemory);
@@ -440,6 +464,7 @@ int run(int argc, char** argv) {
                                   {.comm = comm.get(),
                                    .dtype = *dtype,
                                    .graphBatchSizes = cuda ? f.cudaGraphs : std::vector<int64_t>{},
+                                   .graphRowsPerSequence = 1 + f.speculate,
                                    .quantize = *quantize});
   if (!model.ok()) return fail(model.status().withContext("loading " + f.modelId));
   auto tok = tokenizer::Tokenizer::fromDirectory(f.modelId);
@@ -453,7 +478,10 @@ int run(int argc, char** argv) {
                           .kvCacheBytes = *budget,
                           .memoryFraction = f.cudaMemoryFraction,
                           .comm = comm.get(),
-                          .kvCacheDtype = f.kvCacheDtype});
+                          .kvCacheDtype = f.kvCacheDtype,
+                          .speculate = f.speculate,
+                          .watermarkGamma = f.watermarkGamma,
+                          .watermarkDelta = f.watermarkDelta});
 
   runtime::ShardServiceOptions options;
   options.dtype = std::string(kernels::dtypeName(*dtype));

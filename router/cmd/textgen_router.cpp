@@ -319,6 +319,15 @@ int run(int argc, char** argv) {
     bo.maxWaitingTokens = f.maxWaitingTokens;
     bo.supportChunking = info.supportChunking;
     bo.encoderDecoder = info.encoderDecoder;
+    bo.speculate = info.speculate;
+    {
+      // TGI's buckets: 0 to speculate tokens accepted beyond the first per step.
+      std::vector<double> skipped;
+      for (uint32_t i = 0; i <= info.speculate; ++i) skipped.push_back(i);
+      metrics.describe("tgi_request_skipped_tokens",
+                       "Speculated tokens accepted beyond the first, per request and step",
+                       skipped);
+    }
     bo.prefixCaching = info.usePrefixCaching;
     bo.name = master;
     bo.blockSize = info.blockSize;

@@ -423,6 +423,18 @@ def shard_rpc_corpus():
     write("shard_rpc", calls(prefill(1, resumed), decode1, decode1), "resumed")
 
 
+def speculation_corpus():
+    """Byte 0: k, byte 1: the vocabulary's size, then 16-bit token ids (speculation_fuzz.cpp)."""
+    import random
+    rng = random.Random(5)
+    seq = lambda k, v, toks: bytes([k, v]) + b"".join(struct.pack("<H", t) for t in toks)
+    write("speculation", seq(4, 1, [5, 6, 7, 5, 6, 7, 5, 6]), "repeats")
+    write("speculation", seq(7, 0, [1, 1, 1, 1, 1]), "periodic")
+    write("speculation", seq(3, 10, [rng.randrange(700) for _ in range(200)]), "random")
+    write("speculation", seq(2, 3, []), "empty")
+    write("speculation", seq(16, 63, list(range(40)) + list(range(20))), "copy")
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -434,6 +446,7 @@ def main():
     router_request_corpus()
     router_routes_corpus()
     shard_rpc_corpus()
+    speculation_corpus()
     for t in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, t))
         size = sum(os.path.getsize(os.path.join(OUT, t, f)) for f in files)

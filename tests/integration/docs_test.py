@@ -453,6 +453,13 @@ def run_tokenize(section, cmd, expected, docs):
           f"{section}: {cmd}: {r.stdout!r} {r.stderr[-200:]!r} (want {want!r})")
 
 
+def run_watermark_doc(section, cmd, expected, docs):
+    """docs/speculation.md: the detector on a line of text; it prints a z-score."""
+    r = run_shell(cmd)
+    check(r.returncode == 0 and "z-score" in r.stdout and "tokens scored" in r.stdout,
+          f"{section}: {cmd}: {r.stdout[-200:]!r} {r.stderr[-200:]!r}")
+
+
 def run_operator_render(section, cmd, expected, docs):
     """README: `textgen-operator render FILE`, offline, on the example the README applies."""
     exe = os.path.join(BUILD, "textgen-operator")
@@ -549,6 +556,11 @@ COMMANDS = {
     ("router.md", "curl localhost:3000/generate -H 'Content-Type: application/json' "
                   "-d '{\"inputs\":\"The quick brown fox\",\"parameters\":{\"max_new_tokens\":8}}'"): run_router_doc,
     ("router.md", "python3 bench/router/router_bench.py build tests/reference/models/llama-gqa"): BENCH,
+    # docs/speculation.md
+    ("speculation.md", "build/textgen-launcher --speculate 4"): run_launcher,
+    ("speculation.md", "build/bench/bench_speculation --backend cpu --speculate 4 --tokens 64 --repeat 1"): BENCH,
+    ("speculation.md", 'echo "The Python interpreter is a program that reads Python code." | '
+                       "build/textgen-watermark detect --model-id models/demo"): run_watermark_doc,
     # docs/shard.md
     ("shard.md", "build/textgen-shard --model-id tests/reference/models/llama-gqa --uds-path /tmp/textgen-server"):
         run_shard_doc,

@@ -479,8 +479,8 @@ def test_errors(s):
     status, _, body = request(s.port, "POST", "/generate", {"inputs": "x", "parameters": {"top_p": 1.5}})
     check(status == 422 and json.loads(body) == {"error": "`top_p` must be > 0.0 and < 1.0", "error_type": "validation"},
           f"422 {body}")
-    status, _, body = request(s.port, "POST", "/generate", {"inputs": "x", "parameters": {"watermark": True}})
-    check(status == 422 and "watermark" in json.loads(body)["error"], "watermark is a clear 422")
+    status, _, body = request(s.port, "POST", "/generate", {"inputs": "x", "parameters": {"watermark": 1}})
+    check(status == 422 and "watermark" in json.loads(body)["error"], "a watermark that is no boolean is a clear 422")
     status, _, body = request(s.port, "POST", "/generate", "{not json")
     check(status == 422, "malformed JSON")
     status, _, body = request(s.port, "POST", "/generate", {"inputs": "x" * 3000000})

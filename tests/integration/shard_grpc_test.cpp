@@ -249,9 +249,9 @@ TEST_F(ShardGrpcTest, BadInputIsAnErrorAndTheShardKeepsServing) {
   badToken.set_input_ids(0, 999999);
   EXPECT_NE(refusal(badToken).find("out of vocabulary"), std::string::npos);
 
-  pb::Request watermark = request(4, 0, 4);
-  watermark.mutable_parameters()->set_watermark(true);
-  EXPECT_NE(refusal(watermark).find("watermarking is not implemented"), std::string::npos);
+  pb::Request adapter = request(4, 0, 4);
+  adapter.set_adapter_id("lora-1");
+  EXPECT_NE(refusal(adapter).find("LoRA adapters are not implemented"), std::string::npos);
 
   pb::Request badTemp = request(5, 0, 4);
   badTemp.mutable_parameters()->set_temperature(-1.0f);

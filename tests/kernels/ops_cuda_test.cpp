@@ -509,6 +509,15 @@ TEST_F(OpsCudaTest, SampleChoosesAsTheHostSampler) {
             masks.push_back(bits);
           }
         }
+        if (r % 4 == 1) {  // watermarked rows: half the tokens green, a large delta
+          p.greenBegin = static_cast<int64_t>(masks.size());
+          p.greenDelta = 4.0f;
+          for (int64_t w = 0; w < (vocab + 31) / 32; ++w) {
+            uint32_t bits = 0;
+            for (int b = 0; b < 32; ++b) bits |= (u01(rng_) < 0.5 ? 1u : 0u) << b;
+            masks.push_back(bits);
+          }
+        }
         params.push_back(p);
       }
       std::vector<float> work(rows * vocab);

@@ -159,6 +159,7 @@ class CudaBackend final : public Backend {
     return kernels::invokePositionEmbedding(p, stream_);
   }
   Status gemm(const kernels::GemmParams& p) override { return gemm_->run(p); }
+  void setGemvRows(int64_t rows) override { gemm_->setGemvRows(rows); }
   Status quantGemm(const kernels::QuantGemmParams& p) override {
     TG_RETURN_IF_ERROR(kernels::validateQuantGemm(p));
     TG_RETURN_IF_ERROR(reserveQuantWorkspace(kernels::quantGemmWorkspaceBytes(p)));

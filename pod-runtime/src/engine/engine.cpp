@@ -52,6 +52,9 @@ struct Engine::Request {
   std::vector<uint32_t> generated;
   TokenList prefill;                          // prefill log-probabilities, gathered over chunks
   std::unique_ptr<grammar::Matcher> matcher;  // constrained output: where its grammar stands
+  // Speculative decoding: the tokens proposed to follow `tokens` this step (Engine::propose); the
+  // step computes their positions too and keeps those the model's own choices confirm.
+  std::vector<uint32_t> draft;
 
   // Encoder-decoder requests (seq2seq): the prompt is the encoder's input, kept as cross keys and
   // values in the first crossBlocks of the table; the decoder's tokens (`tokens`, from the start
@@ -129,10 +132,11 @@ struct Engine::Request {
     const SamplingParams& p = spec.sampling;
     return !p.doSample && (p.repetitionPenalty == 0.0f || p.repetitionPenalty == 1.0f) &&
            p.frequencyPenalty == 0.0f && p.presencePenalty == 0.0f && p.logitBias.empty() &&
-           p.topNTokens == 0 && !matcher && !(prefilling() && spec.prefillLogprobs);
+           p.topNTokens == 0 && !p.watermark && !matcher && !(prefilling() && spec.prefillLogprobs);
   }
   int64_t nextRows() const {
-    if (!prefilling() || seq2seq) return 1;
+    if (seq2seq) return 1;
+    if (!prefilling()) return 1 + static_cast<int64_t>(draft.size());
     const int64_t remaining = static_cast<int64_t>(spec.inputIds.size()) - computed;
     return spec.chunkLen && *spec.chunkLen > 0 ? std::min<int64_t>(*spec.chunkLen, remaining)
                                                : remaining;
@@ -145,6 +149,11 @@ struct Engine::Request {
   // A seq2seq request's prefill details are its decoder input's (the start token), known without
   // logits.
   bool wantsPromptLogprobs() const { return prefilling() && spec.prefillLogprobs && !seq2seq; }
+  // The token of position `pos` this step: known, or proposed.
+  uint32_t tokenAt(int64_t pos) const {
+    const auto known = static_cast<int64_t>(tokens.size());
+    return pos < known ? tokens[pos] : draft[pos - known];
+  }
   void append(uint32_t id) {
     tokens.push_back(id);
     history.add(id);
@@ -379,12 +388,80 @@ BatchInfo Engine::info(const Batch& b) const {
   return i;
 }
 
-// Schedule: every request's rows for this forward (its next prompt chunk, or its last token),
-// the rows whose logits are wanted, and how tokens will be chosen.
+std::vector<uint32_t> proposeNgram(std::span<const uint32_t> tokens, int64_t k) {
+  constexpr int64_t kMaxN = 3, kWindow = 16384;
+  std::vector<uint32_t> out;
+  const auto len = static_cast<int64_t>(tokens.size());
+  if (k <= 0 || len < 2) return out;
+  const int64_t lowest = std::max<int64_t>(0, len - kWindow);
+  for (int64_t n = std::min<int64_t>(kMaxN, len - 1); n >= 1; --n) {
+    const std::span<const uint32_t> tail = tokens.subspan(len - n);
+    // The latest start s < len - n whose n tokens equal the tail: tokens[s + n, len) followed.
+    for (int64_t s = len - n - 1; s >= lowest; --s) {
+      if (!std::equal(tail.begin(), tail.end(), tokens.begin() + s)) continue;
+      const int64_t from = s + n, period = len - from;
+      for (int64_t i = 0; i < k; ++i) out.push_back(tokens[from + i % period]);
+      return out;
+    }
+  }
+  return out;
+}
+
+void Engine::propose(Request& r) const {
+  r.draft.clear();
+  if (options_.speculate <= 0 || r.seq2seq || r.prefilling()) return;
+  if (r.matcher && r.matcher->ended()) return;
+  // Every proposed position must have a block and stay within max_new_tokens: the step chooses at
+  // most draft + 1 tokens and writes positions computed .. computed + draft.
+  const int64_t bs = cache_->blockSize();
+  const int64_t room = static_cast<int64_t>(r.spec.blocks.size()) * bs - r.computed - 1;
+  const int64_t left = static_cast<int64_t>(r.spec.stopping.maxNewTokens) -
+                       static_cast<int64_t>(r.stopping.generatedTokens()) - 1;
+  const int64_t k = std::min({options_.speculate, room, left});
+  if (k <= 0) return;
+  r.draft = proposeNgram(r.tokens, k);
+  if (r.matcher) {  // a token the grammar would mask cannot be accepted: cut there
+    grammar::Matcher m = *r.matcher;
+    for (size_t i = 0; i < r.draft.size(); ++i) {
+      if (m.ended() || !m.allows(r.draft[i]) || !m.accept(r.draft[i]).ok()) {
+        r.draft.resize(i);
+        break;
+      }
+    }
+  }
+}
+
+std::span<const uint32_t> Engine::greenList(uint32_t previous) {
+  if (!greens_) {
+    greens_ = std::make_unique<GreenListCache>(static_cast<uint32_t>(model_.config().vocabSize),
+                                               options_.watermarkGamma);
+  }
+  return greens_->mask(previous);
+}
+
+// Schedule: every request's rows for this forward (its next prompt chunk, or its last token and
+// any proposed tokens), the rows whose logits are wanted, and how tokens will be chosen.
 Engine::StepPlan Engine::schedule(Batch& batch) {
   StepPlan plan;
   ForwardBatch& fb = plan.forward;
   const int64_t bs = cache_->blockSize();
+  auto all = [&](auto pred) {
+    return std::all_of(batch.requests.begin(), batch.requests.end(), pred);
+  };
+  auto any = [&](auto pred) {
+    return std::any_of(batch.requests.begin(), batch.requests.end(), pred);
+  };
+  // Steps that bring prompt log-probabilities choose on the host, one token per request.
+  const bool hostLogits =
+      any([](const std::unique_ptr<Request>& r) { return r->wantsPromptLogprobs(); });
+  for (const auto& owner : batch.requests) {
+    if (hostLogits) {
+      owner->draft.clear();
+    } else {
+      propose(*owner);
+    }
+  }
+  fb.decode = all([](const std::unique_ptr<Request>& r) { return !r->prefilling(); });
   for (const auto& owner : batch.requests) {
     const Request& r = *owner;
     const int64_t n = r.nextRows();
@@ -393,7 +470,7 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
                             .startPos = r.computed,
                             .blocks = r.selfTable()};
     for (int64_t p = r.computed; p < r.computed + n; ++p) {
-      fb.tokenIds.push_back(r.tokens[p]);
+      fb.tokenIds.push_back(r.tokenAt(p));
       fb.slots.push_back(slotOf(rows.blocks, bs, p));
     }
     fb.sequences.push_back(rows);
@@ -406,32 +483,42 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
                                   r.spec.inputIds.end());
     }
     plan.logitStart.push_back(static_cast<int64_t>(fb.logitRows.size()));
-    if (r.wantsPromptLogprobs()) {
+    if (r.wantsPromptLogprobs() || !r.draft.empty()) {
       for (int64_t t = 0; t < n; ++t) fb.logitRows.push_back(rows.firstRow + t);
     } else {
       fb.logitRows.push_back(rows.firstRow + n - 1);
     }
   }
-  auto all = [&](auto pred) {
-    return std::all_of(batch.requests.begin(), batch.requests.end(), pred);
-  };
-  auto any = [&](auto pred) {
-    return std::any_of(batch.requests.begin(), batch.requests.end(), pred);
-  };
   if (all([](const std::unique_ptr<Request>& r) { return r->plainGreedy(); })) {
     plan.mode = ChoiceMode::kGreedy;
-  } else if (any([](const std::unique_ptr<Request>& r) { return r->wantsPromptLogprobs(); })) {
+  } else if (hostLogits) {
     plan.mode = ChoiceMode::kHostLogits;
   } else {
     plan.mode = ChoiceMode::kSample;
     const auto vocab = static_cast<uint32_t>(model_.config().vocabSize);
+    const size_t words = (vocab + 31) / 32;
+    const auto delta = static_cast<float>(options_.watermarkDelta);
     SampleBatch& sb = plan.sampling;
     for (const auto& owner : batch.requests) {
       Request& r = *owner;
-      kernels::SampleRow row;  // a prompt chunk with more to come: chooses nothing, draws nothing
-      if (r.choosesNow()) {
-        RequestSampler::SampleInputs in = r.sampler.sampleInputs(r.history, vocab);
-        row = r.sampler.sampleRow(in);
+      if (!r.choosesNow()) {  // a prompt chunk with more to come: chooses nothing, draws nothing
+        sb.rows.emplace_back();
+        continue;
+      }
+      // One row per choice: the last known token's, then each proposed token's, as if the
+      // proposal before it were accepted (its history, grammar state, watermark seed and draw).
+      if (!r.draft.empty() && r.spec.sampling.doSample) r.sampler.saveDraws();
+      TokenCounts history = r.draft.empty() ? TokenCounts() : r.history;
+      std::optional<grammar::Matcher> matcher;
+      if (r.matcher) matcher = *r.matcher;
+      for (size_t j = 0; j <= r.draft.size(); ++j) {
+        if (j > 0) {
+          history.add(r.draft[j - 1]);
+          if (matcher) (void)matcher->accept(r.draft[j - 1]);  // propose() checked it
+        }
+        RequestSampler::SampleInputs in =
+            r.sampler.sampleInputs(r.draft.empty() ? r.history : history, vocab);
+        kernels::SampleRow row = r.sampler.sampleRow(in);
         row.historyBegin = static_cast<int32_t>(sb.historyTokens.size());
         row.historyEnd += row.historyBegin;
         row.biasBegin = static_cast<int32_t>(sb.biasTokens.size());
@@ -443,14 +530,20 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
         sb.biasTokens.insert(sb.biasTokens.end(), in.biasTokens.begin(), in.biasTokens.end());
         sb.biasValues.insert(sb.biasValues.end(), in.biasValues.begin(), in.biasValues.end());
         sb.maxTopN = std::max<int64_t>(sb.maxTopN, row.topN);
-        if (r.matcher) {
-          const size_t words = (vocab + 31) / 32;
+        if (matcher) {
           row.maskBegin = static_cast<int64_t>(sb.masks.size());
           sb.masks.resize(sb.masks.size() + words);
-          r.matcher->fillMask(std::span<uint32_t>(sb.masks).subspan(row.maskBegin, words));
+          matcher->fillMask(std::span<uint32_t>(sb.masks).subspan(row.maskBegin, words));
         }
+        if (r.spec.sampling.watermark) {
+          const uint32_t previous = j == 0 ? r.tokens.back() : r.draft[j - 1];
+          const std::span<const uint32_t> green = greenList(previous);
+          row.greenBegin = static_cast<int64_t>(sb.masks.size());
+          row.greenDelta = delta;
+          sb.masks.insert(sb.masks.end(), green.begin(), green.end());
+        }
+        sb.rows.push_back(row);
       }
-      sb.rows.push_back(row);
     }
   }
   return plan;
@@ -479,8 +572,9 @@ StatusOr<Engine::StepOutputs> Engine::execute(const StepPlan& plan) {
   return out;
 }
 
-// Update: prompt log-probabilities, each request's token, its text, the stopping criteria; the
-// requests still running stay in the batch.
+// Update: prompt log-probabilities, each request's tokens (the first choice, then each proposed
+// token the model's own choice confirms, and the choice after the last confirmed one), their
+// text, the stopping criteria; the requests still running stay in the batch.
 StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) {
   const int64_t vocab = model_.config().vocabSize;
   StepResult result;
@@ -509,35 +603,60 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
       }
     }
     const bool wasPrefilling = r.prefilling();
-    r.computed += n;
+    const std::vector<uint32_t> draft = std::move(r.draft);
+    r.draft.clear();
+    if (draft.empty()) r.computed += n;  // else below, by the tokens accepted
     if (r.seq2seq || r.computed >= static_cast<int64_t>(r.spec.inputIds.size()))
       r.state = RequestState::kDecoding;
     if (!chooses) {  // more prompt chunks to come: nothing to choose yet
       alive.push_back(std::move(owner));
       continue;
     }
-    const int64_t lastRow = promptLogprobs ? first + n - 1 : first;
-    TokenChoice choice;
-    switch (plan.mode) {
-      case ChoiceMode::kGreedy:
-        choice.id = out.picks[lastRow].id;
-        choice.logprob = out.picks[lastRow].logprob;
-        break;
-      case ChoiceMode::kSample:
-        choice.id = out.sampled[lastRow].id;
-        choice.logprob = out.sampled[lastRow].logprob;
-        choice.top = std::move(out.sampled[lastRow].top);
-        break;
-      case ChoiceMode::kHostLogits: {
-        std::vector<uint32_t> mask;
-        if (r.matcher) {
-          mask.resize((vocab + 31) / 32);
-          r.matcher->fillMask(mask);
+    // The choice of logit row `row`.
+    auto choiceAt = [&](int64_t row) {
+      TokenChoice choice;
+      switch (plan.mode) {
+        case ChoiceMode::kGreedy:
+          choice.id = out.picks[row].id;
+          choice.logprob = out.picks[row].logprob;
+          break;
+        case ChoiceMode::kSample:
+          choice.id = out.sampled[row].id;
+          choice.logprob = out.sampled[row].logprob;
+          choice.top = std::move(out.sampled[row].top);
+          break;
+        case ChoiceMode::kHostLogits: {
+          std::vector<uint32_t> mask;
+          if (r.matcher) {
+            mask.resize((vocab + 31) / 32);
+            r.matcher->fillMask(mask);
+          }
+          std::span<const uint32_t> green;
+          if (r.spec.sampling.watermark) green = greenList(r.tokens.back());
+          choice =
+              r.sampler.choose(std::span<float>(out.logits.data() + row * vocab, vocab), r.tokens,
+                               mask, green, static_cast<float>(options_.watermarkDelta));
+          break;
         }
-        choice = r.sampler.choose(std::span<float>(out.logits.data() + lastRow * vocab, vocab),
-                                  r.tokens, mask);
-        break;
       }
+      return choice;
+    };
+    std::vector<TokenChoice> choices;
+    if (draft.empty()) {
+      choices.push_back(choiceAt(promptLogprobs ? first + n - 1 : first));
+    } else {
+      // Row j chose after draft[0, j): its choice stands while every proposed token before it
+      // was the model's own choice.
+      choices.push_back(choiceAt(first));
+      while (choices.size() <= draft.size() && choices.back().id == draft[choices.size() - 1])
+        choices.push_back(choiceAt(first + static_cast<int64_t>(choices.size())));
+      const auto accepted = static_cast<int64_t>(choices.size());
+      r.computed += accepted;  // the known token's and the confirmed proposals' positions
+      if (r.spec.sampling.doSample && plan.mode == ChoiceMode::kSample)
+        r.sampler.restoreDraws(accepted);
+      ++specStats_.steps;
+      specStats_.proposed += draft.size();
+      specStats_.accepted += static_cast<uint64_t>(accepted - 1);
     }
     GenerationResult g;
     g.requestId = r.spec.id;
@@ -556,28 +675,35 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
       }
       g.prefillTokens = std::move(r.prefill);
     }
-    r.append(choice.id);
-    std::string text = r.detok.step(choice.id);
-    std::optional<FinishReason> reason = r.stopping.update(choice.id, text);
-    if (r.matcher && !r.matcher->ended()) {
-      // The mask allowed only tokens that continue the match, so this cannot fail; if it does,
-      // the request ends here rather than generating outside its grammar.
-      if (Status s = r.matcher->accept(choice.id); !s.ok()) {
-        spdlog::error("request {}: token outside its grammar: {}", r.spec.id, s.message());
-        if (!reason) reason = FinishReason::kStopSequence;
+    std::optional<FinishReason> reason;
+    for (TokenChoice& choice : choices) {
+      r.append(choice.id);
+      std::string text = r.detok.step(choice.id);
+      reason = r.stopping.update(choice.id, text);
+      if (r.matcher && !r.matcher->ended()) {
+        // The mask allowed only tokens that continue the match, so this cannot fail; if it does,
+        // the request ends here rather than generating outside its grammar.
+        if (Status s = r.matcher->accept(choice.id); !s.ok()) {
+          spdlog::error("request {}: token outside its grammar: {}", r.spec.id, s.message());
+          if (!reason) reason = FinishReason::kStopSequence;
+        }
       }
-    }
-    if (reason) text += r.detok.flush();  // the stream's pieces add up to the whole text
-    g.tokens = {{choice.id}, {choice.logprob}, {text}, {tokenizer_.isSpecial(choice.id)}};
-    if (r.spec.sampling.topNTokens > 0) {
-      TokenList top;
-      for (const auto& [id, lp] : choice.top) {
-        top.ids.push_back(id);
-        top.logprobs.push_back(lp);
-        top.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
-        top.isSpecial.push_back(tokenizer_.isSpecial(id));
+      if (reason) text += r.detok.flush();  // the stream's pieces add up to the whole text
+      g.tokens.ids.push_back(choice.id);
+      g.tokens.logprobs.push_back(choice.logprob);
+      g.tokens.texts.push_back(std::move(text));
+      g.tokens.isSpecial.push_back(tokenizer_.isSpecial(choice.id));
+      if (r.spec.sampling.topNTokens > 0) {
+        TokenList top;
+        for (const auto& [id, lp] : choice.top) {
+          top.ids.push_back(id);
+          top.logprobs.push_back(lp);
+          top.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
+          top.isSpecial.push_back(tokenizer_.isSpecial(id));
+        }
+        g.topTokens.push_back(std::move(top));
       }
-      g.topTokens.push_back(std::move(top));
+      if (reason) break;  // what follows a stop is discarded
     }
     if (reason) {
       FinishedText f;
@@ -694,6 +820,7 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
   const StepPlan plan = schedule(*batch);
   auto outputs = execute(plan);
   if (!outputs.ok()) {
+    for (const auto& r : batch->requests) r->draft.clear();
     batches_.emplace(batch->id, std::move(batch));  // keep the batch: the router decides
     return outputs.status();
   }

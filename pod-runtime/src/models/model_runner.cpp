@@ -25,6 +25,9 @@ StatusOr<std::unique_ptr<Model>> ModelRunner::load(const ModelConfig& config,
   if (!r->graphSizes_.empty() && r->graphSizes_.front() <= 0)
     return invalidArgumentError("graph batch sizes must be positive");
   r->graphContext_ = r->config_.maxContext();
+  if (options.graphRowsPerSequence < 1 || options.graphRowsPerSequence > 64)
+    return invalidArgumentError("graph rows per sequence must be in [1, 64]");
+  r->graphRows_ = options.graphRowsPerSequence;
   const WeightLoader loader(weights, backend, r->dtype_, r->config_, r->part_, options.quantize);
   TG_RETURN_IF_ERROR(r->graph_->load(loader));
   TG_RETURN_IF_ERROR(backend.synchronize());
@@ -66,7 +69,10 @@ Status ModelRunner::run(const ForwardBatch& b, KvCache& cache) {
   TG_RETURN_IF_ERROR(validate(b, cache));
   if (cache.dtype() != dtype_) return invalidArgumentError("the KV cache has another dtype");
   const auto n = static_cast<int64_t>(b.logitRows.size());
-  if (const int64_t bucket = graphBucket(b, cache); bucket > 0) return runGraph(b, cache, bucket);
+  // Speculation's verification rows compute as plain decode rows do; prompt rows as without it.
+  backend_.setGemvRows(b.decode ? graphRows_ : 1);
+  if (const GraphShape shape = graphShape(b, cache); shape.bucket > 0)
+    return runGraph(b, cache, shape);
   const Layout layout = eagerLayout(b);
   TG_ASSIGN_OR_RETURN(const BatchMetadata meta, uploadMetadata(b, layout, meta_, invFreq_));
   std::optional<BatchMetadata> encoder;
@@ -133,34 +139,41 @@ BatchMetadata::Layout ModelRunner::eagerLayout(const ForwardBatch& b) const {
   return l;
 }
 
-// The graph batch size for a decode step (one new row per sequence, every sequence's logits), or
-// 0 to run eagerly.
-int64_t ModelRunner::graphBucket(const ForwardBatch& b, const KvCache& cache) const {
-  if (graphSizes_.empty() || !b.encoderTokenIds.empty()) return 0;
+// The graph for a decode step (every sequence brings the same number of new rows, up to
+// graphRows_, with every row's logits), or bucket 0 to run eagerly.
+ModelRunner::GraphShape ModelRunner::graphShape(const ForwardBatch& b, const KvCache& cache) const {
+  if (graphSizes_.empty() || !b.encoderTokenIds.empty() || b.sequences.empty()) return {};
   const auto n = static_cast<int64_t>(b.sequences.size());
-  if (static_cast<int64_t>(b.tokenIds.size()) != n || static_cast<int64_t>(b.logitRows.size()) != n)
-    return 0;
+  const int64_t q = b.sequences[0].numRows;
+  if (q < 1 || q > graphRows_ || static_cast<int64_t>(b.tokenIds.size()) != n * q ||
+      static_cast<int64_t>(b.logitRows.size()) != n * q)
+    return {};
   const int64_t maxBlocks = graphContext_ / cache.blockSize() + 1;
   for (size_t i = 0; i < b.sequences.size(); ++i) {
     const SequenceRows& s = b.sequences[i];
-    if (s.numRows != 1 || b.logitRows[i] != static_cast<int64_t>(i) ||
-        static_cast<int64_t>(s.blocks.size()) > maxBlocks || s.startPos + 1 > graphContext_)
-      return 0;
+    if (s.numRows != q || s.firstRow != static_cast<int64_t>(i) * q ||
+        static_cast<int64_t>(s.blocks.size()) > maxBlocks || s.startPos + q > graphContext_)
+      return {};
+  }
+  for (int64_t r = 0; r < n * q; ++r) {
+    if (b.logitRows[r] != r) return {};
   }
   for (const CrossContext& c : b.cross) {
-    if (static_cast<int64_t>(c.blocks.size()) > maxBlocks || c.encoderLen > graphContext_) return 0;
+    if (static_cast<int64_t>(c.blocks.size()) > maxBlocks || c.encoderLen > graphContext_)
+      return {};
   }
   for (int64_t size : graphSizes_) {
-    if (size >= n) return size;
+    if (size >= n) return {size, q};
   }
-  return 0;
+  return {};
 }
 
-BatchMetadata::Layout ModelRunner::graphLayout(int64_t bucket, const KvCache& cache) const {
+BatchMetadata::Layout ModelRunner::graphLayout(GraphShape shape, const KvCache& cache) const {
   Layout l;
-  l.rows = l.numSeqs = l.logitRows = bucket;
+  l.numSeqs = shape.bucket;
+  l.rows = l.logitRows = shape.bucket * shape.rows;
   l.maxBlocksPerSeq = graphContext_ / cache.blockSize() + 1;
-  l.minNewRows = l.maxNewRows = 1;
+  l.minNewRows = l.maxNewRows = shape.rows;
   l.maxContext = graphContext_;
   if (config_.isEncoderDecoder) {
     l.crossBlocksPerSeq = l.maxBlocksPerSeq;
@@ -169,19 +182,20 @@ BatchMetadata::Layout ModelRunner::graphLayout(int64_t bucket, const KvCache& ca
   return l;
 }
 
-// A decode step through the captured graph of `bucket` sequences (captured on first use, and again
-// when the KV cache or the activation buffers change).
-Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, int64_t bucket) {
+// A decode step through the captured graph of its shape (captured on first use, and again when the
+// KV cache or the activation buffers change).
+Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, GraphShape shape) {
   if (cache.id() != graphCacheId_) {
     graphs_.clear();
     graphCacheId_ = cache.id();
   }
-  const Layout layout = graphLayout(bucket, cache);
+  const Layout layout = graphLayout(shape, cache);
   // Activations for the largest graph, so that eager forwards rarely move them.
-  TG_RETURN_IF_ERROR(reserve(graphSizes_.back(), graphSizes_.back()));
+  const int64_t most = graphSizes_.back() * graphRows_;
+  TG_RETURN_IF_ERROR(reserve(most, most));
   TG_ASSIGN_OR_RETURN(const BatchMetadata meta,
                       uploadMetadata(b, layout, graphMeta_, graphFreq_, graphMetaBytes()));
-  auto it = graphs_.find(bucket);
+  auto it = graphs_.find(shape);
   if (it == graphs_.end()) {
     // One eager forward first: GEMM plans are tuned (timing them, which no capture allows) and
     // modules loaded outside the capture. The graph then recomputes the same rows.
@@ -189,9 +203,11 @@ Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, int64_t buck
     TG_RETURN_IF_ERROR(backend_.beginCapture());
     const Status st = enqueue(meta, cache, nullptr);
     auto graph = backend_.endCapture();
-    TG_RETURN_IF_ERROR(st.withContext("capturing the decode graph of " + std::to_string(bucket)));
+    TG_RETURN_IF_ERROR(st.withContext("capturing the decode graph of " +
+                                      std::to_string(shape.bucket) + " x " +
+                                      std::to_string(shape.rows) + " rows"));
     if (!graph.ok()) return graph.status();
-    it = graphs_.emplace(bucket, std::move(*graph)).first;
+    it = graphs_.emplace(shape, std::move(*graph)).first;
   }
   return backend_.launch(*it->second);
 }
@@ -199,11 +215,14 @@ Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, int64_t buck
 // Bytes of the graph metadata buffers, sized once for the largest graph (captured pointers must
 // not move): int32 fields and RoPE frequencies.
 std::pair<size_t, size_t> ModelRunner::graphMetaBytes() const {
-  const int64_t bucket = graphSizes_.back();
+  const int64_t bucket = graphSizes_.back(), rows = bucket * graphRows_;
   const int64_t blocks = graphContext_ + 1;  // an upper bound on blocks per sequence
   const int64_t cross = config_.isEncoderDecoder ? bucket * (1 + blocks) : 0;
-  return {static_cast<size_t>(5 * bucket + 1 + bucket * blocks + cross) * sizeof(int32_t),
-          static_cast<size_t>(bucket * config_.rotaryDim() / 2) * sizeof(float)};
+  // [ids | positions | slots | logit rows] per row, [starts (+1) | start positions | tables] per
+  // sequence.
+  return {
+      static_cast<size_t>(4 * rows + 2 * bucket + 1 + bucket * blocks + cross) * sizeof(int32_t),
+      static_cast<size_t>(rows * config_.rotaryDim() / 2) * sizeof(float)};
 }
 
 // Builds the batch description on the host in `layout` (rows and sequences past the batch's are
@@ -234,8 +253,9 @@ StatusOr<BatchMetadata> ModelRunner::uploadMetadata(const ForwardBatch& b, const
   }
   const auto realSeqs = static_cast<int64_t>(b.sequences.size());
   for (int64_t i = 0; i < numSeqs; ++i) {
-    if (i >= realSeqs) {  // padding: one row at position 0 (and one encoder position), block 0
-      hostMeta_[oStarts + i] = static_cast<int32_t>(realRows + (i - realSeqs));
+    if (i >= realSeqs) {  // padding: rows from position 0 (and one encoder position), block 0
+      const int64_t perSeq = std::max<int64_t>(1, layout.minNewRows);
+      hostMeta_[oStarts + i] = static_cast<int32_t>(realRows + (i - realSeqs) * perSeq);
       if (crossWidth > 0) hostMeta_[oCrossLens + i] = 1;
       continue;
     }

@@ -47,9 +47,15 @@ class ModelRunner final : public Model {
   Status enqueue(const BatchMetadata& meta, KvCache& cache, const BatchMetadata* encoder);
   Status gatherLogits(int64_t logitRows);
   Layout eagerLayout(const ForwardBatch& b) const;
-  int64_t graphBucket(const ForwardBatch& b, const KvCache& cache) const;
-  Layout graphLayout(int64_t bucket, const KvCache& cache) const;
-  Status runGraph(const ForwardBatch& b, KvCache& cache, int64_t bucket);
+  // A graph's shape: sequences (the batch size padded to a captured size) and rows per sequence.
+  struct GraphShape {
+    int64_t bucket = 0, rows = 1;
+    auto operator<=>(const GraphShape&) const = default;
+  };
+  // {0, ...}: run eagerly.
+  GraphShape graphShape(const ForwardBatch& b, const KvCache& cache) const;
+  Layout graphLayout(GraphShape shape, const KvCache& cache) const;
+  Status runGraph(const ForwardBatch& b, KvCache& cache, GraphShape shape);
   std::pair<size_t, size_t> graphMetaBytes() const;
   StatusOr<BatchMetadata> uploadMetadata(const ForwardBatch& b, const Layout& layout,
                                          std::unique_ptr<Buffer>& metaBuf,
@@ -69,8 +75,9 @@ class ModelRunner final : public Model {
   std::unique_ptr<Buffer> encoderMeta_;     // encoder-decoder models: the encoder's rows
   // Decode graphs by batch size, bound to one KV cache and to the workspace's buffers.
   std::vector<int64_t> graphSizes_;  // ascending
+  int64_t graphRows_ = 1;            // the most rows per sequence a graph takes
   int64_t graphContext_ = 0;         // longest context a graph serves
-  std::map<int64_t, std::unique_ptr<Graph>> graphs_;
+  std::map<GraphShape, std::unique_ptr<Graph>> graphs_;
   uint64_t graphCacheId_ = 0;
   std::unique_ptr<Buffer> graphMeta_, graphFreq_;
   std::vector<int32_t> hostMeta_;

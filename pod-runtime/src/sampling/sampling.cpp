@@ -43,12 +43,19 @@ void logSoftmax(std::span<const float> logits, std::span<float> out) {
 }
 
 TokenChoice RequestSampler::choose(std::span<float> logits, std::span<const uint32_t> history,
-                                   std::span<const uint32_t> mask) {
+                                   std::span<const uint32_t> mask, std::span<const uint32_t> green,
+                                   float greenDelta) {
   const SamplingParams& p = params_;
   const auto vocab = static_cast<uint32_t>(logits.size());
   SampleInputs in = sampleInputs(TokenCounts(history), vocab);
   kernels::SampleRow row = sampleRow(in);
+  std::vector<uint32_t> masks(mask.begin(), mask.end());
   if (!mask.empty()) row.maskBegin = 0;
+  if (!green.empty()) {
+    row.greenBegin = static_cast<int64_t>(masks.size());
+    row.greenDelta = greenDelta;
+    masks.insert(masks.end(), green.begin(), green.end());
+  }
   const auto n = static_cast<int64_t>(std::min(p.topNTokens, vocab));
   int32_t id = 0;
   float logprob = 0.0f;
@@ -61,7 +68,7 @@ TokenChoice RequestSampler::choose(std::span<float> logits, std::span<const uint
                                               .historyCounts = in.historyCounts.data(),
                                               .biasTokens = in.biasTokens.data(),
                                               .biasValues = in.biasValues.data(),
-                                              .masks = mask.empty() ? nullptr : mask.data(),
+                                              .masks = masks.empty() ? nullptr : masks.data(),
                                               .work = logits.data(),
                                               .ids = &id,
                                               .logprobs = &logprob,

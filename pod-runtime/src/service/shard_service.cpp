@@ -22,7 +22,6 @@ grpc::Status toGrpc(const Status& s) {
 StatusOr<RequestSpec> fromProto(const pb::Request& r) {
   const std::string who = "request " + std::to_string(r.id()) + ": ";
   const auto& p = r.parameters();
-  if (p.watermark()) return unimplementedError(who + "watermarking is not implemented");
   using Grammar = SamplingParams::Grammar;
   Grammar grammarType = Grammar::kNone;
   switch (p.grammar_type()) {
@@ -56,6 +55,7 @@ StatusOr<RequestSpec> fromProto(const pb::Request& r) {
   s.sampling.topNTokens = r.top_n_tokens();
   s.sampling.grammarType = grammarType;
   s.sampling.grammar = p.grammar();
+  s.sampling.watermark = p.watermark();
   s.stopping.maxNewTokens = r.stopping_parameters().max_new_tokens();
   s.stopping.stopSequences.assign(r.stopping_parameters().stop_sequences().begin(),
                                   r.stopping_parameters().stop_sequences().end());
@@ -164,7 +164,7 @@ class ShardService final : public pb::ShardService::Service {
     out->set_dtype(options_.dtype);
     out->set_device_type(options_.deviceType);
     if (c.slidingWindow) out->set_window_size(static_cast<uint32_t>(*c.slidingWindow));
-    out->set_speculate(0);
+    out->set_speculate(static_cast<uint32_t>(engine_.options().speculate));
     // An encoder-decoder model encodes a prompt in one step, computed anew (Engine::validate).
     out->set_support_chunking(!c.isEncoderDecoder);
     out->set_use_prefix_caching(options_.prefixCaching && !c.isEncoderDecoder);

@@ -216,8 +216,14 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
       auto it = active_.find(id);
       if (it == active_.end() || it->second.tokens.empty()) continue;  // gone, or never grows
       Active& a = it->second;
-      // The next step writes the position of its last token: the prompt's last while prefilling.
-      const auto need = static_cast<uint32_t>(a.tokens.size()) + more[id];
+      // The next step writes the position of its last token: the prompt's last while prefilling;
+      // with speculation, up to `speculate` proposed positions after it, within the request's
+      // prompt + max_new_tokens (the shards propose no more than that allows).
+      uint32_t need = static_cast<uint32_t>(a.tokens.size()) + more[id];
+      if (options_.speculate > 0 && a.request.maxNewTokens > 0) {
+        const uint32_t most = a.promptLen - a.generatedBefore + a.request.maxNewTokens - 1;
+        need = std::max(need, std::min(need + options_.speculate, most));
+      }
       while (!allocator_.extend(a.blocks, need)) {
         if (!mayPreempt) return std::nullopt;
         // The newest request of the batch gives its blocks back; perhaps this one.
@@ -331,6 +337,9 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
       drop(g.requestId, invalidArgumentError(*g.error));
       continue;
     }
+    if (metrics_ && options_.speculate > 0 && !g.tokens.ids.empty())
+      metrics_->histogramObserve("tgi_request_skipped_tokens",
+                                 static_cast<double>(g.tokens.ids.size() - 1));
     Active& a = it->second;
     if (!a.tokens.empty()) {
       // Its first tokens mean its whole prompt is in the cache; at the end, so are all the tokens

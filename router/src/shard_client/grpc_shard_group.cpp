@@ -56,6 +56,7 @@ void toProto(uint64_t batchId, const std::vector<BatchEntry>& batch, pb::Batch* 
     p->set_repetition_penalty(v.repetitionPenalty);
     p->set_frequency_penalty(v.frequencyPenalty);
     p->set_presence_penalty(v.presencePenalty);
+    p->set_watermark(v.watermark);
     if (v.grammar) {
       p->set_grammar(v.grammar->value);
       p->set_grammar_type(v.grammar->type == Grammar::Type::kJson ? pb::GRAMMAR_TYPE_JSON

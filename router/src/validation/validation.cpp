@@ -456,7 +456,6 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
     return error("`decoder_input_details` == true is not supported when streaming tokens");
   }
   // Features textgen does not have yet: refused, never ignored.
-  if (p.watermark) return unimplementedError("`watermark` is not supported by this server yet");
   if (p.adapterId && !p.adapterId->empty())
     return unimplementedError("`adapter_id` (LoRA adapters) is not supported by this server yet");
   if (request.inputs.empty()) return error("`inputs` cannot be empty");
@@ -490,6 +489,7 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
                  " tokens. Given: " + std::to_string(v.inputLength));
   }
   v.doSample = p.doSample;
+  v.watermark = p.watermark;
   v.stop = p.stop;
   v.details = p.details;
   v.decoderInputDetails = p.decoderInputDetails;

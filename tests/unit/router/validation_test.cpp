@@ -107,11 +107,19 @@ TEST_F(ValidationTest, RulesAndMessages) {
             std::string::npos);
 }
 
-TEST_F(ValidationTest, UnimplementedFeaturesAreRefused) {
+TEST_F(ValidationTest, WatermarkIsABooleanPassedOn) {
   auto w = check(R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "watermark": true}})");
-  ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(w.status().message().find("watermark"), std::string::npos);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(w->watermark);
+  auto off = check(R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4}})");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->watermark);
+  auto bad = check(R"({"inputs": "Hi", "parameters": {"watermark": "yes"}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("watermark"), std::string::npos);
+}
+
+TEST_F(ValidationTest, UnimplementedFeaturesAreRefused) {
   EXPECT_EQ(check(R"({"inputs": "Hi", "parameters": {"adapter_id": "lora-1"}})").status().code(),
             StatusCode::kUnimplemented);
 }

@@ -18,6 +18,10 @@ class GemmRunner {
   static StatusOr<std::unique_ptr<GemmRunner>> create(Stream stream, size_t workspaceBytes,
                                                       bool smallBatchGemv = true);
   virtual ~GemmRunner() = default;
+  // With smallBatchGemv, GEMMs of up to `rows` rows (1 to 8; 1 at first) take the gemv kernel when
+  // their shape allows, every row computed exactly as a one-row call computes it (speculative
+  // decoding's verification steps: 1 + speculate rows a sequence).
+  virtual void setGemvRows(int64_t rows) = 0;
   virtual Status run(const GemmParams& p) = 0;
   // y[rows, out] = sx * sw * x8[rows, in] · w8[out, in]ᵀ with float8 e4m3 operands (cuBLASLt FP8,
   // sm_89 and later), y in p.dtype (float16 or bfloat16); the scales are device pointers to one

@@ -38,6 +38,11 @@ struct SampleRow {
   // ((vocab + 31) / 32 words; bit id % 32 of word id / 32) starts; -1: every token allowed. Tokens
   // outside the mask get -inf after the penalties and the bias, before the warpers.
   int64_t maskBegin = -1;
+  // Watermark (Kirchenbauer et al.): the word of SampleParams::masks where this row's green list
+  // bitmask starts (same layout); -1: none. greenDelta is added to the green tokens' raw logits
+  // before anything else (TGI's order: the watermark, then the penalties).
+  int64_t greenBegin = -1;
+  float greenDelta = 0.0f;
 };
 
 struct SampleParams {
@@ -47,7 +52,7 @@ struct SampleParams {
   const int32_t* historyCounts = nullptr;  // how often each occurred
   const int32_t* biasTokens = nullptr;
   const float* biasValues = nullptr;
-  const uint32_t* masks = nullptr;  // the rows' token masks (SampleRow::maskBegin)
+  const uint32_t* masks = nullptr;  // token bitmasks (SampleRow::maskBegin, greenBegin)
   float* work = nullptr;            // [rows, vocab] float32 scratch; may equal logits for float32
   double* probs = nullptr;       // [rows, vocab] float64 scratch (device top-p/typical-p searches)
   int32_t* ids = nullptr;        // [rows]

@@ -99,6 +99,11 @@ class Backend {
   virtual Status addPositionEmbedding(const kernels::PositionEmbeddingParams& p) = 0;
   // y[rows, out] = x[rows, in] · W[out, in]ᵀ on raw operands.
   virtual Status gemm(const kernels::GemmParams& p) = 0;
+  // GEMMs of up to `rows` rows (1 to 8) compute every row exactly as a one-row GEMM does (the CUDA
+  // backend's gemv kernel), so that speculative decoding's verification rows equal plain decode
+  // rows bit for bit. The model runner sets it per forward; backends whose GEMM rows are
+  // independent already ignore it.
+  virtual void setGemvRows(int64_t rows) { (void)rows; }
   virtual Status biasAdd(const kernels::BiasAddParams& p) = 0;
   // x clamped into [-limit, limit] in place (MPT's clip_qkv).
   virtual Status clamp(const kernels::ClampParams& p) = 0;

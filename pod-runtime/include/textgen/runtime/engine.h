@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "textgen/base/status_or.h"
+#include "textgen/base/watermark.h"
 #include "textgen/runtime/model.h"
 #include "textgen/runtime/sampler.h"
 #include "textgen/runtime/sampling.h"
@@ -116,6 +117,22 @@ struct EngineOptions {
   // How the KV pool stores keys and values (TGI's --kv-cache-dtype): the model's dtype, or fp8
   // codes at one byte an element (twice the blocks of a 16-bit cache in the same memory).
   kernels::KvCacheDType kvCacheDtype = kernels::KvCacheDType::kAuto;
+  // Speculative decoding (TGI's --speculate): up to this many tokens proposed per decoding request
+  // and step by prompt lookup (n-gram), verified in the same forward; 0: off.
+  int64_t speculate = 0;
+  // The watermark's green-list share and bias (TGI's --watermark-gamma / --watermark-delta).
+  double watermarkGamma = 0.5, watermarkDelta = 2.0;
+};
+
+// Proposes up to `k` tokens to follow `tokens` by prompt lookup: the latest earlier occurrence of
+// its last n tokens (n from 3 down to 1, within the last 16384 tokens), and what followed it,
+// repeated with its period when it runs into the end. Empty when nothing matches.
+std::vector<uint32_t> proposeNgram(std::span<const uint32_t> tokens, int64_t k);
+
+// Speculation counters since the engine started: decoding steps of requests that had a proposal,
+// tokens proposed, and proposed tokens accepted.
+struct SpeculationStats {
+  uint64_t steps = 0, proposed = 0, accepted = 0;
 };
 
 class Engine {
@@ -140,6 +157,7 @@ class Engine {
   void clear(std::optional<uint64_t> batchId);
 
   const EngineOptions& options() const { return options_; }
+  const SpeculationStats& speculationStats() const { return specStats_; }
   int64_t maxContext() const;  // longest prompt + generation the model allows
 
  private:
@@ -150,6 +168,11 @@ class Engine {
   Status validate(const RequestSpec& r) const;
   // The request's grammar matcher, compiled or from the cache (INVALID_ARGUMENT: a bad grammar).
   Status attachGrammar(Request& r);
+  // This step's proposal for a decoding request (Request::draft), within its blocks and
+  // max_new_tokens, cut where its grammar would refuse a token.
+  void propose(Request& r) const;
+  // The watermark's green list after `previous` (the engine's gamma, the model's vocabulary).
+  std::span<const uint32_t> greenList(uint32_t previous);
   // Blocks in the tables of every live request.
   std::set<uint32_t> liveBlocks() const;
   // INVALID_ARGUMENT naming a block of `blocks` already in `held`; else adds them to it.
@@ -178,6 +201,8 @@ class Engine {
   std::unique_ptr<GrammarWarmer> warmer_;
   std::unique_ptr<KvCache> cache_;
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;
+  std::unique_ptr<GreenListCache> greens_;
+  SpeculationStats specStats_;
 };
 
 }  // namespace textgen::runtime

@@ -68,6 +68,10 @@ struct ForwardBatch {
   std::vector<uint32_t> slots;          // [rows]: where each row's key and value go
   std::vector<SequenceRows> sequences;  // which rows belong to which sequence
   std::vector<int64_t> logitRows;       // rows whose logits are wanted
+  // Every sequence decodes (its last token, and with speculative decoding the tokens proposed after
+  // it): no prompt rows. Such a step's rows are each computed as a one-row decode computes them
+  // (Backend::setGemvRows up to ModelOptions::graphRowsPerSequence rows).
+  bool decode = false;
   // Encoder-decoder models only (ModelConfig::isEncoderDecoder): one per sequence, and the
   // prompts of the sequences that encode this step, one after another in sequence order.
   std::vector<CrossContext> cross;
@@ -97,6 +101,9 @@ struct ModelOptions {
   // Decode steps of up to these many sequences replay a captured graph (padded to the next
   // size), on backends with graphs; empty: never (TGI's --cuda-graphs).
   std::vector<int64_t> graphBatchSizes;
+  // Decode steps whose sequences each bring the same number of rows, up to this many (1 + TGI's
+  // --speculate: the last token and the proposed ones), replay graphs too.
+  int64_t graphRowsPerSequence = 1;
   // --quantize's load-time formats: the dense checkpoint's linear layers quantized as they load
   // (a pre-quantized checkpoint's layers are read in their own format, without any option).
   LoadQuantization quantize = LoadQuantization::kNone;

@@ -35,6 +35,9 @@ struct SamplingParams {
   enum class Grammar { kNone, kJson, kRegex };
   Grammar grammarType = Grammar::kNone;
   std::string grammar;
+  // Kirchenbauer's watermark (TGI's `watermark`): the engine's green list after the previous token
+  // gets its delta (textgen/base/watermark.h).
+  bool watermark = false;
 };
 
 // INVALID_ARGUMENT naming the first bad field (TGI's validation rules).
@@ -79,8 +82,10 @@ class RequestSampler {
   explicit RequestSampler(SamplingParams params);
   // `logits` is modified in place. `history`: every token so far (prompt and generated), for the
   // penalties. `mask`: the allowed tokens' bitmask (kernels::SampleRow::maskBegin), or empty.
+  // `green`: the watermark's green list (same layout) whose logits get `greenDelta`, or empty.
   TokenChoice choose(std::span<float> logits, std::span<const uint32_t> history,
-                     std::span<const uint32_t> mask = {});
+                     std::span<const uint32_t> mask = {}, std::span<const uint32_t> green = {},
+                     float greenDelta = 0.0f);
   const SamplingParams& params() const { return params_; }
 
   // The inputs of kernels::sample for this step: distinct history tokens with counts, the bias, and
@@ -93,12 +98,20 @@ class RequestSampler {
   SampleInputs sampleInputs(const TokenCounts& history, uint32_t vocab);
   // Advances the generator as one step's draw would (a resumed request replaying its output).
   void skipDraw();
+  // Speculative steps draw for every proposed position up front: saveDraws() before them, then
+  // restoreDraws(used) leaves the generator as `used` single steps would have (the draws of the
+  // rejected positions are taken again by the steps that choose those positions).
+  void saveDraws() { saved_ = rng_; }
+  void restoreDraws(int64_t used) {
+    rng_ = saved_;
+    for (int64_t i = 0; i < used; ++i) skipDraw();
+  }
   // The row parameters for those inputs (history and bias ranges start at 0).
   kernels::SampleRow sampleRow(const SampleInputs& in) const;
 
  private:
   SamplingParams params_;
-  std::mt19937_64 rng_;
+  std::mt19937_64 rng_, saved_;
 };
 
 // Natural-log softmax of raw logits (prefill log-probabilities).

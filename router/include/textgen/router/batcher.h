@@ -54,6 +54,9 @@ struct BatcherOptions {
   bool supportChunking = false;
   // T5's shards (ShardInfo::encoderDecoder): a prompt's blocks are the encoder output's.
   bool encoderDecoder = false;
+  // Tokens the shards may propose per request and step (Info.speculate): a step may write that many
+  // positions past the request's last token, so its blocks cover them first.
+  uint32_t speculate = 0;
   // Reuse cached prompt prefixes (cache_len); only when the shards honour it.
   bool prefixCaching = false;
   // Send each decode step before delivering the previous one's tokens (while nothing waits).

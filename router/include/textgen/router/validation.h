@@ -149,6 +149,7 @@ struct ValidRequest {
   float topP = 1.0f;
   float typicalP = 1.0f;
   bool doSample = false;
+  bool watermark = false;  // Kirchenbauer's watermark on this request's tokens
   uint64_t seed = 0;
   uint32_t maxNewTokens = 0;
   std::vector<std::string> stop;
