@@ -5,8 +5,9 @@
 # textgen-watermark bench/bench_speculation"): torch's seeded CPU randperm recorded for the green-list
 # test (tests/reference/watermark/torch_randperm.json), the sampling kernel's tests (watermarked
 # rows among them), the engine's speculation and watermark tests on CUDA with graphs, the served
-# test on the GPU, then bench_speculation on the demo model in bfloat16 and float32 (SPECULATE: the
-# values to compare, e.g. 2,4,6), and with --llama7b on a random Llama-2-7B shape. Logs to $OUT.
+# test on the GPU, then bench_speculation on the demo model in bfloat16 and float32 (BENCH_SPECULATE: the
+# values to compare, e.g. 2,4,6; not SPECULATE, which the launcher reads as TGI does), and with
+# --llama7b on a random Llama-2-7B shape. Logs to $OUT.
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 tar xJf .gpu.txz
@@ -23,7 +24,7 @@ grep -q "FAILED" $OUT/kernels.log && rc=1
 grep -q "FAILED" $OUT/cuda_test.log && rc=1
 timeout 400 python3 tests/integration/speculation_serve_test.py .gpu/bin/textgen-launcher .gpu/bin/textgen-watermark models/demo cuda 2>&1 | tee $OUT/serve.log | grep -E "FAIL|passed" | head -20 || rc=1
 for dt in bfloat16 float32; do
-  timeout 200 .gpu/bin/bench_speculation --model models/demo --dtype $dt --speculate ${SPECULATE:-4} \
+  timeout 200 .gpu/bin/bench_speculation --model models/demo --dtype $dt --speculate ${BENCH_SPECULATE:-4} \
     --repeat 5 2>&1 | tee $OUT/bench-$dt.log | grep -v '^{'
 done
 # --llama7b: the cost of verification on a Llama-2-7B shape (random weights, the demo's tokenizer:
