@@ -380,7 +380,8 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // as one decode row of it is, and verified tokens keep plain decoding's logits bit for bit.
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   const int64_t group = p.numHeads / p.numKvHeads;
-  const int64_t seqs = p.numSeqs > 0 ? std::min(p.numSeqs, p.rows) : p.rows;
+  // (Up to 8 rows a sequence; longer chunks keep sizing by rows, as splits help them little.)
+  const int64_t seqs = p.numSeqs > 0 && p.maxNewRows <= 8 ? std::min(p.numSeqs, p.rows) : p.rows;
   const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target);
   const int64_t tilesPerKv = (group + heads - 1) / heads;
   const int64_t blocks = seqs * p.numKvHeads * tilesPerKv;

@@ -47,10 +47,12 @@ StatusOr<uint32_t> vocabSizeOf(const std::string& dir) {
   const nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object())
     return invalidArgumentError(dir + "/config.json is not a JSON object");
-  auto it = config.find("vocab_size");
-  if (it == config.end() && config.contains("text_config") && config["text_config"].is_object())
-    it = config["text_config"].find("vocab_size");
-  if (it == config.end() || !it->is_number_unsigned() || it->get<uint64_t>() == 0 ||
+  // Multimodal configs keep the language model's under text_config.
+  const bool nested = !config.contains("vocab_size") && config.contains("text_config") &&
+                      config["text_config"].is_object();
+  const nlohmann::json& src = nested ? config["text_config"] : config;
+  const auto it = src.find("vocab_size");
+  if (it == src.end() || !it->is_number_unsigned() || it->get<uint64_t>() == 0 ||
       it->get<uint64_t>() > (1u << 24)) {
     return invalidArgumentError(dir +
                                 "/config.json has no usable vocab_size (a positive integer up to "
@@ -106,7 +108,14 @@ int detect(int argc, char** argv) {
     if (!t.ok()) return usage(t.status().message());
     text = std::move(*t);
   } else if (!haveText) {
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    // At most what --file reads (kMaxTextFileBytes).
+    char buf[1 << 16];
+    while (std::cin.read(buf, sizeof(buf)) || std::cin.gcount() > 0) {
+      text.append(buf, static_cast<size_t>(std::cin.gcount()));
+      if (text.size() > kMaxTextFileBytes)
+        return usage("the text on stdin is longer than " + std::to_string(kMaxTextFileBytes) +
+                     " bytes");
+    }
   }
   if (!vocab) {
     auto n = vocabSizeOf(modelId);

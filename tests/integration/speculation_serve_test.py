@@ -18,6 +18,7 @@ Prints "N passed, M failed" and exits non-zero on any failure.
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -152,6 +153,24 @@ def detector_bad_input():
         r = subprocess.run([DETECT, *args], capture_output=True, text=True, timeout=60)
         check(r.returncode == 2 and want in r.stderr,
               f"textgen-watermark {' '.join(args)[:60]}: exit 2 naming '{want}'")
+    # A multimodal config keeps vocab_size under text_config; one without any is refused.
+    cleanup = []
+    for config, ok in [({"text_config": {"vocab_size": 4096}}, True), ({"text_config": {}}, False),
+                       ({"vocab_size": "many"}, False), ([1, 2], False)]:
+        d = tempfile.mkdtemp(prefix="tgwm-")
+        cleanup.append(d)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(DEMO, f)) as src, open(os.path.join(d, f), "w") as dst:
+                dst.write(src.read())
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+        r = subprocess.run([DETECT, "detect", "--model-id", d, "--text", "The Python interpreter"],
+                           capture_output=True, text=True, timeout=60)
+        check((r.returncode == 0 and "z-score" in r.stdout) if ok
+              else (r.returncode == 2 and ("vocab_size" in r.stderr or "JSON object" in r.stderr)),
+              f"detector with config {json.dumps(config)}: {'scores' if ok else 'exit 2'}")
+    for d in cleanup:
+        shutil.rmtree(d, ignore_errors=True)
     r = subprocess.run([DETECT, "detect", "--model-id", DEMO, "--text", ""], capture_output=True,
                        text=True, timeout=60)
     check(r.returncode == 0 and "tokens scored  0" in r.stdout, "empty text scores nothing")

@@ -389,7 +389,7 @@ BatchInfo Engine::info(const Batch& b) const {
 }
 
 std::vector<uint32_t> proposeNgram(std::span<const uint32_t> tokens, int64_t k) {
-  constexpr int64_t kMaxN = 3, kWindow = 16384;
+  constexpr int64_t kMaxN = 3, kWindow = 4096;
   std::vector<uint32_t> out;
   const auto len = static_cast<int64_t>(tokens.size());
   if (k <= 0 || len < 2) return out;
@@ -454,11 +454,20 @@ Engine::StepPlan Engine::schedule(Batch& batch) {
   // Steps that bring prompt log-probabilities choose on the host, one token per request.
   const bool hostLogits =
       any([](const std::unique_ptr<Request>& r) { return r->wantsPromptLogprobs(); });
+  // Proposals only while the step's rows stay within kMaxSpeculativeRows (TGI skips speculation
+  // past 128 tokens): the logits and the sampler's scratch grow with them, beyond what warmup saw.
+  const auto decoding = static_cast<int64_t>(
+      std::count_if(batch.requests.begin(), batch.requests.end(),
+                    [](const std::unique_ptr<Request>& r) { return !r->prefilling(); }));
+  const bool speculates =
+      !hostLogits && options_.speculate > 0 &&
+      static_cast<int64_t>(batch.requests.size()) + decoding * options_.speculate <=
+          kMaxSpeculativeRows;
   for (const auto& owner : batch.requests) {
-    if (hostLogits) {
-      owner->draft.clear();
-    } else {
+    if (speculates) {
       propose(*owner);
+    } else {
+      owner->draft.clear();
     }
   }
   fb.decode = all([](const std::unique_ptr<Request>& r) { return !r->prefilling(); });

@@ -69,8 +69,12 @@ Status ModelRunner::run(const ForwardBatch& b, KvCache& cache) {
   TG_RETURN_IF_ERROR(validate(b, cache));
   if (cache.dtype() != dtype_) return invalidArgumentError("the KV cache has another dtype");
   const auto n = static_cast<int64_t>(b.logitRows.size());
-  // Speculation's verification rows compute as plain decode rows do; prompt rows as without it.
-  backend_.setGemvRows(b.decode ? graphRows_ : 1);
+  // Speculation's verification rows compute as plain decode rows do; prompt rows, and decode steps
+  // of one row a sequence, as without it.
+  const bool verifies =
+      b.decode && std::any_of(b.sequences.begin(), b.sequences.end(),
+                              [](const SequenceRows& s) { return s.numRows > 1; });
+  backend_.setGemvRows(verifies ? graphRows_ : 1);
   if (const GraphShape shape = graphShape(b, cache); shape.bucket > 0)
     return runGraph(b, cache, shape);
   const Layout layout = eagerLayout(b);
@@ -145,6 +149,9 @@ ModelRunner::GraphShape ModelRunner::graphShape(const ForwardBatch& b, const KvC
   if (graphSizes_.empty() || !b.encoderTokenIds.empty() || b.sequences.empty()) return {};
   const auto n = static_cast<int64_t>(b.sequences.size());
   const int64_t q = b.sequences[0].numRows;
+  // Several rows a sequence: only speculation's verification steps (a prompt chunk of a few rows
+  // would capture a graph with other GEMM kernels than the verification steps that replay it).
+  if (q > 1 && !b.decode) return {};
   if (q < 1 || q > graphRows_ || static_cast<int64_t>(b.tokenIds.size()) != n * q ||
       static_cast<int64_t>(b.logitRows.size()) != n * q)
     return {};
@@ -260,8 +267,11 @@ StatusOr<BatchMetadata> ModelRunner::uploadMetadata(const ForwardBatch& b, const
       continue;
     }
     const SequenceRows& s = b.sequences[i];
-    const std::vector<float> freq = ropeInverseFrequencies(config_, s.startPos + s.numRows);
+    std::vector<float> freq = ropeInverseFrequencies(config_, s.startPos + s.numRows);
     for (int64_t t = 0; t < s.numRows; ++t) {
+      // A decode step's rows (the last token, then proposed ones) each take the frequencies of the
+      // length plain decoding would have at their position (dynamic NTK depends on it).
+      if (b.decode && s.numRows > 1) freq = ropeInverseFrequencies(config_, s.startPos + t + 1);
       hostMeta_[oPos + s.firstRow + t] = static_cast<int32_t>(s.startPos + t);
       std::copy(freq.begin(), freq.end(), hostFreq_.begin() + (s.firstRow + t) * half);
     }

@@ -216,14 +216,8 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
       auto it = active_.find(id);
       if (it == active_.end() || it->second.tokens.empty()) continue;  // gone, or never grows
       Active& a = it->second;
-      // The next step writes the position of its last token: the prompt's last while prefilling;
-      // with speculation, up to `speculate` proposed positions after it, within the request's
-      // prompt + max_new_tokens (the shards propose no more than that allows).
-      uint32_t need = static_cast<uint32_t>(a.tokens.size()) + more[id];
-      if (options_.speculate > 0 && a.request.maxNewTokens > 0) {
-        const uint32_t most = a.promptLen - a.generatedBefore + a.request.maxNewTokens - 1;
-        need = std::max(need, std::min(need + options_.speculate, most));
-      }
+      // The next step writes the position of its last token: the prompt's last while prefilling.
+      const auto need = static_cast<uint32_t>(a.tokens.size()) + more[id];
       while (!allocator_.extend(a.blocks, need)) {
         if (!mayPreempt) return std::nullopt;
         // The newest request of the batch gives its blocks back; perhaps this one.
@@ -237,6 +231,16 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
         victims.push_back(victim);
         preempt(victim);
         if (victim == id) break;
+      }
+      // With speculation, up to `speculate` proposed positions after it, within the request's
+      // prompt + max_new_tokens: blocks for them when free ones remain, never by preempting (the
+      // shards propose only within the blocks a request has).
+      if (options_.speculate > 0 && active_.contains(id) && a.request.maxNewTokens > 0) {
+        const uint32_t most = a.promptLen - a.generatedBefore + a.request.maxNewTokens - 1;
+        const uint32_t ahead = std::min(need + options_.speculate, most);
+        const size_t blocksAhead = (size_t{ahead} + options_.blockSize - 1) / options_.blockSize;
+        if (ahead > need && blocksAhead <= a.blocks.blocks.size() + allocator_.idleBlocks())
+          (void)allocator_.extend(a.blocks, ahead);
       }
     }
     if (!victims.empty())

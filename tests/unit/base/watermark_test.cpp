@@ -42,8 +42,11 @@ TEST(Watermark, RandpermEqualsTorchOnTheCpu) {
 
 TEST(Watermark, GreenListSizeAndCache) {
   EXPECT_EQ(greenListSize(4096, 0.5), 2048u);
-  EXPECT_EQ(greenListSize(32001, 0.25), 8000u);  // int(), as TGI
-  GreenListCache cache(4096, 0.25, /*capacity=*/2);
+  EXPECT_EQ(greenListSize(32001, 0.25), 8000u);               // int(), as TGI
+  GreenListCache cache(4096, 0.25, /*budgetBytes=*/2 * 512);  // two masks of 512 bytes
+  EXPECT_EQ(cache.capacity(), 2u);
+  EXPECT_EQ(GreenListCache(4096, 0.5).capacity(), 4096u);  // the whole vocabulary fits 64 MiB
+  EXPECT_EQ(GreenListCache(1u << 24, 0.5).capacity(), 32u);
   const std::vector<uint32_t> a(cache.mask(5).begin(), cache.mask(5).end());
   (void)cache.mask(6);
   (void)cache.mask(7);  // evicts 5

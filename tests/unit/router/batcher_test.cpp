@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 namespace textgen::router {
 namespace {
@@ -755,15 +756,25 @@ TEST(BatcherPipelineTest, TheNextDecodeIsSentBeforeATokenIsDelivered) {
 // queued again at the head and recomputed from its prompt and the tokens it had: every stream
 // still gets exactly its tokens, no write lands outside the writer's own blocks (or in a shared
 // cached one), and every block comes back.
+// With speculation (Info.speculate 4) the router also extends tables 4 positions ahead, from idle
+// blocks only: the same invariants hold under the same pressure.
 TEST(BatcherPreemptionTest, PreemptedRequestsResumeWithTheSameTokens) {
-  for (bool chunking : {false, true}) {
-    for (bool caching : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "chunking " << chunking << " caching " << caching);
+  for (const auto& [chunking, caching, speculate] :
+       std::vector<std::tuple<bool, bool, uint32_t>>{{false, false, 0},
+                                                     {false, true, 0},
+                                                     {true, false, 0},
+                                                     {true, true, 0},
+                                                     {true, false, 4},
+                                                     {true, true, 4}}) {
+    {
+      SCOPED_TRACE(testing::Message() << "chunking " << chunking << " caching " << caching
+                                      << " speculate " << speculate);
       FakeShards shards;
       MetricsRegistry metrics;
       // 15 usable blocks of 4: six requests of 6 + 18 tokens need 36 at their end.
       BatcherOptions o = options(16, chunking, chunking ? 8 : 4096);
       o.prefixCaching = caching;
+      o.speculate = speculate;
       Batcher b(shards, o, &metrics);
       std::promise<void> open;
       shards.gate = open.get_future().share();

@@ -70,7 +70,7 @@ class SpeculationTest : public ::testing::Test {
     r.stopping.maxNewTokens = maxNew;
     r.stopping.ignoreEosToken = true;
     const uint32_t blocks = static_cast<uint32_t>((r.inputIds.size() + maxNew + 15) / 16);
-    for (uint32_t b = 0; b < blocks; ++b) r.blocks.push_back(static_cast<uint32_t>(id) * 64 + b);
+    for (uint32_t b = 0; b < blocks; ++b) r.blocks.push_back(static_cast<uint32_t>(id) * 16 + b);
     return r;
   }
 
@@ -264,6 +264,55 @@ TEST_F(SpeculationTest, WatermarkWithSpeculationKeepsTheSeededOutput) {
     return r;
   };
   EXPECT_EQ(run(*spec4, {marked()}).at(1).ids, run(*plain, {marked()}).at(1).ids);
+}
+
+TEST_F(SpeculationTest, ProposalsStopPastTheRowCap) {
+  // 26 decoding requests with 4 proposals each would bring 130 rows, past kMaxSpeculativeRows:
+  // those steps run without proposals (the logits and sampling scratch stay what plain decoding
+  // of such a batch takes). The outputs are the plain ones either way.
+  auto plain = engine(0), spec4 = engine(4);
+  auto batch = [&] {
+    std::vector<RequestSpec> b;
+    for (uint64_t id = 1; id <= 26; ++id) b.push_back(spec(id, kCopyPrompt, 6));
+    return b;
+  };
+  ASSERT_GT(26 + 26 * 4, kMaxSpeculativeRows);
+  const auto want = run(*plain, batch());
+  const auto got = run(*spec4, batch());
+  for (const auto& [id, o] : want) EXPECT_EQ(got.at(id).ids, o.ids) << "request " << id;
+  EXPECT_EQ(spec4->speculationStats().proposed, 0u);
+}
+
+TEST_F(SpeculationTest, DynamicNtkRowsTakeTheirOwnLength) {
+  // Dynamic NTK RoPE (llama-dynamic: 16 positions, factor 2) past its positions: each proposed
+  // row is rotated with the frequencies of its own length, as plain decoding rotates it.
+  const char* env = std::getenv("TEXTGEN_MODEL_FIXTURES");
+  const std::string dir =
+      std::string(env && *env ? env : TEXTGEN_MODEL_FIXTURES) + "/llama-dynamic";
+  auto m = loadModel(dir, *backend_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  model_ = std::move(*m);
+  auto t = tokenizer::Tokenizer::fromDirectory(dir);
+  ASSERT_TRUE(t.ok());
+  tok_ = std::move(*t);
+  auto plain = engine(0), spec4 = engine(4);
+  const int64_t context = model_->config().maxContext();
+  auto request = [&](std::vector<uint32_t> prompt) {
+    RequestSpec r;
+    r.id = 1;
+    r.inputIds = std::move(prompt);
+    r.stopping.maxNewTokens = static_cast<uint32_t>(context - r.inputIds.size());
+    r.stopping.ignoreEosToken = true;
+    for (uint32_t b = 0; b < (context + 15) / 16; ++b) r.blocks.push_back(b);
+    return r;
+  };
+  // A prompt that repeats itself, so that proposals come.
+  const std::vector<uint32_t> prompt{5, 9, 13, 5, 9, 13, 5, 9};
+  const auto want = run(*plain, {request(prompt)});
+  const auto got = run(*spec4, {request(prompt)});
+  EXPECT_GT(context, 16);
+  EXPECT_EQ(got.at(1).ids, want.at(1).ids);
+  EXPECT_GT(spec4->speculationStats().proposed, 0u);
 }
 
 #ifdef TEXTGEN_FIXTURE_CUDA

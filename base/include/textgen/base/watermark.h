@@ -9,6 +9,7 @@
 // lists differ from its CPU ones; textgen's detector needs no GPU to check text from any of them).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -38,12 +39,16 @@ uint32_t greenListSize(uint32_t vocab, double gamma);
 // id % 32 of word id / 32).
 std::vector<uint32_t> greenListMask(uint32_t previous, uint32_t vocab, double gamma);
 
-// Green lists by previous token, the most recent `capacity` kept (computing one walks the
-// vocabulary). Not thread-safe.
+// Green lists by previous token, the most recent kept within `budgetBytes` (vocab / 8 bytes each;
+// computing one walks the vocabulary: about 1 ms at 128k ids). Not thread-safe.
 class GreenListCache {
  public:
-  GreenListCache(uint32_t vocab, double gamma, size_t capacity = 256)
-      : vocab_(vocab), gamma_(gamma), capacity_(capacity) {}
+  GreenListCache(uint32_t vocab, double gamma, size_t budgetBytes = size_t{64} << 20)
+      : vocab_(vocab),
+        gamma_(gamma),
+        capacity_(std::max<size_t>(
+            1, std::min<size_t>(vocab, budgetBytes / (sizeof(uint32_t) * ((vocab + 31) / 32))))) {}
+  size_t capacity() const { return capacity_; }
   std::span<const uint32_t> mask(uint32_t previous);
   uint32_t vocab() const { return vocab_; }
   double gamma() const { return gamma_; }

@@ -124,8 +124,11 @@ struct EngineOptions {
   double watermarkGamma = 0.5, watermarkDelta = 2.0;
 };
 
+// A step speculates only while its rows, proposals included, stay within this many.
+inline constexpr int64_t kMaxSpeculativeRows = 128;
+
 // Proposes up to `k` tokens to follow `tokens` by prompt lookup: the latest earlier occurrence of
-// its last n tokens (n from 3 down to 1, within the last 16384 tokens), and what followed it,
+// its last n tokens (n from 3 down to 1, within the last 4096 tokens), and what followed it,
 // repeated with its period when it runs into the end. Empty when nothing matches.
 std::vector<uint32_t> proposeNgram(std::span<const uint32_t> tokens, int64_t k);
 

@@ -66,6 +66,8 @@ class BlockAllocator {
 
   // Blocks allocate() can hand out: free ones plus evictable cached ones.
   uint32_t freeBlocks() const;
+  // Free blocks that hold no cached prefix: taking them evicts nothing.
+  uint32_t idleBlocks() const { return static_cast<uint32_t>(free_.size()); }
   // Blocks in the prefix tree, referenced or not.
   uint32_t cachedBlocks() const { return cached_; }
   uint32_t totalBlocks() const { return numBlocks_; }
