@@ -31,6 +31,7 @@ SHAPES = {
     # hidden, layers, heads, kv heads, intermediate, vocab, max positions
     "llama-2-7b": (4096, 32, 32, 32, 11008, 32000, 4096),
     "llama-2-13b": (5120, 40, 40, 40, 13824, 32000, 4096),
+    "llama-2-70b": (8192, 80, 64, 8, 28672, 32000, 4096),
     "llama-3-8b": (4096, 32, 32, 8, 14336, 128256, 8192),
     "tiny": (256, 2, 4, 2, 512, 1000, 2048),
     # A ~0.5B Llama for CPU load-time benchmarks (bench_quantize_load).
