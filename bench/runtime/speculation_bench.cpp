@@ -1,11 +1,14 @@
-// n-gram speculative decoding on the engine: batch-1 greedy decode of copy-heavy prompts (a code
+// Speculative decoding on the engine (n-gram proposals, or with --medusa a Medusa directory's
+// heads): batch-1 greedy decode of copy-heavy prompts (a code
 // example edited and repeated, a summary quoting its source, a changelog restating its entries) and
 // of a free-running one, without speculation and with --speculate N, on the same model and graphs.
 // Reports ms per generated token, tokens per step (accepted proposals + 1) and whether the outputs
 // are identical. Prints a table and one JSON line.
 //
 //   bench_speculation [--model DIR] [--backend cuda|cpu] [--dtype bfloat16|float32]
-//                     [--speculate 4] [--tokens 128] [--repeat 3]
+//                     [--speculate 4] [--tokens 128] [--repeat 3] [--medusa DIR]
+// With --medusa (TGI's Medusa directory: models/demo-medusa for the demo model) the speculative
+// runs load the model with its heads, the plain runs without them.
 // The default model is the bundled demo model (models/demo): proposals need a model that really
 // continues its text (random weights accept nothing).
 #include <algorithm>
@@ -112,6 +115,7 @@ int main(int argc, char** argv) {
   std::string modelDir = TEXTGEN_DEMO_MODEL, backendName = "cuda", dtypeName = "bfloat16";
   std::vector<int64_t> speculates{4};
   int64_t tokens = 128, repeat = 3;
+  std::string medusaDir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -137,6 +141,8 @@ int main(int argc, char** argv) {
       tokens = std::atoll(v);
     } else if (a == "--repeat") {
       repeat = std::atoll(v);
+    } else if (a == "--medusa") {
+      medusaDir = v;
     } else {
       std::fprintf(stderr, "bench_speculation: unknown flag %s\n", a.c_str());
       return 2;
@@ -163,7 +169,31 @@ int main(int argc, char** argv) {
   mo.dtype = cuda ? dtype : kernels::DType::kF32;
   if (cuda) mo.graphBatchSizes = {1, 2, 4, 8};
   mo.graphRowsPerSequence = 1 + most;  // as the shard loads it under --speculate
+  int64_t medusaLayers = 1;
+  if (!medusaDir.empty()) {
+    const auto medusa = orFail(readMedusaConfig(medusaDir), "reading the Medusa directory");
+    if (!medusa) {
+      std::fprintf(stderr, "bench_speculation: %s is not a Medusa directory\n", medusaDir.c_str());
+      return 2;
+    }
+    if (most > medusa->heads) {
+      std::fprintf(stderr, "bench_speculation: --speculate up to %lld with these heads\n",
+                   static_cast<long long>(medusa->heads));
+      return 2;
+    }
+    modelDir = medusa->baseModel;
+    medusaLayers = medusa->layers;
+  }
   auto model = orFail(loadModel(modelDir, *backend, mo), "loading the model");
+  std::unique_ptr<Model> withHeads;
+  if (!medusaDir.empty()) {
+    ModelOptions heads = mo;
+    heads.medusaDir = medusaDir;
+    heads.medusaHeads = most;
+    heads.medusaLayers = medusaLayers;
+    withHeads = orFail(loadModel(modelDir, *backend, heads), "loading the Medusa heads");
+  }
+  Model& specModel = withHeads ? *withHeads : *model;
   auto tok = orFail(tokenizer::Tokenizer::fromDirectory(modelDir), "loading the tokenizer");
   const int64_t kvBytes = int64_t{256} << 20;
   Engine plain(*model, *tok, *backend, {.blockSize = 16, .kvCacheBytes = kvBytes});
@@ -171,13 +201,14 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<Engine>> specs;
   for (int64_t k : speculates) {
     specs.push_back(std::make_unique<Engine>(
-        *model, *tok, *backend,
+        specModel, *tok, *backend,
         EngineOptions{.blockSize = 16, .kvCacheBytes = kvBytes, .speculate = k}));
     orFail(specs.back()->warmup(0, {}, std::nullopt, 512, std::nullopt), "warmup");
   }
 
-  std::printf("bench_speculation: %s, %s on %s, batch 1, greedy, %lld new tokens\n",
-              modelDir.c_str(), dtypeName.c_str(), backend->name(), static_cast<long long>(tokens));
+  std::printf("bench_speculation: %s, %s on %s, batch 1, greedy, %lld new tokens, %s proposals\n",
+              modelDir.c_str(), dtypeName.c_str(), backend->name(), static_cast<long long>(tokens),
+              medusaDir.empty() ? "n-gram" : "Medusa");
   std::printf("%-14s %7s %9s %12s %12s %10s %9s %6s\n", "workload", "prompt", "speculate",
               "plain ms/tok", "spec ms/tok", "tok/step", "speedup", "same");
   nlohmann::json rows = nlohmann::json::array();
@@ -185,6 +216,7 @@ int main(int argc, char** argv) {
   const auto decoded = static_cast<double>(tokens - 1);  // after the prefill's token
   // Per speculate value: the copy-heavy workloads' plain and speculative decode time summed.
   std::vector<double> copyPlain(speculates.size()), copySpec(speculates.size());
+  std::vector<double> allPlain(speculates.size()), allSpec(speculates.size());
   bool allSame = true;
   for (const Workload& w : kWorkloads) {
     const std::vector<uint32_t> prompt = orFail(tok->encode(w.prompt), "tokenizing").ids;
@@ -218,6 +250,8 @@ int main(int argc, char** argv) {
         copyPlain[k] += plainBest;
         copySpec[k] += specBest;
       }
+      allPlain[k] += plainBest;
+      allSpec[k] += specBest;
       std::printf("%-14s %7zu %9lld %12.3f %12.3f %10.2f %8.2fx %6s\n", w.name, prompt.size(),
                   static_cast<long long>(speculates[k]), plainMs, specMs, perStep, plainMs / specMs,
                   same ? "yes" : "NO");
@@ -238,21 +272,21 @@ int main(int argc, char** argv) {
     const double accepted =
         st.proposed ? static_cast<double>(st.accepted) / static_cast<double>(st.proposed) : 0.0;
     std::printf(
-        "speculate %lld: copy-heavy workloads %.2fx faster in all; %.1f%% of %llu proposed "
-        "tokens accepted\n",
-        static_cast<long long>(speculates[k]), copyPlain[k] / copySpec[k], 100 * accepted,
-        static_cast<unsigned long long>(st.proposed));
+        "speculate %lld: copy-heavy workloads %.2fx faster in all, every workload %.2fx; %.1f%% "
+        "of %llu proposed tokens accepted, %.2f tokens a step\n",
+        static_cast<long long>(speculates[k]), copyPlain[k] / copySpec[k], allPlain[k] / allSpec[k],
+        100 * accepted, static_cast<unsigned long long>(st.proposed),
+        st.steps ? 1.0 + static_cast<double>(st.accepted) / static_cast<double>(st.steps) : 1.0);
     summary.push_back({{"speculate", speculates[k]},
                        {"copy_heavy_speedup", copyPlain[k] / copySpec[k]},
+                       {"all_speedup", allPlain[k] / allSpec[k]},
                        {"accepted_fraction", accepted}});
   }
-  nlohmann::json line{{"bench", "speculation"},
-                      {"backend", backend->name()},
-                      {"dtype", dtypeName},
-                      {"tokens", tokens},
-                      {"identical", allSame},
-                      {"summary", summary},
-                      {"rows", rows}};
+  nlohmann::json line{
+      {"bench", "speculation"}, {"backend", backend->name()},
+      {"dtype", dtypeName},     {"proposals", medusaDir.empty() ? "ngram" : "medusa"},
+      {"tokens", tokens},       {"identical", allSame},
+      {"summary", summary},     {"rows", rows}};
   std::printf("%s\n", line.dump().c_str());
   return 0;
 }

@@ -24,6 +24,12 @@ float activate(float x) {
 template <Activation A>
 void gatedActivation(const GatedActivationParams& p) {
   const Elements e{p.dtype};
+  if (!p.gated && p.residual) {
+    for (int64_t i = 0; i < p.rows * p.n; ++i) {
+      e.store(p.out, i, e.load(p.residual, i) + e.round(activate<A>(e.load(p.gateUp, i))));
+    }
+    return;
+  }
   if (!p.gated) {
     for (int64_t i = 0; i < p.rows * p.n; ++i) e.store(p.out, i, activate<A>(e.load(p.gateUp, i)));
     return;
@@ -43,6 +49,8 @@ Status validateGatedActivation(const GatedActivationParams& p) {
   if (p.rows < 0 || p.n <= 0) return invalidArgumentError("gated_activation: bad shape");
   if (p.rows > 0 && (!p.gateUp || !p.out))
     return invalidArgumentError("gated_activation: gateUp and out are required");
+  if (p.gated && p.residual)
+    return invalidArgumentError("gated_activation: a residual is for the activation alone");
   switch (p.activation) {
     case Activation::kSilu:
     case Activation::kGelu:

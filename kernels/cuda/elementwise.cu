@@ -206,9 +206,10 @@ __device__ __forceinline__ float activate(float x) {
   }
 }
 
-// Not gated: out = act(x) over [rows, n], in place allowed.
+// Not gated: out = act(x) over [rows, n], or residual + act(x) with act rounded first; in place
+// allowed.
 template <typename T, int kVec, Activation A>
-__global__ void activationKernel(const T* x, T* out, int64_t units) {
+__global__ void activationKernel(const T* x, const T* residual, T* out, int64_t units) {
   using C = Convert<T>;
   using V = cuda::Vec<T, kVec>;
   cuda::waitForPrimary();
@@ -219,6 +220,12 @@ __global__ void activationKernel(const T* x, T* out, int64_t units) {
     V o;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) o.v[e] = C::fromFloat(activate<A>(C::toFloat(in.v[e])));
+    if (residual != nullptr) {
+      const V res = reinterpret_cast<const V*>(residual)[i];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        o.v[e] = C::fromFloat(C::toFloat(res.v[e]) + C::toFloat(o.v[e]));
+    }
     reinterpret_cast<V*>(out)[i] = o;
   }
 }
@@ -270,13 +277,15 @@ Status launchGatedActivationAs(const GatedActivationParams& p, cudaStream_t stre
   constexpr int kVec = 16 / sizeof(T);
   const auto* g = static_cast<const T*>(p.gateUp);
   auto* o = static_cast<T*>(p.out);
-  const bool vec = p.n % kVec == 0 && cuda::aligned16(g) && cuda::aligned16(o);
+  const auto* res = static_cast<const T*>(p.residual);
+  const bool vec = p.n % kVec == 0 && cuda::aligned16(g) && cuda::aligned16(o) &&
+                   (res == nullptr || cuda::aligned16(res));
   const int64_t units = p.rows * (vec ? p.n / kVec : p.n);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65536));
   if (!p.gated) {
     return cuda::launch("activation",
                         vec ? activationKernel<T, kVec, A> : activationKernel<T, 1, A>, blocks, 256,
-                        0, stream, g, o, units);
+                        0, stream, g, res, o, units);
   }
   return cuda::launch("gated_activation",
                       vec ? gatedActivationKernel<T, kVec, A> : gatedActivationKernel<T, 1, A>,

@@ -21,8 +21,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -380,6 +382,23 @@ std::variant<fs::path, int> modelDirectory(const Parsed& p) {
   return modelDir;
 }
 
+// The router's tokenizer directory: the model directory, or for TGI's Medusa directory without a
+// tokenizer of its own, its base model's (base_model_name_or_path: absolute, or relative to it).
+// A Medusa directory whose base cannot be found is the shard's to report.
+fs::path tokenizerDirectory(const fs::path& modelDir) {
+  std::ifstream in(modelDir / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::error_code ec;
+  if (!j.is_object() || !j.contains("medusa_num_heads") ||
+      fs::exists(modelDir / "tokenizer.json", ec))
+    return modelDir;
+  auto base = j.find("base_model_name_or_path");
+  if (base == j.end() || !base->is_string()) return modelDir;
+  const fs::path named(base->get<std::string>());
+  const fs::path resolved = named.is_absolute() ? named : modelDir / named;
+  return fs::is_directory(resolved, ec) ? resolved.lexically_normal() : modelDir;
+}
+
 // Every rank's command line but its address (--uds-path or --port) and --shard-urls.
 std::vector<std::string> shardArgs(const Parsed& p, const fs::path& modelDir,
                                    const launcher::ShardPlan& plan) {
@@ -528,7 +547,7 @@ int run(int argc, char** argv) {
   for (auto& part : parts) shards.push_back(part.get());
   std::vector<std::string> routerArgs{(selfDir() / "textgen-router").string(),
                                       "--tokenizer-name",
-                                      modelDir.string(),
+                                      tokenizerDirectory(modelDir).string(),
                                       "--model-id",
                                       served,
                                       "--master-shard-uds-path",

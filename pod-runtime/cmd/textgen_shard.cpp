@@ -79,7 +79,10 @@ struct Flags {
       true;  // TGI's PREFIX_CACHING environment variable ("0" or "false" turns off)
   int collectiveTimeoutS = 300;
   std::vector<std::string> shardUrls;
-  int64_t speculate = 0;  // TGI's --speculate
+  int64_t speculate = -1;  // TGI's --speculate (-1: not given; resolveMedusa sets it)
+  // --model-id a Medusa directory: its heads' directory, --model-id then its base model's.
+  std::string medusaDir;
+  int64_t medusaLayers = 1;
   double watermarkGamma = kWatermarkDefaultGamma, watermarkDelta = kWatermarkDefaultDelta;
 };
 
@@ -365,7 +368,7 @@ std::string fingerprint(const Flags& f, runtime::Backend& backend, kernels::DTyp
          " config.json=" + std::to_string(std::hash<std::string>{}(config)) +
          " TEXTGEN_CUSTOM_ALL_REDUCE=" + (custom ? custom : "") + " quantize=" + f.quantize +
          " kv-cache-dtype=" + std::string(kernels::kvCacheDTypeName(f.kvCacheDtype)) +
-         " speculate=" + std::to_string(f.speculate) +
+         " speculate=" + std::to_string(f.speculate) + " medusa=" + f.medusaDir +
          " watermark=" + std::to_string(f.watermarkGamma) + "," + std::to_string(f.watermarkDelta);
 }
 
@@ -380,6 +383,28 @@ Status checkSameStart(runtime::Rendezvous& r, const std::string& mine) {
   return okStatus();
 }
 
+// --model-id naming TGI's Medusa directory (config.json with medusa_num_heads): the base model it
+// names is served, with its heads proposing --speculate tokens (all of them when not given, as TGI;
+// more than it has is an error). Otherwise --speculate defaults to 0 (no speculation).
+Status resolveMedusa(Flags& f) {
+  TG_ASSIGN_OR_RETURN(std::optional<runtime::MedusaConfig> medusa,
+                      runtime::readMedusaConfig(f.modelId));
+  if (!medusa) {
+    f.speculate = std::max<int64_t>(f.speculate, 0);
+    return okStatus();
+  }
+  if (f.speculate > medusa->heads) {
+    return invalidArgumentError("--speculate " + std::to_string(f.speculate) +
+                                ": the Medusa model " + f.modelId + " has only " +
+                                std::to_string(medusa->heads) + " heads; make them match");
+  }
+  if (f.speculate < 0) f.speculate = std::min<int64_t>(medusa->heads, 16);
+  f.medusaDir = f.modelId;
+  f.medusaLayers = medusa->layers;
+  f.modelId = medusa->baseModel;
+  return okStatus();
+}
+
 int run(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a peer gone mid-write is an error to report, not a signal
   auto flags = parseFlags(argc, argv);
@@ -387,7 +412,7 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "textgen-shard: %s\n", flags.status().message().c_str());
     return 2;
   }
-  const Flags& f = *flags;
+  Flags& f = *flags;
   auto level = log::parseLevel(f.logLevel);
   if (!level.ok()) {
     std::fprintf(stderr, "textgen-shard: %s\n", level.status().message().c_str());
@@ -402,6 +427,11 @@ int run(int argc, char** argv) {
     spdlog::critical("{}", s.toString());
     return 1;
   };
+  if (Status s = resolveMedusa(f); !s.ok()) return fail(s.withContext("--model-id " + f.modelId));
+  if (!f.medusaDir.empty()) {
+    spdlog::info("Medusa heads from {}: {} of them propose tokens, base model {}", f.medusaDir,
+                 f.speculate, f.modelId);
+  }
   auto backend = pickBackend(f);
   if (!backend.ok()) return fail(backend.status());
   const bool cuda = std::string((*backend)->name()) == "cuda";
@@ -465,10 +495,18 @@ int run(int argc, char** argv) {
                                    .dtype = *dtype,
                                    .graphBatchSizes = cuda ? f.cudaGraphs : std::vector<int64_t>{},
                                    .graphRowsPerSequence = 1 + f.speculate,
-                                   .quantize = *quantize});
+                                   .quantize = *quantize,
+                                   .medusaDir = f.speculate > 0 ? f.medusaDir : std::string(),
+                                   .medusaHeads = f.speculate,
+                                   .medusaLayers = f.medusaLayers});
   if (!model.ok()) return fail(model.status().withContext("loading " + f.modelId));
-  auto tok = tokenizer::Tokenizer::fromDirectory(f.modelId);
-  if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer of " + f.modelId));
+  // A Medusa directory's own tokenizer when it has one (TGI reads the --model-id's), else the
+  // base model's.
+  const std::string tokDir =
+      !f.medusaDir.empty() && std::filesystem::exists(f.medusaDir + "/tokenizer.json") ? f.medusaDir
+                                                                                       : f.modelId;
+  auto tok = tokenizer::Tokenizer::fromDirectory(tokDir);
+  if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer of " + tokDir));
   spdlog::info("backend {}, dtype {}, KV cache {}", (*backend)->name(), kernels::dtypeName(*dtype),
                f.kvCacheDtype == kernels::KvCacheDType::kAuto
                    ? kernels::dtypeName(*dtype)

@@ -1,7 +1,8 @@
 // config.json (and generation_config.json) to typed hyper-parameters. The input is config.json,
 // optionally followed by a NUL byte and generation_config.json. An accepted config must give values
 // the model code can use: the derived sizes and RoPE's frequencies are computed from it, and a
-// quantization_config a format the dequantizer reads (bits and group size in range).
+// quantization_config a format the dequantizer reads (bits and group size in range). The same text
+// is also read as a Medusa directory's config (parseMedusaConfig).
 #include <cmath>
 
 #include "fuzz_util.h"
@@ -71,6 +72,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(registered.ok() || !registered.status().message().empty(),
              "an error without a message");
   if (registered.ok()) checkAccepted(&*registered);
+  // The same text as a Medusa directory's config: accepted fields are within their limits.
+  auto medusa = parseMedusaConfig(config);
+  FUZZ_CHECK(medusa.ok() || !medusa.status().message().empty(), "an error without a message");
+  if (medusa.ok() && medusa->has_value()) {
+    const MedusaConfig& m = **medusa;
+    FUZZ_CHECK(m.heads >= 1 && m.heads <= kMaxMedusaHeads, "medusa heads");
+    FUZZ_CHECK(m.layers >= 1 && m.layers <= kMaxMedusaLayers, "medusa layers");
+    FUZZ_CHECK(!m.baseModel.empty(), "medusa base model");
+  }
   auto c = parseModelConfig(config, generation);
   if (!c.ok()) {
     FUZZ_CHECK(!c.status().message().empty(), "an error without a message");

@@ -9,6 +9,10 @@ on the GPU machine), through the router and gRPC:
   `textgen-watermark detect`, the same request without it |z| < 2; --watermark-gamma/--delta reach
   the shards (a delta of 0 leaves the text unmarked);
 - with --num-shard 2 (Gloo on the CPU), greedy output still equals the plain server's;
+- Medusa: --model-id the demo's trained heads (models/demo-medusa, TGI's layout naming ../demo)
+  serves the demo model with all 4 heads proposing, its output equal to the plain server's, with
+  accepted proposals in tgi_request_skipped_tokens; on two ranks too; --speculate 5 (more than the
+  heads) is refused naming the heads;
 - bad input: --speculate out of range or not a number, --watermark-gamma outside (0, 1) and a
   negative delta stop the launcher with a message naming the flag; `"watermark": "yes"` is a 422.
 
@@ -48,8 +52,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(extra=(), wait=120):
-    cmd = [LAUNCHER, "--model-id", DEMO, "--port", str(free_port()), "--hostname", "127.0.0.1",
+def launch(extra=(), wait=120, model=None):
+    cmd = [LAUNCHER, "--model-id", model or DEMO, "--port", str(free_port()), "--hostname", "127.0.0.1",
            "--master-port", str(free_port()), "--shard-uds-path",
            tempfile.mktemp(prefix="tgspec-"), *extra]
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
@@ -238,13 +242,46 @@ def main():
     finally:
         stop(p)
 
+    # Medusa: the heads' directory as --model-id; every head proposes unless --speculate says fewer.
+    medusa = os.path.join(os.path.dirname(os.path.abspath(DEMO)), "demo-medusa")
+    p, url, lines = launch(["--speculate", "5"], wait=60, model=medusa)
+    if url:
+        stop(p)
+    else:
+        p.wait()
+    check(url is None and p.returncode != 0 and "4 heads" in "".join(lines),
+          "Medusa with --speculate 5 refused naming its 4 heads")
+    p, url, lines = launch(model=medusa)
+    if not url:
+        check(False, "Medusa launcher ready:\n" + "".join(lines[-20:]))
+        return
+    try:
+        check(any("Medusa heads from" in l and "4 of them" in l for l in lines),
+              "Medusa: the shard serves the base model with 4 heads")
+        got = outputs(url)
+        for key in want:
+            check(got[key] == want[key], f"Medusa: {key} equals the plain server's")
+        s, metrics = request(url, "GET", "/metrics")
+        count = total = 0.0
+        for line in metrics.splitlines():
+            if line.startswith("tgi_request_skipped_tokens_count"):
+                count = float(line.split()[-1])
+            if line.startswith("tgi_request_skipped_tokens_sum"):
+                total = float(line.split()[-1])
+        check(count > 0 and total > 0,
+              f"Medusa: tgi_request_skipped_tokens: {total:.0f} accepted over {count:.0f} steps")
+    finally:
+        stop(p)
+
     # Tensor parallelism: two ranks propose and verify alike (the same tokens, the same seeds), and
     # give what two ranks give without speculation. On the CPU (Gloo); the GPU machine's single GPU
     # cannot hold two NCCL ranks.
     if not CUDA:
         tp = {}
-        for flags in (["--num-shard", "2"], ["--num-shard", "2", "--speculate", "4"]):
-            p, url, lines = launch(flags, wait=180)
+        for flags, model in ((["--num-shard", "2"], None),
+                             (["--num-shard", "2", "--speculate", "4"], None),
+                             (["--num-shard", "2"], medusa)):
+            p, url, lines = launch(flags, wait=180, model=model)
             if not url:
                 check(False, f"{' '.join(flags)} launcher ready:\n" + "".join(lines[-20:]))
                 continue
@@ -257,8 +294,10 @@ def main():
             finally:
                 stop(p)
         for i, runs in tp.items():
-            check(len(runs) == 2 and runs[0] == runs[1] and runs[0][0] == 200,
+            check(len(runs) == 3 and runs[0] == runs[1] and runs[0][0] == 200,
                   f"--num-shard 2: generate {i} with --speculate 4 equals it without")
+            check(len(runs) == 3 and runs[0] == runs[2],
+                  f"--num-shard 2: generate {i} with Medusa heads equals it without")
 
     # The server's gamma and delta reach the shards: delta 0 marks nothing.
     p, url, lines = launch(["--watermark-gamma", "0.25", "--watermark-delta", "0"])

@@ -664,6 +664,41 @@ TEST_F(OpsCudaTest, ActivationNotGatedMatchesReferenceInPlace) {
   }
 }
 
+// Medusa's residual blocks: residual + act(x), act rounded first, in place over x.
+TEST_F(OpsCudaTest, ActivationWithResidualMatchesReference) {
+  for (DType dt : kDtypes) {
+    for (int64_t n : {1, 13, 256, 4096}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " n " + std::to_string(n));
+      const int64_t rows = 5;
+      auto want = encode(randomValues(rows * n, rng_, 3.0f), dt);
+      const auto res = encode(randomValues(rows * n, rng_, 3.0f), dt);
+      auto dx = toDevice(want);
+      auto dr = toDevice(res);
+      ASSERT_TRUE(gatedActivationReference({.gateUp = want.data(),
+                                            .out = want.data(),
+                                            .rows = rows,
+                                            .n = n,
+                                            .dtype = dt,
+                                            .activation = Activation::kSilu,
+                                            .gated = false,
+                                            .residual = res.data()})
+                      .ok());
+      ASSERT_TRUE(invokeGatedActivation({.gateUp = dx->get(),
+                                         .out = dx->get(),
+                                         .rows = rows,
+                                         .n = n,
+                                         .dtype = dt,
+                                         .activation = Activation::kSilu,
+                                         .gated = false,
+                                         .residual = dr->get()},
+                                        nullptr)
+                      .ok());
+      EXPECT_TRUE(testing::allClose(decode(fromDevice(*dx, want.size()), dt), decode(want, dt),
+                                    toleranceFor(dt), n));
+    }
+  }
+}
+
 TEST_F(OpsCudaTest, BiasAddMatchesReference) {
   for (DType dt : kDtypes) {
     for (int64_t out : {1, 13, 4096}) {

@@ -55,6 +55,8 @@ struct Engine::Request {
   // Speculative decoding: the tokens proposed to follow `tokens` this step (Engine::propose); the
   // step computes their positions too and keeps those the model's own choices confirm.
   std::vector<uint32_t> draft;
+  // Medusa: the heads' guesses at the row of the last token chosen, the next step's proposal.
+  std::vector<uint32_t> medusa;
 
   // Encoder-decoder requests (seq2seq): the prompt is the encoder's input, kept as cross keys and
   // values in the first crossBlocks of the table; the decoder's tokens (`tokens`, from the start
@@ -190,6 +192,7 @@ struct Engine::StepOutputs {
   std::vector<GreedyToken> picks;
   std::vector<SampledToken> sampled;
   std::vector<float> logits;
+  std::vector<uint32_t> medusa;  // Model::speculativeIds: [heads][logit rows], or empty
 };
 
 // Computes the masks of grammars' states nearest their start on a thread of its own, so that a
@@ -419,7 +422,12 @@ void Engine::propose(Request& r) const {
                        static_cast<int64_t>(r.stopping.generatedTokens()) - 1;
   const int64_t k = std::min({options_.speculate, room, left});
   if (k <= 0) return;
-  r.draft = proposeNgram(r.tokens, k);
+  if (model_.speculativeHeads() > 0) {  // Medusa's guesses from the last step, else none
+    r.draft.assign(r.medusa.begin(),
+                   r.medusa.begin() + std::min<int64_t>(k, static_cast<int64_t>(r.medusa.size())));
+  } else {
+    r.draft = proposeNgram(r.tokens, k);
+  }
   if (r.matcher) {  // a token the grammar would mask cannot be accepted: cut there
     grammar::Matcher m = *r.matcher;
     for (size_t i = 0; i < r.draft.size(); ++i) {
@@ -578,6 +586,9 @@ StatusOr<Engine::StepOutputs> Engine::execute(const StepPlan& plan) {
       break;
     }
   }
+  if (model_.speculativeHeads() > 0) {
+    TG_ASSIGN_OR_RETURN(out.medusa, model_.speculativeIds());
+  }
   return out;
 }
 
@@ -651,8 +662,10 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
       return choice;
     };
     std::vector<TokenChoice> choices;
+    int64_t lastRow = 0;  // the logit row of the last token chosen
     if (draft.empty()) {
-      choices.push_back(choiceAt(promptLogprobs ? first + n - 1 : first));
+      lastRow = promptLogprobs ? first + n - 1 : first;
+      choices.push_back(choiceAt(lastRow));
     } else {
       // Row j chose after draft[0, j): its choice stands while every proposed token before it
       // was the model's own choice.
@@ -660,12 +673,19 @@ StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) 
       while (choices.size() <= draft.size() && choices.back().id == draft[choices.size() - 1])
         choices.push_back(choiceAt(first + static_cast<int64_t>(choices.size())));
       const auto accepted = static_cast<int64_t>(choices.size());
+      lastRow = first + accepted - 1;
       r.computed += accepted;  // the known token's and the confirmed proposals' positions
       if (r.spec.sampling.doSample && plan.mode == ChoiceMode::kSample)
         r.sampler.restoreDraws(accepted);
       ++specStats_.steps;
       specStats_.proposed += draft.size();
       specStats_.accepted += static_cast<uint64_t>(accepted - 1);
+    }
+    r.medusa.clear();
+    if (!out.medusa.empty()) {
+      const int64_t heads = model_.speculativeHeads();
+      const auto rows = static_cast<int64_t>(plan.forward.logitRows.size());
+      for (int64_t h = 0; h < heads; ++h) r.medusa.push_back(out.medusa[h * rows + lastRow]);
     }
     GenerationResult g;
     g.requestId = r.spec.id;

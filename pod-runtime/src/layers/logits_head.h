@@ -31,6 +31,11 @@ class LogitsHead {
   // `residual` is not read.
   Status forward(const ForwardContext& ctx, const void* hs, const void* residual) const;
 
+  // The head's layer, and whether a projection comes before it (its input is then not the
+  // normalised hidden state that forward() leaves in ws.pickedHidden).
+  const Linear& linear() const { return head_; }
+  bool projects() const { return projection_.has_value(); }
+
  private:
   std::optional<Norm> finalNorm_;
   std::optional<Linear> projection_;  // [width, hidden], replicated

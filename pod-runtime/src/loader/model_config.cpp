@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -450,6 +451,47 @@ StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir,
   auto gen = readRegularFile(dir + "generation_config.json");
   if (!gen.ok() && gen.status().code() != StatusCode::kNotFound) return gen.status();
   return parseModelConfig(config, gen.ok() ? *gen : std::string(), dialectOf);
+}
+
+StatusOr<std::optional<MedusaConfig>> parseMedusaConfig(std::string_view configJson) {
+  json j = json::parse(configJson, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return invalidArgumentError("config.json is not a JSON object");
+  if (!j.contains("medusa_num_heads")) return std::optional<MedusaConfig>();
+  MedusaConfig m;
+  TG_ASSIGN_OR_RETURN(m.heads, boundedInt(j, "medusa_num_heads", kMaxMedusaHeads));
+  TG_ASSIGN_OR_RETURN(m.layers, boundedInt(j, "medusa_num_layers", kMaxMedusaLayers));
+  auto base = j.find("base_model_name_or_path");
+  if (base == j.end() || !base->is_string() || base->get<std::string>().empty() ||
+      base->get<std::string>().find('\0') != std::string::npos)
+    return fieldError("base_model_name_or_path", "must be a non-empty string");
+  m.baseModel = base->get<std::string>();
+  return std::optional<MedusaConfig>(std::move(m));
+}
+
+StatusOr<std::optional<MedusaConfig>> readMedusaConfig(const std::string& dir) {
+  namespace fs = std::filesystem;
+  TG_ASSIGN_OR_RETURN(std::string text, readRegularFile((fs::path(dir) / "config.json").string()));
+  auto parsed = parseMedusaConfig(text);
+  if (!parsed.ok()) return parsed.status().withContext(dir);
+  if (!parsed->has_value()) return parsed;
+  MedusaConfig m = std::move(**parsed);
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(dir) / "medusa_lm_head.safetensors", ec))
+    return notFoundError(dir + ": a Medusa directory without medusa_lm_head.safetensors");
+  const fs::path named(m.baseModel);
+  const fs::path resolved = named.is_absolute() ? named : fs::path(dir) / named;
+  if (!fs::is_regular_file(resolved / "config.json", ec)) {
+    return notFoundError(dir + ": the base model '" + named.string() +
+                         "' is not a local model directory (looked for " +
+                         (resolved / "config.json").string() +
+                         "; base_model_name_or_path is read as a path, absolute or relative to "
+                         "the Medusa directory, and nothing is downloaded)");
+  }
+  m.baseModel = resolved.lexically_normal().string();
+  if (fs::equivalent(resolved, fs::path(dir), ec))
+    return invalidArgumentError(dir + ": base_model_name_or_path names the Medusa directory");
+  return std::optional<MedusaConfig>(std::move(m));
 }
 
 }  // namespace textgen::runtime

@@ -62,7 +62,6 @@ StatusOr<std::vector<std::string>> indexShards(const std::string& index) {
 
 StatusOr<std::unique_ptr<WeightStore>> WeightStore::open(const std::string& modelDir) {
   namespace fs = std::filesystem;
-  auto store = std::make_unique<WeightStore>();
   std::vector<std::string> files;
   const std::string index = (fs::path(modelDir) / "model.safetensors.index.json").string();
   std::error_code ec;
@@ -75,8 +74,19 @@ StatusOr<std::unique_ptr<WeightStore>> WeightStore::open(const std::string& mode
                          ": no model.safetensors or model.safetensors.index.json "
                          "(PyTorch .bin weights are not supported)");
   }
-  for (const std::string& f : files) {
-    TG_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open((fs::path(modelDir) / f).string()));
+  for (std::string& f : files) f = (fs::path(modelDir) / f).string();
+  return openFiles(files);
+}
+
+StatusOr<std::unique_ptr<WeightStore>> WeightStore::openFile(const std::string& path) {
+  return openFiles({path});
+}
+
+StatusOr<std::unique_ptr<WeightStore>> WeightStore::openFiles(
+    const std::vector<std::string>& paths) {
+  auto store = std::make_unique<WeightStore>();
+  for (const std::string& path : paths) {
+    TG_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
     for (const auto& [name, info] : file->tensors()) {
       if (store->where_.contains(name))
         return invalidArgumentError("tensor '" + name + "' appears in two shards");

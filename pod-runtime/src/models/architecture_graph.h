@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "layers/forward_context.h"
+#include "layers/logits_head.h"
 #include "layers/weight_loader.h"
 #include "models/architecture_spec.h"
 
@@ -20,6 +21,9 @@ class ArchitectureGraph {
   // Enqueues one forward over ctx.meta's rows, writing ctx.headOut(); never waits for the device
   // (the runner captures it into graphs).
   virtual Status build(const ForwardContext& ctx) const = 0;
+  // A decoder-only graph's logits head (Medusa heads read its input and may project with it);
+  // null for graphs that do not expose one.
+  virtual const LogitsHead* logitsHead() const { return nullptr; }
 };
 
 // A graph for `spec`: UNIMPLEMENTED naming the first spec value the graph does not build.

@@ -260,6 +260,8 @@ class FalconGraph final : public ArchitectureGraph {
     return okStatus();
   }
 
+  const LogitsHead* logitsHead() const override { return &head_; }
+
   Status build(const ForwardContext& ctx) const override {
     const int64_t rows = ctx.rows();
     void* x = ctx.ws.residual->data();  // [rows, hidden]: the residual stream

@@ -30,8 +30,40 @@ StatusOr<std::unique_ptr<Model>> ModelRunner::load(const ModelConfig& config,
   r->graphRows_ = options.graphRowsPerSequence;
   const WeightLoader loader(weights, backend, r->dtype_, r->config_, r->part_, options.quantize);
   TG_RETURN_IF_ERROR(r->graph_->load(loader));
+  if (!options.medusaDir.empty()) TG_RETURN_IF_ERROR(r->loadMedusa(options));
   TG_RETURN_IF_ERROR(backend.synchronize());
   return std::unique_ptr<Model>(std::move(r));
+}
+
+Status ModelRunner::loadMedusa(const ModelOptions& options) {
+  const LogitsHead* head = graph_->logitsHead();
+  if (head == nullptr || head->projects() || config_.isEncoderDecoder) {
+    return unimplementedError(config_.architecture +
+                              ": Medusa heads need a decoder-only model whose logits head reads "
+                              "the final hidden state");
+  }
+  const std::string path = options.medusaDir + "/medusa_lm_head.safetensors";
+  TG_ASSIGN_OR_RETURN(auto store, WeightStore::openFile(path));
+  // Replicated, in the compute dtype: never quantized (--quantize is the base model's).
+  const WeightLoader loader(*store, backend_, dtype_, config_, part_, LoadQuantization::kNone);
+  auto heads = MedusaHeads::load(loader, options.medusaHeads, options.medusaLayers, head->linear());
+  if (!heads.ok()) return heads.status().withContext(path);
+  medusa_ = std::move(*heads);
+  return okStatus();
+}
+
+StatusOr<std::vector<uint32_t>> ModelRunner::speculativeIds() {
+  std::vector<uint32_t> out;
+  if (!medusa_ || medusaStride_ == 0) return out;
+  const int64_t heads = medusa_->heads();
+  std::vector<int32_t> raw(heads * medusaStride_);
+  TG_RETURN_IF_ERROR(backend_.download(raw.data(), medusa_->ids(), raw.size() * sizeof(int32_t)));
+  out.resize(heads * medusaRows_);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t r = 0; r < medusaRows_; ++r)
+      out[h * medusaRows_ + r] = static_cast<uint32_t>(raw[h * medusaStride_ + r]);
+  }
+  return out;
 }
 
 StatusOr<LogitsView> ModelRunner::forwardLogits(const ForwardBatch& b, KvCache& cache) {
@@ -75,9 +107,17 @@ Status ModelRunner::run(const ForwardBatch& b, KvCache& cache) {
       b.decode && std::any_of(b.sequences.begin(), b.sequences.end(),
                               [](const SequenceRows& s) { return s.numRows > 1; });
   backend_.setGemvRows(verifies ? graphRows_ : 1);
-  if (const GraphShape shape = graphShape(b, cache); shape.bucket > 0)
+  // Medusa's guesses, for steps of few enough logit rows (enqueue's condition).
+  auto medusaOn = [&](int64_t laidOut) {
+    medusaStride_ = medusa_ && laidOut <= kMaxMedusaRows ? laidOut : 0;
+    medusaRows_ = n;
+  };
+  if (const GraphShape shape = graphShape(b, cache); shape.bucket > 0) {
+    medusaOn(shape.bucket * shape.rows);
     return runGraph(b, cache, shape);
+  }
   const Layout layout = eagerLayout(b);
+  medusaOn(layout.logitRows);
   TG_ASSIGN_OR_RETURN(const BatchMetadata meta, uploadMetadata(b, layout, meta_, invFreq_));
   std::optional<BatchMetadata> encoder;
   if (!b.encoderTokenIds.empty()) {
@@ -89,7 +129,7 @@ Status ModelRunner::run(const ForwardBatch& b, KvCache& cache) {
 }
 
 // Enqueues the whole forward (no host synchronisation): the architecture's graph, then the
-// tensor-parallel logits gathered into whole rows.
+// tensor-parallel logits gathered into whole rows, then the Medusa heads' guesses.
 Status ModelRunner::enqueue(const BatchMetadata& meta, KvCache& cache,
                             const BatchMetadata* encoder) {
   const ForwardContext ctx{.backend = backend_,
@@ -102,7 +142,9 @@ Status ModelRunner::enqueue(const BatchMetadata& meta, KvCache& cache,
                            .cache = cache,
                            .encoder = encoder};
   TG_RETURN_IF_ERROR(graph_->build(ctx));
-  return part_.world == 1 ? okStatus() : gatherLogits(meta.layout.logitRows);
+  if (part_.world > 1) TG_RETURN_IF_ERROR(gatherLogits(meta.layout.logitRows));
+  if (medusa_ && meta.layout.logitRows <= kMaxMedusaRows) return medusa_->forward(ctx);
+  return okStatus();
 }
 
 // Each rank's part of the vocabulary, gathered as [rank][row][part], then laid out as whole rows
@@ -370,7 +412,13 @@ StatusOr<BatchMetadata> ModelRunner::uploadEncoderMetadata(const ForwardBatch& b
 
 Status ModelRunner::reserve(int64_t rows, int64_t logitRows) {
   bool moved = false;
-  const Status st = ws_.reserve(backend_, config_, part_, dtype_, rows, logitRows, moved);
+  Status st = ws_.reserve(backend_, config_, part_, dtype_, rows, logitRows, moved);
+  if (st.ok() && medusa_) {
+    bool medusaMoved = false;
+    st = medusa_->reserve(backend_, config_, part_, dtype_, std::min(logitRows, kMaxMedusaRows),
+                          medusaMoved);
+    moved = moved || medusaMoved;
+  }
   if (moved) graphs_.clear();  // their pointers move (even when an allocation failed)
   return st;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "layers/batch_metadata.h"
+#include "layers/medusa.h"
 #include "layers/partition.h"
 #include "layers/workspace.h"
 #include "models/architecture_graph.h"
@@ -37,6 +38,8 @@ class ModelRunner final : public Model {
   KvShape kvShape() const override { return {config_.numLayers, part_.kvHeads, config_.headDim}; }
   StatusOr<LogitsView> forwardLogits(const ForwardBatch& b, KvCache& cache) override;
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override;
+  int64_t speculativeHeads() const override { return medusa_ ? medusa_->heads() : 0; }
+  StatusOr<std::vector<uint32_t>> speculativeIds() override;
 
  private:
   using Layout = BatchMetadata::Layout;
@@ -63,6 +66,7 @@ class ModelRunner final : public Model {
                                          std::pair<size_t, size_t> minBytes = {0, 0});
   StatusOr<BatchMetadata> uploadEncoderMetadata(const ForwardBatch& b, const KvCache& cache);
   Status reserve(int64_t rows, int64_t logitRows);
+  Status loadMedusa(const ModelOptions& options);
 
   ModelConfig config_;
   std::unique_ptr<ArchitectureGraph> graph_;
@@ -82,6 +86,10 @@ class ModelRunner final : public Model {
   std::unique_ptr<Buffer> graphMeta_, graphFreq_;
   std::vector<int32_t> hostMeta_;
   std::vector<float> hostFreq_;
+  // Medusa heads, and the last forward's: logit rows the ids are laid out for (0: none computed)
+  // and the batch's own (a graph's padding rows past them).
+  std::optional<MedusaHeads> medusa_;
+  int64_t medusaStride_ = 0, medusaRows_ = 0;
 };
 
 }  // namespace textgen::runtime

@@ -99,6 +99,8 @@ class MptGraph final : public ArchitectureGraph {
     return okStatus();
   }
 
+  const LogitsHead* logitsHead() const override { return &head_; }
+
   Status build(const ForwardContext& ctx) const override {
     void* x = ctx.ws.residual->data();  // [rows, hidden]: the residual stream
     void* hs = ctx.ws.hidden->data();   // [rows, hidden]: each block's input and output

@@ -161,6 +161,63 @@ TEST(GatedActivationReferenceTest, NotGatedIsTheActivationAloneInPlace) {
   }
 }
 
+// Not gated with a residual (Medusa's residual blocks): residual + act(x), act rounded to the dtype
+// before the add and the sum rounded again, as PyTorch's x + act(linear(x)); in place over either.
+TEST(GatedActivationReferenceTest, ResidualAddsTheRoundedActivation) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  const int64_t rows = 3, n = 17;
+  std::vector<float> x(rows * n), res(rows * n);
+  for (float& v : x) v = d(rng);
+  for (float& v : res) v = d(rng);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (bool intoResidual : {false, true}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + (intoResidual ? " into the residual" : ""));
+      std::vector<float> in(x.size()), r(res.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        in[i] = roundTo(dt, x[i]);
+        r[i] = roundTo(dt, res[i]);
+      }
+      std::vector<float> gotX = in, gotR = r;
+      std::vector<uint16_t> halfX, halfR;
+      void* bx = gotX.data();
+      void* br = gotR.data();
+      if (dt != DType::kF32) {
+        halfX = encodeHalf(dt, in);
+        halfR = encodeHalf(dt, r);
+        bx = halfX.data();
+        br = halfR.data();
+      }
+      ASSERT_TRUE(gatedActivationReference({.gateUp = bx,
+                                            .out = intoResidual ? br : bx,
+                                            .rows = rows,
+                                            .n = n,
+                                            .dtype = dt,
+                                            .activation = Activation::kSilu,
+                                            .gated = false,
+                                            .residual = br})
+                      .ok());
+      std::vector<float> got = intoResidual ? gotR : gotX;
+      if (dt != DType::kF32) {
+        const std::vector<uint16_t>& h = intoResidual ? halfR : halfX;
+        for (size_t i = 0; i < got.size(); ++i) got[i] = decodeHalf(dt, h[i]);
+      }
+      for (size_t i = 0; i < in.size(); ++i) {
+        const float act = roundTo(dt, static_cast<float>(activate(Activation::kSilu, in[i])));
+        const float want = roundTo(dt, r[i] + act);
+        const double eps = dt == DType::kF32 ? 1e-6 : dt == DType::kF16 ? 1.0 / 1024 : 1.0 / 128;
+        ASSERT_NEAR(got[i], want, eps * std::fabs(want) + 1e-6) << "i " << i;
+      }
+    }
+  }
+  // A residual is for the activation alone.
+  std::vector<float> buf(8);
+  EXPECT_FALSE(
+      gatedActivationReference(
+          {.gateUp = buf.data(), .out = buf.data(), .rows = 1, .n = 2, .residual = buf.data()})
+          .ok());
+}
+
 TEST(GatedActivationReferenceTest, RefusesBadParams) {
   std::vector<float> buf(8);
   EXPECT_FALSE(

@@ -107,6 +107,11 @@ struct ModelOptions {
   // --quantize's load-time formats: the dense checkpoint's linear layers quantized as they load
   // (a pre-quantized checkpoint's layers are read in their own format, without any option).
   LoadQuantization quantize = LoadQuantization::kNone;
+  // Medusa heads (layers/medusa.h) read from this directory's medusa_lm_head.safetensors: the
+  // first `medusaHeads` heads (TGI's --speculate), each of `medusaLayers` residual blocks. Empty:
+  // none.
+  std::string medusaDir = {};
+  int64_t medusaHeads = 0, medusaLayers = 1;
 };
 
 class Model {
@@ -123,6 +128,11 @@ class Model {
   virtual StatusOr<LogitsView> forwardLogits(const ForwardBatch& batch, KvCache& cache) = 0;
   // forwardLogits, then downloadLogits: [logitRows.size(), vocab] on the host (tests, benches).
   virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;
+  // Medusa heads loaded with the model (ModelOptions::medusaDir), 0 without.
+  virtual int64_t speculativeHeads() const { return 0; }
+  // After a forward, each head's arg-max at each of its logit rows: [heads][logitRows] (a blocking
+  // download). Empty without heads, or for a step of more than 128 logit rows (none computed).
+  virtual StatusOr<std::vector<uint32_t>> speculativeIds() { return std::vector<uint32_t>(); }
 };
 
 // Loads a Hugging Face model directory (config.json, generation_config.json, safetensors).

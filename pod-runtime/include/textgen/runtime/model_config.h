@@ -117,4 +117,23 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view configJson,
 StatusOr<ModelConfig> loadModelConfig(const std::string& modelDir,
                                       const ConfigDialectLookup& dialectOf = {});
 
+// Text Generation Inference's Medusa directory (layers/medusa.h): config.json with
+// medusa_num_heads, medusa_num_layers and base_model_name_or_path beside
+// medusa_lm_head.safetensors.
+struct MedusaConfig {
+  int64_t heads = 0, layers = 0;
+  std::string baseModel;  // the base model's directory, resolved
+};
+// Limits on a Medusa directory's config (TGI's checkpoints have 2 to 5 heads of 1 layer).
+inline constexpr int64_t kMaxMedusaHeads = 64, kMaxMedusaLayers = 16;
+
+// A config.json's Medusa fields (baseModel as written): nullopt without medusa_num_heads,
+// INVALID_ARGUMENT naming a bad field.
+StatusOr<std::optional<MedusaConfig>> parseMedusaConfig(std::string_view configJson);
+// nullopt when DIR/config.json has no medusa_num_heads (a model, not Medusa heads).
+// INVALID_ARGUMENT naming a bad field; NOT_FOUND when the weights are missing or the base model is
+// not a local directory (base_model_name_or_path absolute, or relative to DIR: nothing is
+// downloaded).
+StatusOr<std::optional<MedusaConfig>> readMedusaConfig(const std::string& dir);
+
 }  // namespace textgen::runtime

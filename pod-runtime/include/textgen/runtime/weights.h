@@ -28,6 +28,8 @@ struct Shard {
 class WeightStore {
  public:
   static StatusOr<std::unique_ptr<WeightStore>> open(const std::string& modelDir);
+  // One safetensors file's tensors (Medusa's medusa_lm_head.safetensors).
+  static StatusOr<std::unique_ptr<WeightStore>> openFile(const std::string& path);
 
   bool contains(const std::string& name) const { return where_.contains(name); }
   const TensorInfo* info(const std::string& name) const;
@@ -50,6 +52,8 @@ class WeightStore {
                                  const std::vector<int64_t>& expectShape) const;
 
  private:
+  static StatusOr<std::unique_ptr<WeightStore>> openFiles(const std::vector<std::string>& paths);
+
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> where_;
 };
