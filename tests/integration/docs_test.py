@@ -385,6 +385,24 @@ def run_launcher(section, cmd, expected, docs):
         check(srv.stop() == 0, f"{section}: {cmd}: SIGTERM, exit 0")
 
 
+def run_launcher_medusa(section, cmd, expected, docs):
+    """docs/speculation.md: build/textgen-launcher --model-id models/demo-medusa (the demo model
+    served with its Medusa heads) on a free port."""
+    medusa = os.path.join(REPO, "models", "demo-medusa")
+    argv = shlex.split(cmd.replace("models/demo-medusa", medusa))
+    argv[0] = os.path.join(BUILD, argv[0][len("build/"):])
+    uds = os.path.join(WORK, "launcher-medusa-shard")
+    srv = Server(argv + ["--port", "0", "--hostname", "127.0.0.1", "--shard-uds-path", uds], cmd)
+    try:
+        ready = srv.wait_line("textgen-launcher ready ")
+        if check(ready is not None, f"{section}: {cmd}"):
+            port = port_of(ready)
+            check(model_id_of(port) == medusa, f"{section}: {cmd} serves {medusa}")
+            generate_ok(port, cmd)
+    finally:
+        check(srv.stop() == 0, f"{section}: {cmd}: SIGTERM, exit 0")
+
+
 def run_shard_doc(section, cmd, expected, docs):
     """docs/shard.md: the shard command; its ready line as the comment under it says."""
     uds = os.path.join(WORK, "textgen-server")
@@ -559,6 +577,9 @@ COMMANDS = {
     # docs/speculation.md
     ("speculation.md", "build/textgen-launcher --speculate 4"): run_launcher,
     ("speculation.md", "build/bench/bench_speculation --backend cpu --speculate 4 --tokens 64 --repeat 1"): BENCH,
+    ("speculation.md", "build/textgen-launcher --model-id models/demo-medusa"): run_launcher_medusa,
+    ("speculation.md", "build/bench/bench_speculation --backend cpu --medusa models/demo-medusa "
+                       "--speculate 4 --tokens 64 --repeat 1"): BENCH,
     ("speculation.md", 'echo "The Python interpreter is a program that reads Python code." | '
                        "build/textgen-watermark detect --model-id models/demo"): run_watermark_doc,
     # docs/shard.md
