@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -32,6 +31,7 @@
 #include <variant>
 #include <vector>
 
+#include "textgen/base/file.h"
 #include "textgen/base/version.h"
 #include "textgen/launcher/child_process.h"
 #include "textgen/launcher/hub.h"
@@ -386,8 +386,10 @@ std::variant<fs::path, int> modelDirectory(const Parsed& p) {
 // tokenizer of its own, its base model's (base_model_name_or_path: absolute, or relative to it).
 // A Medusa directory whose base cannot be found is the shard's to report.
 fs::path tokenizerDirectory(const fs::path& modelDir) {
-  std::ifstream in(modelDir / "config.json");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  // Bounded and regular files only (a FIFO or a huge file is the shard's to refuse).
+  const auto text = readRegularFile((modelDir / "config.json").string());
+  if (!text.ok()) return modelDir;
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   std::error_code ec;
   if (!j.is_object() || !j.contains("medusa_num_heads") ||
       fs::exists(modelDir / "tokenizer.json", ec))

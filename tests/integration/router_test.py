@@ -669,6 +669,45 @@ def test_disconnect_frees_request(s):
     check(status == 200, "still serving after a disconnect")
 
 
+def gauge(port, name):
+    line = metric(port, name)
+    return float(line.split()[-1]) if line else None
+
+
+def test_endpoint_picker_gauges(s):
+    """What the Gateway API Inference Extension's endpoint pickers read from a pod: the queue,
+    the running requests and the KV cache's use (0 to 1), live while a request streams and back
+    to idle after it."""
+    deadline = time.time() + 20
+    while time.time() < deadline and gauge(s.port, "textgen_num_requests_running") != 0:
+        time.sleep(0.05)
+    check(gauge(s.port, "textgen_num_requests_running") == 0 and
+          gauge(s.port, "textgen_kv_cache_usage_perc") == 0 and gauge(s.port, "tgi_queue_size") == 0,
+          "idle: no running requests, no KV blocks in use, an empty queue: " +
+          f"{metric(s.port, 'textgen_num_requests_running')}, {metric(s.port, 'textgen_kv_cache_usage_perc')}, "
+          f"{metric(s.port, 'tgi_queue_size')}")
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    body = json.dumps({"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 200}})
+    sock.sendall(f"POST /generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    got = b""
+    while got.count(b"data:") < 2:
+        got += sock.recv(4096)
+    running, usage = gauge(s.port, "textgen_num_requests_running"), gauge(s.port, "textgen_kv_cache_usage_perc")
+    sock.close()
+    check(running == 1, f"streaming: textgen_num_requests_running 1 ({running})")
+    check(usage is not None and 0 < usage <= 1, f"streaming: 0 < textgen_kv_cache_usage_perc <= 1 ({usage})")
+    deadline = time.time() + 20
+    while time.time() < deadline and (gauge(s.port, "textgen_num_requests_running") != 0 or
+                                      gauge(s.port, "textgen_kv_cache_usage_perc") != 0):
+        time.sleep(0.05)
+    check(gauge(s.port, "textgen_num_requests_running") == 0 and gauge(s.port, "textgen_kv_cache_usage_perc") == 0,
+          "after the stream: back to 0 running, 0 KV use")
+    _, _, text = request(s.port, "GET", "/metrics")
+    check("# TYPE textgen_kv_cache_usage_perc gauge" in text and "# TYPE textgen_num_requests_running gauge" in text,
+          "both are gauges")
+
+
 def test_overload(workdir):
     s = Server(workdir, ["--max-concurrent-requests", "2"])
     try:
@@ -868,7 +907,7 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_prefix_cache, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_promtool,
+                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_endpoint_picker_gauges, test_promtool,
                      test_chat, test_constrained, test_tools, test_chat_errors):
             test(s)
         test_prometheus_scrape(s, workdir)

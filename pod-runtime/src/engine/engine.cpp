@@ -422,10 +422,10 @@ void Engine::propose(Request& r) const {
                        static_cast<int64_t>(r.stopping.generatedTokens()) - 1;
   const int64_t k = std::min({options_.speculate, room, left});
   if (k <= 0) return;
-  if (model_.speculativeHeads() > 0) {  // Medusa's guesses from the last step, else none
+  if (!r.medusa.empty()) {  // the Medusa heads' guesses from the last step
     r.draft.assign(r.medusa.begin(),
                    r.medusa.begin() + std::min<int64_t>(k, static_cast<int64_t>(r.medusa.size())));
-  } else {
+  } else {  // n-gram lookup: any model, and a Medusa step that computed no guesses (as TGI)
     r.draft = proposeNgram(r.tokens, k);
   }
   if (r.matcher) {  // a token the grammar would mask cannot be accepted: cut there

@@ -32,8 +32,12 @@ StatusOr<MedusaHeads> MedusaHeads::load(const WeightLoader& w, int64_t heads, in
       hd.blocks.push_back(std::move(block));
     }
     if (own) {
-      TG_ASSIGN_OR_RETURN(hd.out, w.linear({{name(i, layers, ".weight"), {c.vocabSize, h}, {}}},
-                                           SplitKind::kReplicated));
+      // Split by vocabulary like the model's head, and gathered the same way: every rank then
+      // takes its arg-max over the same logits, whatever its GEMM plans (a replicated layer's
+      // rounding may differ between ranks, and the guesses decide each rank's rows next step).
+      TG_ASSIGN_OR_RETURN(
+          hd.out, w.linear({{name(i, layers, ".weight"), {c.vocabSize, h}, w.partition().vocab()}},
+                           SplitKind::kVocab));
     }
     m.heads_.push_back(std::move(hd));
   }
@@ -50,7 +54,7 @@ Status MedusaHeads::reserve(Backend& backend, const ModelConfig& c, const Partit
   TG_RETURN_IF_ERROR(ensureBuffer(backend, ws.hidden, rows * c.hiddenSize * es));
   TG_RETURN_IF_ERROR(ensureBuffer(backend, ws.linearOut, rows * c.hiddenSize * es));
   TG_RETURN_IF_ERROR(ensureBuffer(backend, ws.logits, n * c.vocabSize * es));
-  if (part.world > 1 && !heads_.front().out) {
+  if (part.world > 1) {
     TG_RETURN_IF_ERROR(ensureBuffer(backend, ws.part, n * part.vocabPart * es));
     TG_RETURN_IF_ERROR(ensureBuffer(backend, ws.gathered, n * part.world * part.vocabPart * es));
   }
@@ -66,9 +70,9 @@ Status MedusaHeads::forward(const ForwardContext& ctx) const {
   if (n > ws.rows) return internalError("medusa: the workspace holds fewer rows than the step's");
   const DType dt = ctx.dtype;
   const size_t es = kernels::dtypeSize(dt);
-  // Heads without an output layer of their own project with the model's head: this rank's part of
-  // the vocabulary, gathered into whole rows after the last head.
-  const bool parts = ctx.partition.world > 1 && !heads_.front().out;
+  // Output layers are split by vocabulary (the heads' own, or the model's head): on several
+  // ranks each writes its part, gathered into whole rows after the last head.
+  const bool parts = ctx.partition.world > 1;
   const int64_t width = parts ? ctx.partition.vocabPart : vocab;
   char* dst = static_cast<char*>(parts ? ws.part->data() : ws.logits->data());
   for (size_t i = 0; i < heads_.size(); ++i) {

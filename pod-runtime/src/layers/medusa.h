@@ -22,7 +22,8 @@
 
 namespace textgen::runtime {
 
-// Speculative rows beyond this many logit rows a step get no Medusa guesses (TGI's limit).
+// Eager steps of more logit rows than this get no Medusa guesses (TGI's limit); decode graphs
+// compute them for all their rows.
 inline constexpr int64_t kMaxMedusaRows = 128;
 
 // The heads' activations for up to `rows` logit rows, grown (never shrunk); `moved` as
@@ -31,7 +32,7 @@ struct MedusaWorkspace {
   int64_t rows = 0;
   std::unique_ptr<Buffer> hidden, linearOut;  // [rows, hidden]
   std::unique_ptr<Buffer> logits;             // [heads * rows, vocab]
-  std::unique_ptr<Buffer> part, gathered;     // tensor parallel, own head absent: vocabulary parts
+  std::unique_ptr<Buffer> part, gathered;     // tensor parallel: the vocabulary parts
   std::unique_ptr<Buffer> ids, logprobs;      // [heads * rows] int32 and float32
 };
 
@@ -56,7 +57,7 @@ class MedusaHeads {
  private:
   struct Head {
     std::vector<Linear> blocks;  // residual blocks, replicated
-    std::optional<Linear> out;   // own output layer [vocab, hidden], replicated
+    std::optional<Linear> out;   // own output layer [vocabPart, hidden], split as the model's head
   };
   std::vector<Head> heads_;
   const Linear* head_ = nullptr;  // the model's logits head (a vocabulary part on each rank)

@@ -109,7 +109,7 @@ Status ModelRunner::run(const ForwardBatch& b, KvCache& cache) {
   backend_.setGemvRows(verifies ? graphRows_ : 1);
   // Medusa's guesses, for steps of few enough logit rows (enqueue's condition).
   auto medusaOn = [&](int64_t laidOut) {
-    medusaStride_ = medusa_ && laidOut <= kMaxMedusaRows ? laidOut : 0;
+    medusaStride_ = medusa_ && laidOut <= medusaRowLimit() ? laidOut : 0;
     medusaRows_ = n;
   };
   if (const GraphShape shape = graphShape(b, cache); shape.bucket > 0) {
@@ -143,7 +143,7 @@ Status ModelRunner::enqueue(const BatchMetadata& meta, KvCache& cache,
                            .encoder = encoder};
   TG_RETURN_IF_ERROR(graph_->build(ctx));
   if (part_.world > 1) TG_RETURN_IF_ERROR(gatherLogits(meta.layout.logitRows));
-  if (medusa_ && meta.layout.logitRows <= kMaxMedusaRows) return medusa_->forward(ctx);
+  if (medusa_ && meta.layout.logitRows <= medusaRowLimit()) return medusa_->forward(ctx);
   return okStatus();
 }
 
@@ -415,7 +415,7 @@ Status ModelRunner::reserve(int64_t rows, int64_t logitRows) {
   Status st = ws_.reserve(backend_, config_, part_, dtype_, rows, logitRows, moved);
   if (st.ok() && medusa_) {
     bool medusaMoved = false;
-    st = medusa_->reserve(backend_, config_, part_, dtype_, std::min(logitRows, kMaxMedusaRows),
+    st = medusa_->reserve(backend_, config_, part_, dtype_, std::min(logitRows, medusaRowLimit()),
                           medusaMoved);
     moved = moved || medusaMoved;
   }

@@ -5,6 +5,7 @@
 // where they are for token choice (sampler.h) or a download.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -67,6 +68,13 @@ class ModelRunner final : public Model {
   StatusOr<BatchMetadata> uploadEncoderMetadata(const ForwardBatch& b, const KvCache& cache);
   Status reserve(int64_t rows, int64_t logitRows);
   Status loadMedusa(const ModelOptions& options);
+  // The most logit rows a step computes Medusa guesses for: TGI's 128, or the largest decode
+  // graph's rows (a graph computes them for its padding rows too: a verification step of fewer
+  // than 128 real rows padded past them keeps its guesses).
+  int64_t medusaRowLimit() const {
+    return std::max(kMaxMedusaRows,
+                    graphSizes_.empty() ? int64_t{0} : graphSizes_.back() * graphRows_);
+  }
 
   ModelConfig config_;
   std::unique_ptr<ArchitectureGraph> graph_;

@@ -1,5 +1,6 @@
 #include "textgen/router/router_app.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "textgen/base/json.h"
@@ -80,6 +81,11 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       {"tgi_request_failure",
        "Requests that failed, by reason (validation, overloaded, generation, dropped)"},
       {"tgi_queue_size", "Requests waiting in the queue"},
+      {"textgen_num_requests_running",
+       "Requests admitted to a running batch (prefilling or decoding), over every replica"},
+      {"textgen_kv_cache_usage_perc",
+       "Fraction of KV-cache blocks held by live requests, over every replica (0 to 1; cached "
+       "prefixes nobody uses count as free)"},
       {"tgi_batch_current_size", "Requests in the running batch"},
       {"tgi_batch_current_max_tokens", "Tokens the running batch may grow to"},
       {"tgi_batch_max_total_tokens", "Tokens the KV cache holds across a replica's batch"},
@@ -96,11 +102,28 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
   };
   for (const auto& [name, help] : others) metrics_.describe(name, help);
   metrics_.gaugeSet("tgi_queue_size", 0);
+  metrics_.gaugeSet("textgen_num_requests_running", 0);
+  metrics_.gaugeSet("textgen_kv_cache_usage_perc", 0);
   metrics_.gaugeSet("tgi_batch_current_size", 0);
   metrics_.gaugeSet("tgi_batch_current_max_tokens", 0);
 }
 
 RouterApp::~RouterApp() = default;
+
+void RouterApp::loadGauges() {
+  double queued = 0, running = 0, used = 0, total = 0;
+  for (const auto& r : replicas_.serving()) {
+    const auto q = static_cast<double>(r->batcher->queueSize());
+    queued += q;
+    running += std::max(0.0, static_cast<double>(r->batcher->load()) - q);
+    const uint32_t blocks = r->batcher->usableBlocks();
+    total += blocks;
+    used += blocks - std::min(blocks, r->batcher->freeBlocks());
+  }
+  metrics_.gaugeSet("tgi_queue_size", queued);
+  metrics_.gaugeSet("textgen_num_requests_running", running);
+  metrics_.gaugeSet("textgen_kv_cache_usage_perc", total > 0 ? used / total : 0.0);
+}
 
 HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
   HttpHeaders h;
@@ -208,6 +231,7 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     if (!healthWorkers_->post([this, responder] { health(responder); }, 64))
       responder->reply(503, errorJson("unhealthy", "healthcheck"), {});
   } else if (request.method == "GET" && p == "/metrics") {
+    loadGauges();
     responder->reply(200, metrics_.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
   } else if (request.method == "GET" && p == "/api-doc/openapi.json") {
     responder->reply(200, openApiDocument(), baseHeaders(request));

@@ -337,6 +337,85 @@ TEST_F(MedusaTest, EngineOutputIsUnchanged) {
   }
 }
 
+// A model that counts: at every row the next token is the row's token + 1 (mod the vocabulary),
+// and its heads guess right, head h the row's token + 2 + h. Every proposal is accepted only when
+// the engine proposes the guesses at the row of the last token it accepted (TGI's rule); another
+// row's guesses are off by the tokens accepted since and are refused.
+class CountingModel final : public Model {
+ public:
+  CountingModel(Backend& backend, int64_t heads) : backend_(backend), heads_(heads) {
+    config_ = parseModelConfig(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 64,
+        "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 1, "max_position_embeddings": 256, "eos_token_id": 2})")
+                  .value();
+  }
+  const ModelConfig& config() const override { return config_; }
+  DType dtype() const override { return DType::kF32; }
+  KvShape kvShape() const override { return {1, 1, 8}; }
+  StatusOr<LogitsView> forwardLogits(const ForwardBatch& b, KvCache&) override {
+    const auto n = static_cast<int64_t>(b.logitRows.size());
+    const int64_t v = config_.vocabSize;
+    std::vector<float> logits(n * v, 0.0f);
+    ids_.assign(heads_ * n, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t t = b.tokenIds[b.logitRows[i]];
+      logits[i * v + (t + 1) % v] = 10.0f;
+      for (int64_t h = 0; h < heads_; ++h) ids_[h * n + i] = static_cast<uint32_t>((t + 2 + h) % v);
+    }
+    if (!buffer_ || buffer_->bytes() < logits.size() * sizeof(float)) {
+      TG_ASSIGN_OR_RETURN(buffer_, backend_.allocate(logits.size() * sizeof(float)));
+    }
+    TG_RETURN_IF_ERROR(backend_.upload(*buffer_, logits.data(), logits.size() * sizeof(float)));
+    return LogitsView{.buffer = buffer_.get(), .rows = n, .vocab = v, .dtype = DType::kF32};
+  }
+  StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override {
+    TG_ASSIGN_OR_RETURN(const LogitsView l, forwardLogits(b, cache));
+    return downloadLogits(backend_, l);
+  }
+  int64_t speculativeHeads() const override { return heads_; }
+  StatusOr<std::vector<uint32_t>> speculativeIds() override { return ids_; }
+
+ private:
+  Backend& backend_;
+  int64_t heads_;
+  ModelConfig config_;
+  std::unique_ptr<Buffer> buffer_;
+  std::vector<uint32_t> ids_;
+};
+
+TEST(MedusaEngineTest, GuessesComeFromTheRowOfTheLastAcceptedToken) {
+  auto backend = makeCpuBackend(1);
+  CountingModel model(*backend, 3);
+  const char* env = std::getenv("TEXTGEN_DEMO_MODEL");
+  auto tok = tokenizer::Tokenizer::fromDirectory(env && *env ? env : TEXTGEN_DEMO_MODEL);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  Engine e(model, **tok, *backend, {.blockSize = 4, .kvCacheBytes = 1 << 20, .speculate = 3});
+  ASSERT_TRUE(e.warmup(0, {}, std::nullopt, 64, std::nullopt).ok());
+  RequestSpec r;
+  r.id = 1;
+  r.inputIds = {1, 10, 11};
+  r.stopping.maxNewTokens = 33;
+  r.stopping.ignoreEosToken = true;
+  for (uint32_t b = 0; b < 10; ++b) r.blocks.push_back(b + 1);
+  std::vector<uint32_t> out;
+  auto s = e.prefill(1, {r}, std::nullopt);
+  while (s.ok()) {
+    for (const GenerationResult& g : s->generations)
+      out.insert(out.end(), g.tokens.ids.begin(), g.tokens.ids.end());
+    if (!s->batch) break;
+    s = e.decode({1});
+  }
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<uint32_t> want;
+  for (uint32_t i = 0; i < 33; ++i) want.push_back((12 + i) % 64);
+  EXPECT_EQ(out, want);
+  const SpeculationStats& st = e.speculationStats();
+  // The prefill chooses 1 token, then 8 steps of 4 (3 proposed, all accepted).
+  EXPECT_EQ(st.steps, 8u);
+  EXPECT_EQ(st.proposed, 24u);
+  EXPECT_EQ(st.accepted, 24u);
+}
+
 // The demo model's trained heads (models/demo-medusa, tools/demo_model/train_medusa.py) against
 // the guesses transformers' float32 forward and the heads in PyTorch recorded beside the training
 // (tests/reference/medusa/demo.json): every head's arg-max at every position, where its top two

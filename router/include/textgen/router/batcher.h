@@ -90,6 +90,7 @@ class Batcher {
   bool healthy() const { return healthy_.load(); }
   uint32_t freeBlocks() const;
   uint32_t cachedBlocks() const;
+  uint32_t usableBlocks() const { return allocator_.usableBlocks(); }  // constant
   // Prompt tokens this replica's prefix cache holds for `prompt` now (for picking a replica).
   uint32_t cachedPrefix(std::span<const uint32_t> prompt) const;
 

@@ -71,6 +71,8 @@ class BlockAllocator {
   // Blocks in the prefix tree, referenced or not.
   uint32_t cachedBlocks() const { return cached_; }
   uint32_t totalBlocks() const { return numBlocks_; }
+  // Blocks requests can hold: all but block 0, which is reserved.
+  uint32_t usableBlocks() const { return numBlocks_ > 0 ? numBlocks_ - 1 : 0; }
   uint32_t blockSize() const { return blockSize_; }
   bool prefixCaching() const { return prefixCaching_; }
 

@@ -61,6 +61,10 @@ class RouterApp {
   void tokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void info(std::shared_ptr<HttpResponder> responder);
   void health(std::shared_ptr<HttpResponder> responder);
+  // The load gauges over every serving replica, set before /metrics renders: tgi_queue_size,
+  // textgen_num_requests_running and textgen_kv_cache_usage_perc (what the Gateway API Inference
+  // Extension's endpoint pickers read from each pod).
+  void loadGauges();
 
   // Admission and replica choice; nullptr and a 429 (or 503 without replicas) already sent.
   // A replica for a request whose (first) prompt is `prompt`, or nullptr after answering 429/503.
