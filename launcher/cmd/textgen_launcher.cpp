@@ -382,30 +382,44 @@ std::variant<fs::path, int> modelDirectory(const Parsed& p) {
   return modelDir;
 }
 
-// The router's tokenizer directory: the model directory, or for TGI's Medusa directory without a
-// tokenizer of its own, its base model's (base_model_name_or_path: absolute, or relative to it).
-// A Medusa directory whose base cannot be found is the shard's to report.
-fs::path tokenizerDirectory(const fs::path& modelDir) {
+// TGI's Medusa directory (config.json with medusa_num_heads) names its base model: a directory
+// (absolute, or relative to it), or a hub id, resolved in (and downloaded into) the hub cache as
+// --model-id is. Returns the base's directory (nullopt for a model directory, or a base the shard
+// is left to refuse), or an exit status on failure.
+std::variant<std::optional<fs::path>, int> medusaBase(const Parsed& p, const fs::path& modelDir) {
   // Bounded and regular files only (a FIFO or a huge file is the shard's to refuse).
   const auto text = readRegularFile((modelDir / "config.json").string());
-  if (!text.ok()) return modelDir;
+  if (!text.ok()) return std::optional<fs::path>();
   const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  std::error_code ec;
-  if (!j.is_object() || !j.contains("medusa_num_heads") ||
-      fs::exists(modelDir / "tokenizer.json", ec))
-    return modelDir;
+  if (!j.is_object() || !j.contains("medusa_num_heads")) return std::optional<fs::path>();
   auto base = j.find("base_model_name_or_path");
-  if (base == j.end() || !base->is_string()) return modelDir;
+  if (base == j.end() || !base->is_string() || base->get<std::string>().empty())
+    return std::optional<fs::path>();
   const fs::path named(base->get<std::string>());
-  const fs::path resolved = named.is_absolute() ? named : modelDir / named;
-  return fs::is_directory(resolved, ec) ? resolved.lexically_normal() : modelDir;
+  std::error_code ec;
+  const fs::path local = named.is_absolute() ? named : modelDir / named;
+  if (fs::is_directory(local, ec)) return std::optional<fs::path>(local.lexically_normal());
+  HubOptions hub = hubOptionsFromEnv();
+  if (p.values.contains("huggingface-hub-cache")) hub.cacheDir = p.get("huggingface-hub-cache", "");
+  auto snapshot = resolveModel(named.string(), "", hub);
+  if (!snapshot.ok()) {
+    std::fprintf(stderr, "textgen-launcher: the Medusa heads' base model %s: %s\n",
+                 named.string().c_str(), snapshot.status().message().c_str());
+    return 1;
+  }
+  return std::optional<fs::path>(fs::path(*snapshot));
 }
 
 // Every rank's command line but its address (--uds-path or --port) and --shard-urls.
 std::vector<std::string> shardArgs(const Parsed& p, const fs::path& modelDir,
+                                   const std::optional<fs::path>& medusa,
                                    const launcher::ShardPlan& plan) {
   std::vector<std::string> args{(selfDir() / "textgen-shard").string(), "--model-id",
                                 modelDir.string(), "--log-level", p.get("log-level", "info")};
+  if (medusa) {
+    args.push_back("--medusa-base");
+    args.push_back(medusa->string());
+  }
   // --dtype etc.: the shard checks them against its device.
   for (const char* flag :
        {"dtype", "quantize", "kv-cache-dtype", "cuda-graphs", "cuda-memory-fraction", "speculate",
@@ -524,7 +538,15 @@ int run(int argc, char** argv) {
   auto model = modelDirectory(p);
   if (auto* status = std::get_if<int>(&model)) return *status;
   const fs::path modelDir = std::get<fs::path>(model);
-  const std::vector<std::string> common = shardArgs(p, modelDir, *plan);
+  auto base = medusaBase(p, modelDir);
+  if (auto* status = std::get_if<int>(&base)) return *status;
+  const std::optional<fs::path> medusa = std::get<std::optional<fs::path>>(base);
+  const std::vector<std::string> common = shardArgs(p, modelDir, medusa, *plan);
+  // The router's tokenizer: a Medusa directory's own when it has one (as the shard's), else its
+  // base model's.
+  std::error_code ec;
+  const fs::path tokenizerDir =
+      medusa && !fs::exists(modelDir / "tokenizer.json", ec) ? *medusa : modelDir;
   const auto grace =
       std::chrono::seconds(std::atoi(p.get("graceful-termination-timeout", "90").c_str()));
   if (shardsOnly) return runShardsOnly(p, *plan, common, grace);
@@ -549,7 +571,7 @@ int run(int argc, char** argv) {
   for (auto& part : parts) shards.push_back(part.get());
   std::vector<std::string> routerArgs{(selfDir() / "textgen-router").string(),
                                       "--tokenizer-name",
-                                      tokenizerDirectory(modelDir).string(),
+                                      tokenizerDir.string(),
                                       "--model-id",
                                       served,
                                       "--master-shard-uds-path",

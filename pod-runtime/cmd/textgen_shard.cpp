@@ -82,6 +82,7 @@ struct Flags {
   int64_t speculate = -1;  // TGI's --speculate (-1: not given; resolveMedusa sets it)
   // --model-id a Medusa directory: its heads' directory, --model-id then its base model's.
   std::string medusaDir;
+  std::string medusaBase;  // --medusa-base: the base model's directory, overriding the config's
   int64_t medusaLayers = 1;
   double watermarkGamma = kWatermarkDefaultGamma, watermarkDelta = kWatermarkDefaultDelta;
 };
@@ -176,6 +177,8 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       if (t < 1 || t > 86400)
         return invalidArgumentError("--collective-timeout must be in [1, 86400] seconds");
       f.collectiveTimeoutS = static_cast<int>(t);
+    } else if (a == "--medusa-base") {  // the launcher's: a hub id base model it resolved
+      TG_ASSIGN_OR_RETURN(f.medusaBase, value());
     } else if (a == "--speculate") {
       TG_ASSIGN_OR_RETURN(std::string v, value());
       TG_ASSIGN_OR_RETURN(f.speculate, parseInt(a, v));
@@ -388,8 +391,10 @@ Status checkSameStart(runtime::Rendezvous& r, const std::string& mine) {
 // more than it has is an error). Otherwise --speculate defaults to 0 (no speculation).
 Status resolveMedusa(Flags& f) {
   TG_ASSIGN_OR_RETURN(std::optional<runtime::MedusaConfig> medusa,
-                      runtime::readMedusaConfig(f.modelId));
+                      runtime::readMedusaConfig(f.modelId, f.medusaBase));
   if (!medusa) {
+    if (!f.medusaBase.empty())
+      return invalidArgumentError("--medusa-base: " + f.modelId + " is not a Medusa directory");
     f.speculate = std::max<int64_t>(f.speculate, 0);
     return okStatus();
   }

@@ -6,7 +6,8 @@ interrupted transfer resumed with Range, files the shard does not need skipped, 
 refused without / with a bad HF_TOKEN (401, named) and served with the right one, an unknown model
 and revision (404), a listed file the hub does not serve (404), a corrupted blob (sha256 mismatch, not installed),
 revisions that are not git ref names and hub answers with a bad commit id or wrong JSON types refused, a second run with the hub
-gone served from the cache, and the launcher serving a hub id end to end.
+gone served from the cache, the launcher serving a hub id end to end, and a Medusa directory naming
+its base model by hub id served from the cache.
 Usage: hub_test.py LAUNCHER MODEL_DIR"""
 import hashlib
 import http.client
@@ -14,6 +15,7 @@ import http.server
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -133,6 +135,69 @@ def download(endpoint, cache, model, token=None, revision=None):
         env["HF_TOKEN"] = token
     cmd = [LAUNCHER, "download-weights", model] + (["--revision", revision] if revision else [])
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def write_safetensors(path, tensors):
+    """float32 tensors {name: (shape, values)} in the safetensors layout."""
+    header, data = {}, b""
+    for name, (shape, values) in tensors.items():
+        raw = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def medusa_from_hub(cache, endpoint):
+    """TGI's Medusa directory naming its base model by hub id: the launcher resolves it in the hub
+    cache (offline here) and serves it with the heads; a base in no cache is an error naming it."""
+    hidden = json.load(open(os.path.join(MODEL_DIR, "config.json")))["hidden_size"]
+    medusa = tempfile.mkdtemp(prefix="textgen-hub-medusa-")
+    with open(os.path.join(medusa, "config.json"), "w") as f:
+        json.dump({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                   "base_model_name_or_path": "textgen-test/llama-gqa"}, f)
+    tensors = {}
+    for i in range(2):  # TGI's MedusaHeadV2 layout: one residual block, the model's head
+        tensors[f"{i}.0.linear.weight"] = ([hidden, hidden], [0.0] * (hidden * hidden))
+        tensors[f"{i}.0.linear.bias"] = ([hidden], [0.0] * hidden)
+    write_safetensors(os.path.join(medusa, "medusa_lm_head.safetensors"), tensors)
+    env = dict(os.environ, HF_ENDPOINT=endpoint)
+    uds = tempfile.mktemp(prefix="textgen-hub-medusa-uds-")
+    p = subprocess.Popen([LAUNCHER, "--model-id", medusa, "--huggingface-hub-cache", cache,
+                          "--port", "0", "--hostname", "127.0.0.1", "--shard-uds-path", uds,
+                          "--kv-cache-memory", "16000000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    port, lines = None, []
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("textgen-launcher ready "):
+            port = int(line.rsplit(":", 1)[1])
+            break
+    check(port is not None, "Medusa heads on a hub-id base: launcher ready:\n" + "".join(lines[-15:]))
+    check(any("Medusa heads from" in l and "2 of them" in l for l in lines),
+          "the shard serves the base from the hub cache with the 2 heads")
+    if port:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/generate", body=json.dumps({"inputs": "hello", "parameters": {"max_new_tokens": 8}}),
+                  headers={"Content-Type": "application/json"})
+        resp = c.getresponse()
+        body = json.loads(resp.read())
+        check(resp.status == 200 and "generated_text" in body, f"Medusa generate: {resp.status} {body}")
+    p.terminate()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        check(False, "Medusa launcher stops on SIGTERM")
+    # A base in no cache, the hub gone: the launcher stops naming it.
+    with open(os.path.join(medusa, "config.json"), "w") as f:
+        json.dump({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                   "base_model_name_or_path": "textgen-test/never-downloaded"}, f)
+    r = subprocess.run([LAUNCHER, "--model-id", medusa, "--huggingface-hub-cache", cache, "--port", "0"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    check(r.returncode != 0 and "textgen-test/never-downloaded" in r.stderr,
+          f"a base in no cache: {r.returncode} {r.stderr[-300:]}")
 
 
 def main():
@@ -267,6 +332,8 @@ def main():
     except subprocess.TimeoutExpired:
         p.kill()
         check(False, "launcher stops on SIGTERM")
+
+    medusa_from_hub(cache, dead)
 
     print(f"hub_test: {results['passed']} passed, {results['failed']} failed")
     sys.exit(1 if results["failed"] else 0)

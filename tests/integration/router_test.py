@@ -896,6 +896,22 @@ def test_discovery(workdir):
         stop(shards["a"][0])  # a is gone from the set: nothing may be routed to it any more
         codes = [generate(port, PROMPTS[1], 3)[0] for _ in range(4)]
         check(codes == [200] * 4, f"served by replica b after a left: {codes}")
+        # No replica (scaled to zero): a 503 at once, with Retry-After; serving again when one is back.
+        with open(source, "w") as f:
+            f.write("")
+        if check(wait_metric(port, "textgen_replicas 0"), "no replica left"):
+            t0 = time.time()
+            status, headers, body = request(port, "POST", "/generate",
+                                            {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 3}})
+            took = time.time() - t0
+            retry = {k.lower(): v for k, v in dict(headers).items()}.get("retry-after")
+            check(status == 503 and retry is not None and retry.isdigit() and took < 5 and
+                  json.loads(body).get("error_type") == "unhealthy",
+                  f"no replica: 503 with Retry-After {retry} in {took:.2f} s: {status} {body}")
+            with open(source, "w") as f:
+                f.write(shards["b"][1] + "\n")
+            check(wait_metric(port, "textgen_replicas 1"), "replica b back")
+            check(generate(port, PROMPTS[1], 3)[0] == 200, "served again by replica b")
     finally:
         stop(router)
         for p, _ in shards.values():

@@ -469,7 +469,8 @@ StatusOr<std::optional<MedusaConfig>> parseMedusaConfig(std::string_view configJ
   return std::optional<MedusaConfig>(std::move(m));
 }
 
-StatusOr<std::optional<MedusaConfig>> readMedusaConfig(const std::string& dir) {
+StatusOr<std::optional<MedusaConfig>> readMedusaConfig(const std::string& dir,
+                                                       const std::string& baseDir) {
   namespace fs = std::filesystem;
   TG_ASSIGN_OR_RETURN(std::string text, readRegularFile((fs::path(dir) / "config.json").string()));
   auto parsed = parseMedusaConfig(text);
@@ -479,7 +480,7 @@ StatusOr<std::optional<MedusaConfig>> readMedusaConfig(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_regular_file(fs::path(dir) / "medusa_lm_head.safetensors", ec))
     return notFoundError(dir + ": a Medusa directory without medusa_lm_head.safetensors");
-  const fs::path named(m.baseModel);
+  const fs::path named(baseDir.empty() ? m.baseModel : baseDir);
   const fs::path resolved = named.is_absolute() ? named : fs::path(dir) / named;
   if (!fs::is_regular_file(resolved / "config.json", ec)) {
     return notFoundError(dir + ": the base model '" + named.string() +

@@ -148,7 +148,10 @@ std::shared_ptr<Replica> RouterApp::admit(std::shared_ptr<HttpResponder>& respon
   std::shared_ptr<Replica> replica = replicas_.pick(prompt);
   if (!replica) {
     inFlight_.fetch_sub(1);
-    responder->reply(503, errorJson("No replica is serving", "unhealthy"), {});
+    // None ready (scaled to zero, or all restarting): at once, never waiting for one, with when to
+    // come back (an autoscaler's cold start takes about that long at least).
+    responder->reply(503, errorJson("No replica is serving", "unhealthy"),
+                     {{"Retry-After", std::to_string(kNoReplicaRetryAfterS)}});
   }
   return replica;
 }

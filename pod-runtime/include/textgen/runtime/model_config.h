@@ -132,8 +132,9 @@ inline constexpr int64_t kMaxMedusaHeads = 64, kMaxMedusaLayers = 16;
 StatusOr<std::optional<MedusaConfig>> parseMedusaConfig(std::string_view configJson);
 // nullopt when DIR/config.json has no medusa_num_heads (a model, not Medusa heads).
 // INVALID_ARGUMENT naming a bad field; NOT_FOUND when the weights are missing or the base model is
-// not a local directory (base_model_name_or_path absolute, or relative to DIR: nothing is
-// downloaded).
-StatusOr<std::optional<MedusaConfig>> readMedusaConfig(const std::string& dir);
+// not a local directory: `baseDir` when given (the launcher resolves a hub id in the hub cache),
+// else base_model_name_or_path, absolute or relative to DIR (nothing is downloaded here).
+StatusOr<std::optional<MedusaConfig>> readMedusaConfig(const std::string& dir,
+                                                       const std::string& baseDir = {});
 
 }  // namespace textgen::runtime

@@ -32,6 +32,9 @@ struct RouterOptions {
 
 class WorkerPool;
 
+// Retry-After (seconds) of the 503 answered while no replica serves.
+inline constexpr int kNoReplicaRetryAfterS = 10;
+
 class RouterApp {
  public:
   RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer, ReplicaSet& replicas,
