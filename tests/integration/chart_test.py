@@ -71,6 +71,33 @@ def check_shard_pods(example, objects):
               f"{example}: one container of {per_pod} ranks, their GPUs and ports: {gpus} {grpc} {cmd}")
 
 
+def check_dashboard(objects):
+    """The Grafana dashboard's ConfigMap: the sidecar's label, and the chart's dashboard file, which
+    tools/grafana/make_dashboard.py writes (regenerated here: the committed file must not drift)."""
+    maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
+    if not check(len(maps) == 1, f"one dashboard ConfigMap: {[o['metadata']['name'] for o in maps]}"):
+        return
+    cm = maps[0]
+    check(cm["metadata"]["labels"].get("grafana_dashboard") == "1", f"grafana_dashboard label: {cm['metadata']}")
+    path = os.path.join(REPO, "charts", "textgen", "dashboards", "textgen.json")
+    committed = json.load(open(path))
+    try:
+        embedded = json.loads(cm["data"]["textgen.json"])
+    except (KeyError, ValueError) as e:
+        check(False, f"the ConfigMap's textgen.json is JSON: {e}")
+        return
+    check(embedded == committed, "the ConfigMap holds the chart's dashboard")
+    fresh = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"textgen-dashboard-{os.getpid()}.json")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "grafana", "make_dashboard.py"), fresh],
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and json.load(open(fresh)) == committed,
+          f"dashboards/textgen.json is make_dashboard.py's output: {r.stderr}")
+    if os.path.exists(fresh):
+        os.unlink(fresh)
+    panels = [p for p in committed["panels"] if p["type"] != "row"]
+    check(len(panels) >= 20 and all(p["targets"] for p in panels), f"{len(panels)} panels, each with queries")
+
+
 def main():
     helm = helm_binary()
     chart = os.path.join(REPO, "charts", "textgen")
@@ -103,6 +130,7 @@ def main():
                   not any(o["kind"] == "ClusterRole" for o in objects), "watchNamespace: a Role, no ClusterRole")
             check("--namespace=serving" in args_, "watchNamespace passed to the operator")
         if name == "defaults":
+            check_dashboard(objects)
             rules = next(o for o in objects if o["kind"] == "ClusterRole")["rules"]
             check(not any("secrets" in r["resources"] or "*" in r["verbs"] for r in rules),
                   "least privilege: no secrets, no wildcards")

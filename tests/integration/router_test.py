@@ -51,10 +51,10 @@ def stop(p):
 
 
 class Server:
-    def __init__(self, workdir, router_flags=(), router_nofile=None, kv_bytes=8000000):
+    def __init__(self, workdir, router_flags=(), router_nofile=None, kv_bytes=8000000, shard_flags=()):
         self.shard, self.shard_addr = start(
             [SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, "sock"), "--kv-cache-memory", str(kv_bytes),
-             "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")
+             "--threads", "1", "--log-level", "warn", *shard_flags], "textgen-shard ready ")
         self.router, url = start(
             [ROUTER, "--tokenizer-name", MODEL, "--model-id", "llama-gqa", "--shard-master", self.shard_addr,
              "--hostname", "127.0.0.1", "--port", "0", "--max-batch-prefill-tokens", "256", "--log-level", "warn",
@@ -202,8 +202,10 @@ def test_preemption(workdir):
     newest are preempted and recomputed, and every answer equals the same request run alone."""
     # 768 bytes a token (3 layers, 2 KV heads of 16, K and V in float32): 10 blocks of 16.
     os.makedirs(workdir + "/preempt", exist_ok=True)
+    # With --speculate 2: preemption and proposals together, and the dashboard's speculation metric.
     s = Server(workdir + "/preempt", ("--max-total-tokens", "64", "--max-input-tokens", "32",
-                                      "--max-batch-prefill-tokens", "64"), kv_bytes=10 * 16 * 768)
+                                      "--max-batch-prefill-tokens", "64"), kv_bytes=10 * 16 * 768,
+               shard_flags=("--speculate", "2"))
     try:
         params = [{} if i % 2 == 0 else dict(do_sample=True, seed=100 + i, temperature=0.9, top_k=50)
                   for i in range(6)]
@@ -227,6 +229,7 @@ def test_preemption(workdir):
         preempted = float(line.split()[-1]) if line else 0
         check(preempted > 0, f"textgen_preemptions_total {line}")
         print(f"preemption: {int(preempted)} preemptions for 6 requests in a pool of 10 blocks")
+        SEEN_FAMILIES.update(metric_families(s.port))
     finally:
         s.close()
 
@@ -708,6 +711,57 @@ def test_endpoint_picker_gauges(s):
           "both are gauges")
 
 
+def dashboard_metrics():
+    """The metric names textgen's Grafana dashboard queries (charts/textgen/dashboards/textgen.json),
+    with a histogram's _bucket/_sum/_count series named by their family."""
+    import re
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "charts", "textgen", "dashboards", "textgen.json")
+    names = set()
+    for panel in json.load(open(path))["panels"]:
+        for target in panel.get("targets", []):
+            for name in re.findall(r"\b((?:tgi|textgen)_[a-z_]+)\b", target["expr"]):
+                names.add(re.sub(r"_(bucket|sum|count)$", "", name))
+    return names
+
+
+SEEN_FAMILIES = set()  # metric families the servers exposed after their traffic
+
+
+def test_filter_batch(s):
+    """A client that leaves while another request runs in its batch: the shards filter it out
+    (FilterBatch, timed by tgi_batch_filter_duration), and the other answer is whole."""
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    body = json.dumps({"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 200}})
+    sock.sendall(f"POST /generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    got = b""
+    while got.count(b"data:") < 2:
+        got += sock.recv(4096)
+    box = in_parallel_start(1, lambda i: generate(s.port, PROMPTS[1], 60))
+    deadline = time.time() + 20
+    while time.time() < deadline and gauge(s.port, "textgen_num_requests_running") != 2:
+        time.sleep(0.01)
+    sock.close()
+    other = in_parallel_join(box)[0]
+    check(other is not None and other[0] == 200 and other[2]["details"]["generated_tokens"] > 0,
+          f"the request beside one that left: {other and other[0]}")
+    check("tgi_batch_filter_duration" in metric_families(s.port), "a FilterBatch call was timed")
+
+
+def test_dashboard_metrics():
+    """Every metric the Grafana dashboard queries is one the router exposes (seen on this test's
+    servers once their traffic made it appear: a failure, a preemption, a speculated token)."""
+    wanted = dashboard_metrics()
+    missing = sorted(wanted - SEEN_FAMILIES)
+    check(len(wanted) >= 20 and not missing, f"dashboard metrics missing from /metrics: {missing}")
+
+
+def metric_families(port):
+    _, _, text = request(port, "GET", "/metrics")
+    return {l.split()[2] for l in text.splitlines() if l.startswith("# TYPE ")}
+
+
 def test_overload(workdir):
     s = Server(workdir, ["--max-concurrent-requests", "2"])
     try:
@@ -923,12 +977,13 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_prefix_cache, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_endpoint_picker_gauges, test_promtool,
+                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_endpoint_picker_gauges, test_filter_batch, test_promtool,
                      test_chat, test_constrained, test_tools, test_chat_errors):
             test(s)
         test_prometheus_scrape(s, workdir)
         test_node_clients(s)
         test_shard_death(s)
+        SEEN_FAMILIES.update(metric_families(s.port))
     finally:
         s.close()
     test_preemption(workdir)
@@ -937,6 +992,7 @@ def main():
     test_descriptor_exhaustion(workdir)
     test_replicas(workdir)
     test_discovery(workdir)
+    test_dashboard_metrics()
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
