@@ -3,6 +3,7 @@
 // config.json says), n_inner null as 4 * n_embd, the class's defaults, and bad values refused
 // naming the field.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -24,8 +25,10 @@ json fixtureConfig() {
   return json::parse(in);
 }
 
+// Named for this process (ctest runs tests two at a time, each in its own process).
 std::string writeModel(const json& config, const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/textgen-bigcode-" + name;
+  const std::string dir =
+      ::testing::TempDir() + "/textgen-bigcode-" + std::to_string(::getpid()) + "-" + name;
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << config.dump();
   std::filesystem::remove(dir + "/model.safetensors");

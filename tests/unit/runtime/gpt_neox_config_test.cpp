@@ -3,6 +3,7 @@
 // GPTNeoXConfig's defaults (rotary_pct 0.25, layer_norm_eps 1e-5, attention_bias true), and bad
 // values refused naming the field.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -24,9 +25,12 @@ json fixtureConfig() {
   return json::parse(in);
 }
 
-// A model directory holding `config` and the fixture's weights.
+// A model directory holding `config` and the fixture's weights. Named for this process: ctest runs
+// each test in its own process, two at a time, and two tests writing one directory raced (a
+// symlink another had just created).
 std::string writeModel(const json& config, const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/textgen-neox-" + name;
+  const std::string dir =
+      ::testing::TempDir() + "/textgen-neox-" + std::to_string(::getpid()) + "-" + name;
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << config.dump();
   std::filesystem::remove(dir + "/model.safetensors");
