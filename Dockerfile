@@ -24,7 +24,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     rm -rf /var/lib/apt/lists/*
 ENV PATH=/usr/local/cuda/bin:$PATH
 WORKDIR /src
-COPY tools/install-deps.sh tools/install-deps.sh
+COPY tools/install-deps.sh tools/sid-apt.sh tools/fetch-minja.sh tools/fetch-prometheus-cpp.sh tools/
 # The build's Debian packages (the npm test clients are not needed here).
 RUN sed -i 's/^  install_clients$/  true/; s/^install_clients$/true/' tools/install-deps.sh && \
     bash tools/install-deps.sh && rm -rf /var/lib/apt/lists/*

@@ -18,31 +18,11 @@ if [ -f "$include/minja/minja.hpp" ] && [ -f "$include/minja/chat-template.hpp" 
   exit 0
 fi
 
-# The archive this machine's apt configuration names for its release (apt parses sources.list and
-# sources.list.d/*.sources itself; APT_CONFIG is honoured).
-archive_uri() {
-  local codename uri
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  uri=$(apt-get indextargets --no-release-info --format '$(REPO_URI) $(RELEASE)' |
-    awk -v rel="$codename" '$2 == rel {print $1; exit}')
-  [ -n "$uri" ] || { log "no archive for release '$codename' in this machine's apt sources"; return 1; }
-  echo "$uri"
-}
-
+. "$(cd "$(dirname "$0")" && pwd)/sid-apt.sh"
 work=$(mktemp -d "${TMPDIR:-/tmp}/textgen-minja.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+sid_apt_setup "$work"
 apt_dir=$work/apt
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
-: >"$apt_dir/status"
-archive=$(archive_uri)
-log "using the archive this machine's apt configuration names: $archive (suite sid)"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive sid main" \
-  >"$apt_dir/sources.list"
-apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-  -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::State::Status=$apt_dir/status"
-  -o "Dir::Cache=$apt_dir" -o "Dir::Cache::archives=$apt_dir/archives"
-  -o "APT::Architecture=amd64" -o "Debug::NoLocking=1" -o "APT::Get::List-Cleanup=0")
-apt-get "${apt_opts[@]}" update >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; exit 1; }
 (cd "$apt_dir/debs" && apt-get "${apt_opts[@]}" download libminja-dev >"$work/download.log" 2>&1) ||
   { tail -20 "$work/download.log" >&2; exit 1; }
 deb=$(ls "$apt_dir"/debs/libminja-dev_*.deb)

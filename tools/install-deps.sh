@@ -53,16 +53,19 @@ install_clients() {
   done
 }
 
-# minja (chat templates; header-only, not in Debian 12): Debian unstable's libminja-dev unpacked into
-# a cache outside the tree (tools/fetch-minja.sh; quick and offline once fetched).
-fetch_minja() {
+# What Debian 12 lacks, from Debian unstable into a cache outside the tree (quick and offline once
+# fetched): minja (chat templates; header-only libminja-dev, tools/fetch-minja.sh) and
+# prometheus-cpp's core (the router's metrics; built from the source package,
+# tools/fetch-prometheus-cpp.sh).
+fetch_from_sid() {
   "$(cd "$(dirname "$0")" && pwd)/fetch-minja.sh" >/dev/null
+  "$(cd "$(dirname "$0")" && pwd)/fetch-prometheus-cpp.sh" >/dev/null
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
   install_clients
-  fetch_minja
+  fetch_from_sid
   exit 0
 fi
 
@@ -76,4 +79,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 install_clients
-fetch_minja
+fetch_from_sid

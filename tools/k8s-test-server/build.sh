@@ -11,17 +11,9 @@
 set -euo pipefail
 log() { echo "k8s-test-server: $*" >&2; }
 
-# The package archive is the one this machine's own apt configuration names for its release
-# (sources.list or sources.list.d/*.sources, parsed by apt itself; APT_CONFIG is honoured): no
+# The package archive is the one this machine's own apt configuration names (tools/sid-apt.sh): no
 # archive host name is written in this repository.
-archive_uri() {
-  local codename uri
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  uri=$(apt-get indextargets --no-release-info --format '$(REPO_URI) $(RELEASE)' |
-    awk -v rel="$codename" '$2 == rel {print $1; exit}')
-  [ -n "$uri" ] || { log "no archive for release '$codename' in this machine's apt sources"; return 1; }
-  echo "$uri"
-}
+. "$(cd "$(dirname "$0")/.." && pwd)/sid-apt.sh"
 if [ "${1:-}" = --print-archive ]; then archive_uri; exit; fi
 cache=${TEXTGEN_K8S_CACHE:-${HOME:-/root}/.cache/textgen/k8s}
 bin=$cache/apiextensions-apiserver
@@ -32,19 +24,8 @@ trap 'rm -rf "$work"' EXIT
 
 # A private apt configuration over unstable (sid), with no installed packages, so that dependency
 # resolution lists everything.
+sid_apt_setup "$work"
 apt_dir=$work/apt
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
-: >"$apt_dir/status"
-archive=$(archive_uri)
-log "using the archive this machine's apt configuration names: $archive"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive sid main" \
-  >"$apt_dir/sources.list"
-apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-  -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::State::Status=$apt_dir/status"
-  -o "Dir::Cache=$apt_dir" -o "Dir::Cache::archives=$apt_dir/archives"
-  -o "APT::Architecture=amd64" -o "Debug::NoLocking=1" -o "APT::Get::List-Cleanup=0")
-log "reading Debian unstable's package lists"
-apt-get "${apt_opts[@]}" update >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; exit 1; }
 
 # The Go compiler sid's golang-go points at, and every golang-* package the API server's sources
 # depend on, recursively.

@@ -1,11 +1,12 @@
-// A small Prometheus registry (prometheus-cpp is not in Debian): counters, gauges and histograms
-// with labels, rendered in the text exposition format. Thread-safe. TGI's metric names, types and
-// bucket layouts are declared by the router on top of it, so TGI dashboards work unchanged.
+// The router's Prometheus registry: counters, gauges and histograms with labels, named at the call
+// site, on prometheus-cpp's core (src/metrics/metrics.cpp; tools/fetch-prometheus-cpp.sh), rendered
+// in the text exposition format. Thread-safe. TGI's metric names, types and bucket layouts are
+// declared by the router on top of it, so TGI dashboards work unchanged. prometheus-cpp's headers
+// stay inside metrics.cpp.
 #pragma once
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,12 +16,18 @@ using Labels = std::map<std::string, std::string>;
 
 class MetricsRegistry {
  public:
+  MetricsRegistry();
+  ~MetricsRegistry();
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
   void counterAdd(const std::string& name, double v = 1.0, const Labels& labels = {});
   void gaugeSet(const std::string& name, double v, const Labels& labels = {});
   void histogramObserve(const std::string& name, double v, const Labels& labels = {});
 
-  // Declares a metric's help text and, for histograms, its bucket upper bounds (ascending). A
-  // metric used without a declaration gets empty help and, as a histogram, the default buckets.
+  // Declares a metric's help text and, for histograms, its bucket upper bounds (ascending; they
+  // apply to series created afterwards). A metric used without a declaration gets empty help and,
+  // as a histogram, the default buckets. A metric is rendered once used.
   void describe(const std::string& name, const std::string& help, std::vector<double> buckets = {});
 
   // The text exposition format (version 0.0.4).
@@ -30,24 +37,8 @@ class MetricsRegistry {
   static std::vector<double> defaultBuckets();
 
  private:
-  enum class Type { kCounter, kGauge, kHistogram };
-  struct Series {
-    double value = 0;                    // counter / gauge
-    std::vector<uint64_t> bucketCounts;  // histogram, cumulative at render time
-    double sum = 0;
-    uint64_t count = 0;
-  };
-  struct Family {
-    Type type = Type::kCounter;
-    bool typed = false;
-    std::string help;
-    std::vector<double> buckets;
-    std::map<Labels, Series> series;
-  };
-  Family& family(const std::string& name, Type type);
-
-  mutable std::mutex mutex_;
-  std::map<std::string, Family> families_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // TGI's bucket layouts.
