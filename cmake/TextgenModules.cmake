@@ -1,6 +1,7 @@
 # Module targets and the dependency direction between them.
 #
 #   kernels <- pod-runtime -> proto <- router        operator, launcher: base only
+#               pod-runtime -> tracing <- router         (tracing: base, proto)
 #               pod-runtime -> tokenizer <- router
 #               pod-runtime -> grammar <- router         (grammar: base only)
 #
@@ -14,8 +15,9 @@ set(TEXTGEN_ALLOWED_DEPS_proto "")
 set(TEXTGEN_ALLOWED_DEPS_kernels "base")
 set(TEXTGEN_ALLOWED_DEPS_tokenizer "base")
 set(TEXTGEN_ALLOWED_DEPS_grammar "base")
-set(TEXTGEN_ALLOWED_DEPS_runtime "base;kernels;proto;tokenizer;grammar")
-set(TEXTGEN_ALLOWED_DEPS_router "base;proto;tokenizer;grammar")
+set(TEXTGEN_ALLOWED_DEPS_tracing "base;proto")
+set(TEXTGEN_ALLOWED_DEPS_runtime "base;kernels;proto;tokenizer;grammar;tracing")
+set(TEXTGEN_ALLOWED_DEPS_router "base;proto;tokenizer;grammar;tracing")
 set(TEXTGEN_ALLOWED_DEPS_operator "base")
 set(TEXTGEN_ALLOWED_DEPS_launcher "base")
 
