@@ -1,5 +1,6 @@
 // textgen-operator: reconciles TextGenerationService resources (textgen.dev/v1alpha1) into shard
-// StatefulSets, Services, the router Deployment, a PodDisruptionBudget and autoscaling, and
+// StatefulSets, Services, the router Deployment, a PodDisruptionBudget, autoscaling and an
+// InferencePool, records Kubernetes Events of what it changes, and
 // restarts a replica's shard pods together when one of its ranks fails (docs/operator.md). One
 // active replica at a time through a Lease; /metrics and /healthz on --metrics-port.
 //
@@ -25,7 +26,9 @@
 
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
+#include "textgen/operator/child_informers.h"
 #include "textgen/operator/desired_objects.h"
+#include "textgen/operator/event_recorder.h"
 #include "textgen/operator/informer.h"
 #include "textgen/operator/leader_election.h"
 #include "textgen/operator/reconciler.h"
@@ -171,14 +174,17 @@ int run(const Flags& f) {
   Informer services(
       kube, collection(kinds.textGenerationService), "",
       [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); }, f.watchSeconds);
-  const std::string managed = "app.kubernetes.io/managed-by=textgen-operator";
-  Informer statefulSets(kube, collection(kinds.statefulSet), managed, owner, f.watchSeconds);
-  Informer deployments(kube, collection(kinds.deployment), managed, owner, f.watchSeconds);
-  Informer pods(kube, collection(kinds.pod), managed + "," + kComponentLabel + "=shard", owner,
-                f.watchSeconds);
+  // Every kind the operator owns: a pass reads its children from these caches only.
+  ChildInformers children(kube, kinds, scope, owner, f.watchSeconds);
+  // A CRD installed (or removed) later: every resource is looked at again.
+  children.onServedChange([&](const Kind&, bool) {
+    for (const json& o : services.list()) queue.add(Informer::keyOf(o));
+  });
+  EventRecorder events(kube, kinds.event, hostIdentity());
   Reconciler reconciler(
-      kube, kinds, f.image, {services, statefulSets, deployments, pods},
-      [&](const std::string& key, std::chrono::milliseconds delay) { queue.addAfter(key, delay); });
+      kube, kinds, f.image, {services, children},
+      [&](const std::string& key, std::chrono::milliseconds delay) { queue.addAfter(key, delay); },
+      &events);
 
   StatusServer server(f.metricsPort, [&] {
     const ReconcilerMetrics& m = reconciler.metrics();
@@ -199,7 +205,12 @@ int run(const Flags& f) {
            static_cast<int64_t>(queue.depth()));
     metric("textgen_operator_leader", "gauge", "1 while this replica holds the lease.", leading);
     metric("textgen_operator_relists_total", "counter", "Lists after an expired watch.",
-           services.relists() + statefulSets.relists() + deployments.relists() + pods.relists());
+           services.relists() + children.relists());
+    metric("textgen_operator_events_total", "counter", "Kubernetes Events created.",
+           events.created());
+    metric("textgen_operator_events_aggregated_total", "counter",
+           "Repeated Events counted in an existing Event (count and lastTimestamp patched).",
+           events.aggregated());
     return out;
   });
   if (Status st = server.open(); !st.ok()) {
@@ -223,9 +234,7 @@ int run(const Flags& f) {
   }
   leading = 1;
   services.start();
-  statefulSets.start();
-  deployments.start();
-  pods.start();
+  children.start();
   std::printf("textgen-operator: leading, reconciling\n");
   std::fflush(stdout);
 
@@ -233,8 +242,7 @@ int run(const Flags& f) {
   for (int w = 0; w < f.workers; ++w) {
     workers.emplace_back([&] {
       while (auto key = queue.get()) {
-        if (!services.synced() || !statefulSets.synced() || !deployments.synced() ||
-            !pods.synced()) {
+        if (!services.synced() || !children.synced()) {
           queue.done(*key);
           queue.addAfter(*key, std::chrono::milliseconds(100));
           continue;
@@ -260,9 +268,7 @@ int run(const Flags& f) {
   queue.shutDown();
   for (auto& t : workers) t.join();
   services.stop();
-  statefulSets.stop();
-  deployments.stop();
-  pods.stop();
+  children.stop();
   if (code == 0) elector.release();
   server.close();
   spdlog::info("textgen-operator: stopped{}", code ? " (lost the lease)" : "");

@@ -3,10 +3,13 @@
 namespace textgen::op {
 namespace {
 
+// The activation-only trigger's threshold (requests per second per replica).
+constexpr const char* kUnreachableRequestRate = "1000000";
+
 json labels(const ServiceSpec& s, const std::string& component) {
   json l = {{"app.kubernetes.io/name", "textgen"},
             {"app.kubernetes.io/instance", s.name},
-            {"app.kubernetes.io/managed-by", "textgen-operator"},
+            {kManagedByLabel, kManagedBy},
             {kServiceLabel, s.name}};
   if (!component.empty()) l[kComponentLabel] = component;
   return l;
@@ -334,8 +337,13 @@ json routerDeployment(const ServiceSpec& s, const Kinds& k) {
       {"command", command(s, "textgen-router", "--tokenizer-name", routerArgs(s))},
       {"env", env},
       {"ports", json::array({{{"name", "http"}, {"containerPort", kRouterPort}}})},
+      // /health fails while no replica serves; a service that scales to zero needs its router
+      // in the Service's endpoints then (it answers 503 with Retry-After, and the requests it
+      // counts are what wakes the autoscaler), so its readiness is the port alone.
       {"readinessProbe",
-       {{"httpGet", {{"path", "/health"}, {"port", "http"}}}, {"periodSeconds", 5}}},
+       s.autoscaling.scalesToZero()
+           ? json{{"tcpSocket", {{"port", "http"}}}, {"periodSeconds", 5}}
+           : json{{"httpGet", {{"path", "/health"}, {"port", "http"}}}, {"periodSeconds", 5}}},
       {"livenessProbe", {{"tcpSocket", {{"port", "http"}}}, {"periodSeconds", 10}}},
       {"resources", s.router.resources},
       {"volumeMounts", json::array({{{"name", "model"}, {"mountPath", kModelMount}}})}};
@@ -364,18 +372,32 @@ json autoscaler(const ServiceSpec& s, const Kinds& k) {
       {"apiVersion", "textgen.dev/v1alpha1"}, {"kind", "TextGenerationService"}, {"name", s.name}};
   const AutoscalingSpec& a = s.autoscaling;
   if (a.mode == "KEDA") {
-    return object(
-        k.scaledObject, metadata(s, s.name, labels(s, "")),
-        {{"scaleTargetRef", target},
-         {"minReplicaCount", a.minReplicas},
-         {"maxReplicaCount", a.maxReplicas},
-         {"triggers",
-          json::array({{{"type", "prometheus"},
-                        {"metadata",
-                         {{"serverAddress", a.prometheusAddress},
-                          {"query", "sum(tgi_queue_size{namespace=\"" + s.ns + "\",service=\"" +
-                                        s.name + "\"})"},
-                          {"threshold", std::to_string(a.targetQueueSizePerReplica)}}}}})}});
+    const std::string match = "{namespace=\"" + s.ns + "\",service=\"" + s.name + "\"}";
+    // The queue per replica; active (from zero) while anything waits.
+    json triggers = json::array({{{"type", "prometheus"},
+                                  {"name", "queue"},
+                                  {"metadata",
+                                   {{"serverAddress", a.prometheusAddress},
+                                    {"query", "sum(tgi_queue_size" + match + ")"},
+                                    {"threshold", std::to_string(a.targetQueueSizePerReplica)},
+                                    {"activationThreshold", "0"}}}}});
+    if (a.minReplicas == 0) {
+      // From zero nothing queues (the router answers 503 + Retry-After at once), but it counts
+      // every request it receives: requests in the last 2 minutes activate the service. The
+      // threshold is out of reach, so this trigger never asks for more than one replica.
+      triggers.push_back({{"type", "prometheus"},
+                          {"name", "incoming-requests"},
+                          {"metadata",
+                           {{"serverAddress", a.prometheusAddress},
+                            {"query", "sum(rate(tgi_request_count" + match + "[2m]))"},
+                            {"threshold", kUnreachableRequestRate},
+                            {"activationThreshold", "0"}}}});
+    }
+    return object(k.scaledObject, metadata(s, s.name, labels(s, "")),
+                  {{"scaleTargetRef", target},
+                   {"minReplicaCount", a.minReplicas},
+                   {"maxReplicaCount", a.maxReplicas},
+                   {"triggers", triggers}});
   }
   // The router's queue, averaged over the replicas: a custom-metrics adapter (e.g.
   // prometheus-adapter) serves tgi_queue_size for the router Service.
@@ -393,6 +415,20 @@ json autoscaler(const ServiceSpec& s, const Kinds& k) {
                 {"target",
                  {{"type", "AverageValue"},
                   {"averageValue", std::to_string(a.targetQueueSizePerReplica)}}}}}}})}});
+}
+
+// An InferencePool over the router pods (their HTTP port), for a Gateway that asks the endpoint
+// picker which pod serves a request.
+json inferencePool(const ServiceSpec& s, const Kinds& k) {
+  const EndpointPickerRef& e = s.inferencePool.endpointPicker;
+  json ref = {{"name", e.name}, {"kind", e.kind}, {"failureMode", e.failureMode}};
+  if (!e.group.empty()) ref["group"] = e.group;
+  if (e.port) ref["port"] = {{"number", *e.port}};
+  return object(
+      k.inferencePool, metadata(s, s.name, labels(s, "")),
+      {{"selector", {{"matchLabels", {{kServiceLabel, s.name}, {kComponentLabel, "router"}}}}},
+       {"targetPorts", json::array({{{"number", kRouterPort}}})},
+       {"endpointPickerRef", ref}});
 }
 
 }  // namespace
@@ -415,6 +451,10 @@ std::string endpointUrl(const ServiceSpec& s) {
 
 std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& k) {
   std::vector<DesiredObject> out;
+  // Scaled to zero by the autoscaler: replica 0's model cache stays, so that waking up does not
+  // download the model again.
+  if (s.replicas == 0 && s.autoscaling.scalesToZero() && fromHub(s))
+    out.push_back({k.persistentVolumeClaim, modelCacheClaim(s, k, 0)});
   for (int64_t r = 0; r < s.replicas; ++r) {
     const std::string name = shardStatefulSetName(s, r);
     json l = labels(s, "shard");
@@ -443,6 +483,7 @@ std::vector<DesiredObject> desiredObjects(const ServiceSpec& s, const Kinds& k) 
     const Kind& kind = s.autoscaling.mode == "KEDA" ? k.scaledObject : k.horizontalPodAutoscaler;
     out.push_back({kind, autoscaler(s, k)});
   }
+  if (s.inferencePool.enabled) out.push_back({k.inferencePool, inferencePool(s, k)});
   return out;
 }
 

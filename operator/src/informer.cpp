@@ -61,12 +61,35 @@ void Informer::apply(const std::string& type, const json& object) {
   handler_(type, object);
 }
 
-bool Informer::listOnce(std::string& resourceVersion) {
+void Informer::setServed(bool served) {
+  if (served_.exchange(served) == served) return;
+  if (served) {
+    spdlog::info("{} is served now", path_);
+  } else {
+    spdlog::info("{} is not served (404): its CRD is not installed; listing again every {} s",
+                 path_, absentRetry_.count() / 1000.0);
+  }
+  if (servedChange_) servedChange_(served);
+}
+
+Informer::ListResult Informer::listOnce(std::string& resourceVersion) {
   const std::string query = selector_.empty() ? "" : "?labelSelector=" + urlEncode(selector_);
   auto r = client_.request("GET", path_ + query);
-  if (!r.ok() || !r->ok()) {
+  if (r.ok() && r->status == 404) {  // not served: an empty, synced cache
+    std::vector<json> gone;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [k, v] : cache_) gone.push_back(v);
+      cache_.clear();
+    }
+    synced_.store(true);
+    for (const json& g : gone) handler_("DELETED", g);
+    setServed(false);
+    return ListResult::kNotServed;
+  }
+  if (!r.ok() || !r->ok() || !r->body.is_object()) {
     spdlog::warn("list {} failed: {}", path_, r.ok() ? r->message() : r.status().toString());
-    return false;
+    return ListResult::kFailed;
   }
   resourceVersion = r->body["metadata"].value("resourceVersion", std::string());
   std::map<std::string, json> fresh;
@@ -79,17 +102,31 @@ bool Informer::listOnce(std::string& resourceVersion) {
     cache_ = fresh;
   }
   synced_.store(true);
+  setServed(true);
   for (const json& g : gone) handler_("DELETED", g);
   for (const auto& [k, v] : fresh) handler_("SYNC", v);
-  return true;
+  return ListResult::kListed;
+}
+
+void Informer::sleepUnlessStopped(std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  while (!stop_.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(
+        std::chrono::milliseconds(50), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           until - std::chrono::steady_clock::now())));
 }
 
 void Informer::run() {
   auto backoff = std::chrono::milliseconds(100);
   while (!stop_.load()) {
     std::string rv;
-    if (!listOnce(rv)) {
-      std::this_thread::sleep_for(backoff);
+    const ListResult listed = listOnce(rv);
+    if (listed == ListResult::kNotServed) {
+      sleepUnlessStopped(absentRetry_);
+      continue;
+    }
+    if (listed == ListResult::kFailed) {
+      sleepUnlessStopped(backoff);
       backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(30));
       continue;
     }
@@ -125,11 +162,12 @@ void Informer::run() {
       if (relist) {
         relists_.fetch_add(1);
       } else if (!st.ok()) {
-        // A 410 on the watch request itself also means the version is gone.
-        relist = st.code() == StatusCode::kFailedPrecondition;
+        // A 410 on the watch request itself also means the version is gone; a 404, that the
+        // kind went away (its CRD deleted): the list finds out.
+        relist = st.code() == StatusCode::kFailedPrecondition || st.code() == StatusCode::kNotFound;
         if (!relist) {
           spdlog::warn("watch {}: {}; retrying in {} ms", path_, st.toString(), backoff.count());
-          std::this_thread::sleep_for(backoff);
+          sleepUnlessStopped(backoff);
           backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(30));
         }
       } else {

@@ -13,6 +13,8 @@
 namespace textgen::op {
 namespace {
 
+constexpr const char* kCrdNotInstalled = "CRDNotInstalled";
+
 std::string nowRfc3339() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -43,9 +45,10 @@ void stampTransitions(json& conditions, const json& previous) {
   }
 }
 
-// The service's status from what its children report.
+// The service's status from what its children report. notServed: the kinds it asks for that the
+// cluster does not serve (their CRDs absent).
 json observedStatus(const ServiceSpec& s, const Informer& statefulSets, const Informer& deployments,
-                    const std::string& applyError) {
+                    const std::string& applyError, const std::string& notServed) {
   int64_t ready = 0, rolling = 0;
   std::string notReady;
   for (int64_t r = 0; r < s.replicas; ++r) {
@@ -90,11 +93,43 @@ json observedStatus(const ServiceSpec& s, const Informer& statefulSets, const In
                                  progressing ? std::to_string(rolling) + " replicas rolling out"
                                              : "every replica is up to date",
                                  g));
-  conditions.push_back(condition("Degraded", !applyError.empty(),
-                                 applyError.empty() ? "AsExpected" : "ApplyFailed",
-                                 applyError.empty() ? "" : applyError, g));
+  if (!applyError.empty()) {
+    conditions.push_back(condition("Degraded", true, "ApplyFailed", applyError, g));
+  } else if (!notServed.empty()) {
+    conditions.push_back(condition("Degraded", true, kCrdNotInstalled, notServed, g));
+  } else {
+    conditions.push_back(condition("Degraded", false, "AsExpected", "", g));
+  }
   return {{"observedGeneration", g},      {"replicas", s.replicas},     {"readyReplicas", ready},
           {"selector", shardSelector(s)}, {"endpoint", endpointUrl(s)}, {"conditions", conditions}};
+}
+
+json conditionOf(const json& status, const std::string& type) {
+  for (const json& c : status.value("conditions", json::array()))
+    if (c.is_object() && c.value("type", "") == type) return c;
+  return json::object();
+}
+
+EventTarget targetOf(const ServiceSpec& s) {
+  return {.ns = s.ns, .name = s.name, .uid = s.uid};
+}
+
+EventTarget targetOf(const json& resource) {
+  const json& m = resource["metadata"];
+  return {.ns = m.value("namespace", ""), .name = m.value("name", ""), .uid = m.value("uid", "")};
+}
+
+// What a pass tells of a kind the cluster does not serve.
+std::string notServedMessage(const Kind& k) {
+  std::string what = k.kind + " (" + k.plural + "." + k.group + "/" + k.version + ")";
+  if (k.kind == "InferencePool")
+    return "spec.inferencePool asks for an " + what +
+           " but the cluster does not serve it: install the Gateway API Inference Extension's "
+           "CRDs";
+  if (k.kind == "ScaledObject")
+    return "spec.autoscaling.mode KEDA asks for a " + what +
+           " but the cluster does not serve it: install KEDA";
+  return "the cluster does not serve " + what;
 }
 
 }  // namespace
@@ -118,15 +153,47 @@ bool containsFields(const json& have, const json& want) {
 }
 
 Reconciler::Reconciler(KubeClient& client, const Kinds& kinds, std::string defaultImage,
-                       ReconcilerCaches caches, RequeueAfter requeueAfter)
+                       ReconcilerCaches caches, RequeueAfter requeueAfter, EventRecorder* events)
     : client_(client),
       kinds_(kinds),
       defaultImage_(std::move(defaultImage)),
       services_(caches.services),
-      statefulSets_(caches.statefulSets),
-      deployments_(caches.deployments),
-      pods_(caches.pods),
-      requeueAfter_(std::move(requeueAfter)) {}
+      children_(caches.children),
+      requeueAfter_(std::move(requeueAfter)),
+      events_(events) {}
+
+void Reconciler::event(const EventTarget& target, EventRecorder::Type type,
+                       const std::string& reason, const std::string& message) {
+  if (events_) events_->record(target, type, reason, message);
+}
+
+// Transitions only: a pass whose conditions stay as they were records nothing.
+void Reconciler::conditionEvents(const json& resource, const json& next) {
+  const json previous = resource.value("status", json::object());
+  const EventTarget target = targetOf(resource);
+  const json wasReady = conditionOf(previous, "Ready"), ready = conditionOf(next, "Ready");
+  const std::string reason = ready.value("reason", ""), message = ready.value("message", "");
+  if (reason == "InvalidSpec") {
+    if (wasReady.value("reason", "") != reason || wasReady.value("message", "") != message)
+      event(target, EventRecorder::Type::kWarning, "InvalidSpec", message);
+  } else if (!wasReady.empty() && wasReady.value("status", "") != ready.value("status", "")) {
+    if (ready.value("status", "") == "True") {
+      event(target, EventRecorder::Type::kNormal, "Ready", message);
+    } else if (reason == "ScaledToZero") {
+      event(target, EventRecorder::Type::kNormal, "ScaledToZero", message);
+    } else {
+      event(target, EventRecorder::Type::kWarning, "NotReady", reason + ": " + message);
+    }
+  }
+  // Failed applies have their own events, as they happen.
+  const json wasDegraded = conditionOf(previous, "Degraded"),
+             degraded = conditionOf(next, "Degraded");
+  const std::string why = degraded.value("reason", "");
+  if (degraded.value("status", "") == "True" && why != "ApplyFailed" && why != "InvalidSpec" &&
+      (wasDegraded.value("status", "") != "True" || wasDegraded.value("reason", "") != why ||
+       wasDegraded.value("message", "") != degraded.value("message", "")))
+    event(target, EventRecorder::Type::kWarning, why, degraded.value("message", ""));
+}
 
 StatusOr<KubeResponse> Reconciler::write(const std::string& method, const std::string& path,
                                          const std::optional<json>& body,
@@ -164,20 +231,20 @@ void Reconciler::remember(const std::string& url, const json& before, const Kube
   w.latest = written.body;
 }
 
+void Reconciler::rememberDeleted(const std::string& url, const json& before) {
+  std::lock_guard<std::mutex> lock(recentMu_);
+  OwnWrite& w = recent_[url];
+  w.superseded.insert(resourceVersionOf(before));
+  if (!w.latest.is_null()) w.superseded.insert(resourceVersionOf(w.latest));
+  w.latest = json();
+}
+
 StatusOr<json> Reconciler::live(const Kind& kind, const std::string& ns, const std::string& name) {
-  const std::string url = kind.path(ns, name);
-  if (kind.kind == kinds_.statefulSet.kind && kind.group == kinds_.statefulSet.group) {
-    auto o = statefulSets_.get(ns + "/" + name);
-    return freshest(url, o ? *o : json());
-  }
-  if (kind.kind == kinds_.deployment.kind && kind.group == kinds_.deployment.group) {
-    auto o = deployments_.get(ns + "/" + name);
-    return freshest(url, o ? *o : json());
-  }
-  TG_ASSIGN_OR_RETURN(KubeResponse r, client_.request("GET", kind.path(ns, name)));
-  if (r.status == 404) return json();
-  TG_RETURN_IF_ERROR(responseStatus(r, "get " + kind.kind + " " + name));
-  return r.body;
+  Informer* cache = children_.of(kind);
+  if (!cache) return internalError("no informer for " + kind.kind);
+  if (!cache->served()) return json();
+  auto o = cache->get(ns + "/" + name);
+  return freshest(kind.path(ns, name), o ? *o : json());
 }
 
 Status Reconciler::reconcile(const std::string& key) {
@@ -193,6 +260,7 @@ Status Reconciler::reconcileOnce(const std::string& key) {
   const std::string url = kinds_.textGenerationService.path(
       (*resource)["metadata"].value("namespace", ""), (*resource)["metadata"].value("name", ""));
   resource = freshest(url, *resource);
+  if (!resource->is_object() || !(*resource)["metadata"].is_object()) return okStatus();
   if ((*resource)["metadata"].contains("deletionTimestamp")) return finalize(*resource);
   TG_RETURN_IF_ERROR(ensureFinalizer(*resource));
 
@@ -204,17 +272,20 @@ Status Reconciler::reconcileOnce(const std::string& key) {
                      condition("Progressing", false, "InvalidSpec", spec.status().message(), g),
                      condition("Degraded", true, "InvalidSpec", spec.status().message(), g)});
     json status = {{"observedGeneration", g}, {"conditions", conditions}};
+    conditionEvents(*resource, status);
     return writeStatus(*resource, status);
   }
-  std::string applyError;
-  const Status applied = applyChildren(*spec, applyError);
+  std::string applyError, notServed;
+  const Status applied = applyChildren(*spec, applyError, notServed);
   if (!applied.ok() && applied.code() == StatusCode::kAborted) return applied;  // requeue
   if (!applied.ok()) applyError = applied.message();
   // Also after an apply error (say KEDA is absent): a broken group is restarted regardless.
   const Status restarted = restartGroups(*spec, key);
   if (!restarted.ok() && restarted.code() == StatusCode::kAborted) return restarted;
   if (!restarted.ok() && applyError.empty()) applyError = restarted.message();
-  json status = observedStatus(*spec, statefulSets_, deployments_, applyError);
+  json status = observedStatus(*spec, *children_.of(kinds_.statefulSet),
+                               *children_.of(kinds_.deployment), applyError, notServed);
+  conditionEvents(*resource, status);
   TG_RETURN_IF_ERROR(writeStatus(*resource, status));
   return applyError.empty() ? okStatus() : unavailableError(applyError);
 }
@@ -242,9 +313,18 @@ Status Reconciler::dropRollingUpdate(const DesiredObject& d, const std::string& 
   return okStatus();
 }
 
-Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyError) {
+Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyError,
+                                 std::string& notServed) {
   const std::vector<DesiredObject> desired = desiredObjects(spec, kinds_);
   for (const DesiredObject& d : desired) {
+    const Informer* cache = children_.of(d.kind);
+    if (cache && !cache->served()) {  // its CRD is absent: said in Degraded, retried once served
+      if (notServed.empty()) {
+        notServed = notServedMessage(d.kind);
+        spdlog::warn("{}/{}: {}", spec.ns, spec.name, notServed);
+      }
+      continue;
+    }
     TG_ASSIGN_OR_RETURN(json current, live(d.kind, spec.ns, d.name()));
     if (!current.is_null() && containsFields(current, d.object)) continue;  // settled
     const std::string url = d.kind.path(spec.ns, d.name());
@@ -255,8 +335,13 @@ Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyErro
     remember(url, current, r);
     if (r.status == 409) return responseStatus(r, "apply " + d.kind.kind + " " + d.name());
     if (!r.ok()) {
-      applyError = "apply " + d.kind.kind + " " + d.name() + ": " + r.message();
-      spdlog::warn("{}/{}: {}", spec.ns, spec.name, applyError);
+      const std::string error = "apply " + d.kind.kind + " " + d.name() + ": " + r.message();
+      spdlog::warn("{}/{}: {}", spec.ns, spec.name, error);
+      event(targetOf(spec), EventRecorder::Type::kWarning, "ApplyFailed", error);
+      if (applyError.empty()) applyError = error;
+    } else {
+      event(targetOf(spec), EventRecorder::Type::kNormal, current.is_null() ? "Created" : "Updated",
+            (current.is_null() ? "created " : "updated ") + d.kind.kind + " " + d.name());
     }
   }
   return prune(spec, desired);
@@ -265,22 +350,30 @@ Status Reconciler::applyChildren(const ServiceSpec& spec, std::string& applyErro
 Status Reconciler::prune(const ServiceSpec& spec, const std::vector<DesiredObject>& desired) {
   std::set<std::string> wanted;
   for (const DesiredObject& d : desired) wanted.insert(d.kind.plural + "/" + d.name());
-  const std::string selector = std::string(kServiceLabel) + "=" + spec.name;
-  for (const Kind* kind :
-       {&kinds_.statefulSet, &kinds_.service, &kinds_.persistentVolumeClaim, &kinds_.deployment,
-        &kinds_.horizontalPodAutoscaler, &kinds_.podDisruptionBudget, &kinds_.scaledObject}) {
-    auto r = client_.request("GET", kind->path(spec.ns) + "?labelSelector=" + urlEncode(selector));
-    if (!r.ok()) return r.status();
-    if (r->status == 404) continue;  // a kind this cluster does not serve (KEDA absent)
-    TG_RETURN_IF_ERROR(responseStatus(*r, "list " + kind->plural));
-    for (const json& item : r->body.value("items", json::array())) {
-      const std::string name = item["metadata"].value("name", std::string());
-      if (wanted.count(kind->plural + "/" + name)) continue;
-      spdlog::info("{}/{}: deleting {} {} (no longer wanted)", spec.ns, spec.name, kind->kind,
-                   name);
-      TG_ASSIGN_OR_RETURN(KubeResponse d, write("DELETE", kind->path(spec.ns, name), std::nullopt,
-                                                "application/json"));
-      if (d.status != 404) TG_RETURN_IF_ERROR(responseStatus(d, "delete " + name));
+  for (const Kind& kind : children_.owned()) {
+    const Informer* cache = children_.of(kind);
+    if (!cache->served()) continue;  // a kind this cluster does not serve (KEDA absent)
+    for (const json& item : cache->list()) {
+      const json& m = item["metadata"];
+      const json labels = m.value("labels", json::object());
+      if (m.value("namespace", "") != spec.ns || !labels.is_object() ||
+          labels.value(kServiceLabel, "") != spec.name)
+        continue;
+      const std::string name = m.value("name", std::string());
+      if (wanted.count(kind.plural + "/" + name)) continue;
+      const std::string url = kind.path(spec.ns, name);
+      if (freshest(url, item).is_null()) continue;  // deleted already; the cache lags
+      spdlog::info("{}/{}: deleting {} {} (no longer wanted)", spec.ns, spec.name, kind.kind, name);
+      TG_ASSIGN_OR_RETURN(KubeResponse d, write("DELETE", url, std::nullopt, "application/json"));
+      if (d.status != 404 && !d.ok()) {
+        event(targetOf(spec), EventRecorder::Type::kWarning, "DeleteFailed",
+              "delete " + kind.kind + " " + name + ": " + d.message());
+        return responseStatus(d, "delete " + name);
+      }
+      rememberDeleted(url, item);
+      if (d.ok())
+        event(targetOf(spec), EventRecorder::Type::kNormal, "Deleted",
+              "deleted " + kind.kind + " " + name + " (no longer wanted)");
     }
   }
   return okStatus();
@@ -305,7 +398,7 @@ Status Reconciler::restartGroups(const ServiceSpec& spec, const std::string& key
   std::lock_guard<std::mutex> lock(groupsMu_);
   std::map<std::string, std::string>& deleted = deletedPods_[key];
   std::map<std::string, std::string> stillCached;  // deletions the cache has not caught up with
-  for (json pod : pods_.list()) {
+  for (json pod : children_.pods().list()) {
     const json& m = pod["metadata"];
     const json labels = m.value("labels", json::object());
     if (m.value("namespace", "") != spec.ns || labels.value(kServiceLabel, "") != spec.name ||
@@ -344,6 +437,11 @@ Status Reconciler::restartGroups(const ServiceSpec& spec, const std::string& key
     spdlog::warn("{}: restarting replica {}'s ranks together ({}): deleting {} pod(s)", key,
                  g.replica, g.reason, g.pods.size());
     metrics_.groupRestarts.fetch_add(1);
+    const bool failed = g.cause == GroupRestart::Cause::kRankFailed;
+    event(targetOf(spec), failed ? EventRecorder::Type::kWarning : EventRecorder::Type::kNormal,
+          failed ? "GroupRestart" : "GroupUpdate",
+          "replica " + std::to_string(g.replica) + ": " + g.reason + "; deleting its " +
+              std::to_string(g.pods.size()) + " pod(s) together");
     for (const json& pod : replicas[static_cast<size_t>(g.replica)].pods) {
       const json& m = pod["metadata"];
       const std::string name = m.value("name", "");
@@ -407,6 +505,7 @@ Status Reconciler::finalize(const json& resource) {
   ServiceSpec none;
   none.name = m.value("name", "");
   none.ns = m.value("namespace", "");
+  none.uid = m.value("uid", "");
   TG_RETURN_IF_ERROR(prune(none, {}));  // every child
   {
     std::lock_guard<std::mutex> lock(groupsMu_);

@@ -30,7 +30,11 @@ Kinds::Kinds(bool testGroups) {
   podDisruptionBudget = builtin("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets");
   // coordination.k8s.io can be served as a custom resource: the test server serves the real path.
   lease = Kind{"coordination.k8s.io", "v1", "Lease", "leases", true};
+  event = builtin("", "v1", "Event", "events");
+  // Custom resources of optional add-ons (a cluster may not serve them): at their real paths.
   scaledObject = Kind{"keda.sh", "v1alpha1", "ScaledObject", "scaledobjects", true};
+  inferencePool =
+      Kind{"inference.networking.k8s.io", "v1", "InferencePool", "inferencepools", true};
   textGenerationService =
       Kind{"textgen.dev", "v1alpha1", "TextGenerationService", "textgenerationservices", true};
 }

@@ -1,5 +1,6 @@
 #include "textgen/operator/service_spec.h"
 
+#include <regex>
 #include <set>
 #include <string_view>
 
@@ -80,7 +81,12 @@ Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
   out.mode = stringOr(a, "mode", "HPA");
   if (out.mode != "HPA" && out.mode != "KEDA")
     return fieldError(at + "mode", "must be HPA or KEDA");
-  TG_ASSIGN_OR_RETURN(out.minReplicas, intOr(a, "minReplicas", at, 1, 1));
+  TG_ASSIGN_OR_RETURN(out.minReplicas, intOr(a, "minReplicas", at, 0, 1));
+  if (out.minReplicas == 0 && out.mode != "KEDA")
+    return fieldError(
+        at + "minReplicas",
+        "0 (scale to zero) needs mode KEDA: a HorizontalPodAutoscaler cannot scale to "
+        "zero");
   TG_ASSIGN_OR_RETURN(auto max, optionalInt(a, "maxReplicas", at, 1));
   if (!max) return fieldError(at + "maxReplicas", "is required");
   out.maxReplicas = *max;
@@ -91,6 +97,52 @@ Status parseAutoscaling(const json& a, AutoscalingSpec& out) {
   out.prometheusAddress = stringOr(a, "prometheusAddress", "");
   if (out.mode == "KEDA" && out.prometheusAddress.empty())
     return fieldError(at + "prometheusAddress", "is required for KEDA");
+  return okStatus();
+}
+
+bool matches(const std::string& s, const std::regex& re) {
+  return std::regex_match(s, re);
+}
+
+Status parseInferencePool(const json& p, InferencePoolSpec& out) {
+  const std::string at = "inferencePool.";
+  if (!p.is_object()) return fieldError("inferencePool", "must be an object");
+  if (p.contains("enabled") && !p["enabled"].is_boolean())
+    return fieldError(at + "enabled", "must be true or false");
+  out.enabled = p.value("enabled", true);
+  if (!out.enabled) return okStatus();
+  if (!p.contains("endpointPickerRef") || !p["endpointPickerRef"].is_object())
+    return fieldError(at + "endpointPickerRef",
+                      "is required (the endpoint picker the Gateway asks which router pod serves)");
+  const json& r = p["endpointPickerRef"];
+  const std::string ref = at + "endpointPickerRef.";
+  EndpointPickerRef& e = out.endpointPicker;
+  for (const char* key : {"name", "kind", "group", "failureMode"})
+    if (r.contains(key) && !r[key].is_string()) return fieldError(ref + key, "must be a string");
+  e.name = stringOr(r, "name", "");
+  if (e.name.empty() || e.name.size() > 253)
+    return fieldError(ref + "name", "is required (1 to 253 characters)");
+  e.kind = stringOr(r, "kind", "Service");
+  static const std::regex kKind("^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$");
+  if (e.kind.size() > 63 || !matches(e.kind, kKind))
+    return fieldError(ref + "kind", "must be a Kubernetes kind (CamelCase, at most 63 characters)");
+  e.group = stringOr(r, "group", "");
+  static const std::regex kGroup(
+      "^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$");
+  if (e.group.size() > 253 || !matches(e.group, kGroup))
+    return fieldError(ref + "group", "must be an API group (a DNS subdomain) or empty (core)");
+  if (r.contains("port") && !r["port"].is_null()) {
+    if (!r["port"].is_object()) return fieldError(ref + "port", "must be an object {number: N}");
+    TG_ASSIGN_OR_RETURN(auto number, optionalInt(r["port"], "number", ref + "port.", 1));
+    if (!number || *number > 65535)
+      return fieldError(ref + "port.number", "must be an integer in [1, 65535]");
+    e.port = number;
+  }
+  if (e.kind == "Service" && !e.port)
+    return fieldError(ref + "port", "is required when kind is Service");
+  e.failureMode = stringOr(r, "failureMode", e.failureMode);
+  if (e.failureMode != "FailOpen" && e.failureMode != "FailClose")
+    return fieldError(ref + "failureMode", "must be FailOpen or FailClose");
   return okStatus();
 }
 
@@ -163,6 +215,8 @@ StatusOr<ServiceSpec> parseServiceSpec(const json& resource, const std::string& 
   if (spec.contains("router")) TG_RETURN_IF_ERROR(parseRouter(spec["router"], s.router));
   if (spec.contains("autoscaling") && spec["autoscaling"].is_object())
     TG_RETURN_IF_ERROR(parseAutoscaling(spec["autoscaling"], s.autoscaling));
+  if (spec.contains("inferencePool") && !spec["inferencePool"].is_null())
+    TG_RETURN_IF_ERROR(parseInferencePool(spec["inferencePool"], s.inferencePool));
   if (spec.contains("nodeSelector") && spec["nodeSelector"].is_object())
     s.nodeSelector = spec["nodeSelector"];
   if (spec.contains("tolerations") && spec["tolerations"].is_array())

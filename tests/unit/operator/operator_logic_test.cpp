@@ -90,6 +90,42 @@ TEST(ServiceSpecTest, DefaultsAndErrorsNameTheField) {
        "spec.kvCacheDtype must be one of fp8_e4m3fn, fp8_e5m2, not 'fp8'"},
       {{{"model", {{"id", "m"}}}, {"kvCacheDtype", 8}}, "spec.kvCacheDtype must be a string"},
       {{{"model", {{"id", "m"}}}, {"kvCacheDtype", true}}, "spec.kvCacheDtype must be a string"},
+      {{{"model", {{"id", "m"}}}, {"autoscaling", {{"minReplicas", 0}, {"maxReplicas", 2}}}},
+       "spec.autoscaling.minReplicas 0 (scale to zero) needs mode KEDA"},
+      {{{"model", {{"id", "m"}}}, {"autoscaling", {{"minReplicas", -1}, {"maxReplicas", 2}}}},
+       "spec.autoscaling.minReplicas must be an integer >= 0"},
+      {{{"model", {{"id", "m"}}}, {"inferencePool", {{"enabled", true}}}},
+       "spec.inferencePool.endpointPickerRef is required"},
+      {{{"model", {{"id", "m"}}}, {"inferencePool", "yes"}},
+       "spec.inferencePool must be an object"},
+      {{{"model", {{"id", "m"}}}, {"inferencePool", {{"enabled", "yes"}}}},
+       "spec.inferencePool.enabled must be true or false"},
+      {{{"model", {{"id", "m"}}}, {"inferencePool", {{"endpointPickerRef", {{"name", "epp"}}}}}},
+       "spec.inferencePool.endpointPickerRef.port is required when kind is Service"},
+      {{{"model", {{"id", "m"}}},
+        {"inferencePool", {{"endpointPickerRef", {{"name", ""}, {"port", {{"number", 9002}}}}}}}},
+       "spec.inferencePool.endpointPickerRef.name is required"},
+      {{{"model", {{"id", "m"}}},
+        {"inferencePool", {{"endpointPickerRef", {{"name", 3}, {"port", {{"number", 9002}}}}}}}},
+       "spec.inferencePool.endpointPickerRef.name must be a string"},
+      {{{"model", {{"id", "m"}}},
+        {"inferencePool", {{"endpointPickerRef", {{"name", "e"}, {"port", {{"number", 70000}}}}}}}},
+       "spec.inferencePool.endpointPickerRef.port.number must be an integer in [1, 65535]"},
+      {{{"model", {{"id", "m"}}},
+        {"inferencePool", {{"endpointPickerRef", {{"name", "e"}, {"port", 9002}}}}}},
+       "spec.inferencePool.endpointPickerRef.port must be an object"},
+      {{{"model", {{"id", "m"}}},
+        {"inferencePool",
+         {{"endpointPickerRef",
+           {{"name", "e"}, {"port", {{"number", 9002}}}, {"failureMode", "Retry"}}}}}},
+       "spec.inferencePool.endpointPickerRef.failureMode must be FailOpen or FailClose"},
+      {{{"model", {{"id", "m"}}},
+        {"inferencePool", {{"endpointPickerRef", {{"name", "e"}, {"kind", "not a kind"}}}}}},
+       "spec.inferencePool.endpointPickerRef.kind must be a Kubernetes kind"},
+      {{{"model", {{"id", "m"}}},
+        {"inferencePool",
+         {{"endpointPickerRef", {{"name", "e"}, {"kind", "Picker"}, {"group", "Bad_Group"}}}}}},
+       "spec.inferencePool.endpointPickerRef.group must be an API group"},
   };
   for (const Case& c : cases) {
     auto r = parseServiceSpec(resource(c.spec), "img");
@@ -262,6 +298,92 @@ TEST(ServiceSpecTest, CrdEnumsAgreeWithTheParser) {
       }
     }
   }
+}
+
+// An InferencePool over the router pods' HTTP port, owned and labelled like the other children,
+// with the endpoint picker as the spec names it (kind Service by default, FailClose by default).
+TEST(DesiredObjectsTest, InferencePoolOverTheRouterPods) {
+  auto s = parseServiceSpec(
+      resource({{"model", {{"id", "org/m"}}},
+                {"inferencePool",
+                 {{"endpointPickerRef", {{"name", "epp"}, {"port", {{"number", 9002}}}}}}}}),
+      "img");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const Kinds kinds;
+  const auto objs = desiredObjects(*s, kinds);
+  const DesiredObject* pool = find(objs, "InferencePool", "llama");
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->object["apiVersion"], "inference.networking.k8s.io/v1");
+  EXPECT_EQ(pool->object["metadata"]["ownerReferences"][0]["uid"], "u-1");
+  EXPECT_EQ(pool->object["metadata"]["labels"][kServiceLabel], "llama");
+  EXPECT_EQ(pool->object["metadata"]["labels"][kManagedByLabel], kManagedBy);
+  const json& spec = pool->object["spec"];
+  // The router Deployment's pod labels, and its container's port.
+  const DesiredObject* router = find(objs, "Deployment", "llama-router");
+  ASSERT_NE(router, nullptr);
+  for (const auto& [k, v] : spec["selector"]["matchLabels"].items())
+    EXPECT_EQ(router->object["spec"]["template"]["metadata"]["labels"][k], v) << k;
+  EXPECT_EQ(spec["targetPorts"],
+            json::array({{{"number", router->object["spec"]["template"]["spec"]["containers"][0]
+                                                   ["ports"][0]["containerPort"]}}}));
+  EXPECT_EQ(spec["endpointPickerRef"], json({{"name", "epp"},
+                                             {"kind", "Service"},
+                                             {"failureMode", "FailClose"},
+                                             {"port", {{"number", 9002}}}}));
+  // Off: none.
+  s->inferencePool.enabled = false;
+  EXPECT_EQ(find(desiredObjects(*s, kinds), "InferencePool", "llama"), nullptr);
+  auto off = parseServiceSpec(
+      resource({{"model", {{"id", "m"}}}, {"inferencePool", {{"enabled", false}}}}), "img");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->inferencePool.enabled);
+}
+
+// KEDA with minReplicas 0: the ScaledObject may scale to zero and activates on the queue or on any
+// incoming request (the router counts the 503s it answers meanwhile); the router stays in its
+// Service (readiness on its port, not on /health, which fails with no replica); scaled to zero,
+// replica 0's model cache stays. HPA mode keeps a floor of one.
+TEST(DesiredObjectsTest, KedaScalesToZeroAndWakesOnRequests) {
+  json spec = {{"model", {{"id", "org/m"}}},
+               {"replicas", 0},
+               {"autoscaling",
+                {{"mode", "KEDA"},
+                 {"minReplicas", 0},
+                 {"maxReplicas", 3},
+                 {"prometheusAddress", "http://prom:9090"}}}};
+  auto s = parseServiceSpec(resource(spec), "img");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->autoscaling.scalesToZero());
+  const auto objs = desiredObjects(*s, Kinds());
+  const DesiredObject* so = find(objs, "ScaledObject", "llama");
+  ASSERT_NE(so, nullptr);
+  EXPECT_EQ(so->object["spec"]["minReplicaCount"], 0);
+  const json& triggers = so->object["spec"]["triggers"];
+  ASSERT_EQ(triggers.size(), 2u);
+  EXPECT_EQ(triggers[0]["metadata"]["query"],
+            "sum(tgi_queue_size{namespace=\"ml\",service=\"llama\"})");
+  EXPECT_EQ(triggers[0]["metadata"]["activationThreshold"], "0");
+  EXPECT_EQ(triggers[1]["metadata"]["query"],
+            "sum(rate(tgi_request_count{namespace=\"ml\",service=\"llama\"}[2m]))");
+  EXPECT_EQ(triggers[1]["metadata"]["activationThreshold"], "0");
+  const DesiredObject* router = find(objs, "Deployment", "llama-router");
+  ASSERT_NE(router, nullptr);
+  const json& probe = router->object["spec"]["template"]["spec"]["containers"][0]["readinessProbe"];
+  EXPECT_TRUE(probe.contains("tcpSocket")) << probe.dump();
+  EXPECT_EQ(router->object["spec"]["replicas"], 1);
+  EXPECT_EQ(find(objs, "StatefulSet", "llama-shard-0"), nullptr);
+  EXPECT_NE(find(objs, "PersistentVolumeClaim", "llama-model-cache-0"), nullptr);
+  EXPECT_NE(find(objs, "Service", "llama"), nullptr);
+  // A floor of one: one trigger, the router ready on /health.
+  spec["autoscaling"]["minReplicas"] = 1;
+  spec["replicas"] = 1;
+  auto one = parseServiceSpec(resource(spec), "img");
+  ASSERT_TRUE(one.ok());
+  const auto objs1 = desiredObjects(*one, Kinds());
+  EXPECT_EQ(find(objs1, "ScaledObject", "llama")->object["spec"]["triggers"].size(), 1u);
+  EXPECT_TRUE(find(objs1, "Deployment", "llama-router")
+                  ->object["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+                  .contains("httpGet"));
 }
 
 // shards 2, shardsPerPod 2 (the default): one pod, one container with both ranks' GPUs, in which

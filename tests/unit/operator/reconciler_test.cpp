@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "textgen/operator/desired_objects.h"
+#include "textgen/operator/service_spec.h"
 
 namespace textgen::op {
 namespace {
@@ -28,6 +29,9 @@ class FakeKube final : public KubeClient {
                                  const std::optional<json>& body, const std::string&) override {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string url = path.substr(0, path.find('?'));
+    requests.push_back(method + " " + url);
+    for (const std::string& prefix : notServed)
+      if (url.rfind(prefix, 0) == 0) return KubeResponse{404, {{"message", "page not found"}}};
     if (method != "GET") writes.push_back(method + " " + url);
     if (method != "GET" && conflictsLeft > 0) {
       --conflictsLeft;
@@ -48,6 +52,12 @@ class FakeKube final : public KubeClient {
     if (method == "DELETE") {
       objects.erase(url);
       return KubeResponse{200, json::object()};
+    }
+    if (method == "POST") {  // create (events)
+      const std::string at = url + "/" + (*body)["metadata"]["name"].get<std::string>();
+      if (objects.count(at)) return KubeResponse{409, {{"message", "already exists"}}};
+      objects[at] = *body;
+      return KubeResponse{201, *body};
     }
     // PATCH: apply, merge or status.
     const bool status = url.size() > 7 && url.substr(url.size() - 7) == "/status";
@@ -98,7 +108,8 @@ class FakeKube final : public KubeClient {
 
   std::mutex mu_;
   std::map<std::string, json> objects;
-  std::vector<std::string> writes;
+  std::vector<std::string> writes, requests;
+  std::vector<std::string> notServed;  // collection prefixes answered 404 (CRDs not installed)
   int conflictsLeft = 0;
   bool rejectStatefulSets = false;
   int version_ = 100;
@@ -127,23 +138,25 @@ class ReconcilerTest : public ::testing::Test {
 
   void start() {
     services_ = std::make_unique<Informer>(kube_, kTgs, "", [](auto&, auto&) {});
-    sts_ =
-        std::make_unique<Informer>(kube_, kinds_.statefulSet.path("ml"), "", [](auto&, auto&) {});
-    deps_ =
-        std::make_unique<Informer>(kube_, kinds_.deployment.path("ml"), "", [](auto&, auto&) {});
-    pods_ = std::make_unique<Informer>(kube_, kinds_.pod.path("ml"), "", [](auto&, auto&) {});
-    for (Informer* i : {services_.get(), sts_.get(), deps_.get(), pods_.get()}) i->start();
-    while (!services_->synced() || !sts_->synced() || !deps_->synced() || !pods_->synced())
+    children_ = std::make_unique<ChildInformers>(kube_, kinds_, "ml", [](auto&, auto&) {});
+    children_->setAbsentRetry(std::chrono::milliseconds(5));
+    services_->start();
+    children_->start();
+    while (!services_->synced() || !children_->synced())
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    sts_ = children_->of(kinds_.statefulSet);
+    pods_ = &children_->pods();
     reconciler_ = std::make_unique<Reconciler>(
-        kube_, kinds_, "img", ReconcilerCaches{*services_, *sts_, *deps_, *pods_},
+        kube_, kinds_, "img", ReconcilerCaches{*services_, *children_},
         [this](const std::string& key, std::chrono::milliseconds delay) {
           std::lock_guard<std::mutex> lock(requeueMu_);
           requeues_.emplace_back(key, delay);
-        });
+        },
+        &events_);
   }
   void stop() {
-    for (Informer* i : {services_.get(), sts_.get(), deps_.get(), pods_.get()}) i->stop();
+    services_->stop();
+    children_->stop();
   }
   // What the informers would have seen by now.
   void resync() {
@@ -202,9 +215,32 @@ class ReconcilerTest : public ::testing::Test {
     return out;
   }
 
+  // The Events written, oldest first (objects stored under /api/v1/namespaces/ml/events/).
+  std::vector<json> events() {
+    std::vector<json> out;
+    for (const auto& [url, o] : kube_.objects)
+      if (url.rfind("/api/v1/namespaces/ml/events/", 0) == 0) out.push_back(o);
+    return out;
+  }
+  std::vector<std::string> eventReasons() {
+    std::vector<std::string> out;
+    for (const json& e : events()) out.push_back(e["reason"]);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::map<std::string, std::string> conditions() {
+    std::map<std::string, std::string> out;
+    for (const json& c : kube_.objects[std::string(kTgs) + "/llama"]["status"]["conditions"])
+      out[c["type"]] = c["status"].get<std::string>() + " " + c["reason"].get<std::string>();
+    return out;
+  }
+
   FakeKube kube_;
   const Kinds kinds_;
-  std::unique_ptr<Informer> services_, sts_, deps_, pods_;
+  EventRecorder events_{kube_, kinds_.event, "test"};
+  std::unique_ptr<Informer> services_;
+  std::unique_ptr<ChildInformers> children_;
+  Informer *sts_ = nullptr, *pods_ = nullptr;
   std::unique_ptr<Reconciler> reconciler_;
   std::mutex requeueMu_;
   std::vector<std::pair<std::string, std::chrono::milliseconds>> requeues_;
@@ -221,6 +257,121 @@ TEST_F(ReconcilerTest, AppliesThenASettledPassWritesNothing) {
   kube_.writes.clear();
   ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
   EXPECT_TRUE(kube_.writes.empty()) << kube_.writes.size() << " writes, first " << kube_.writes[0];
+}
+
+// Every read comes from the informers: a settled pass sends no request at all (no GET, no list),
+// and so does a pass right after the first writes.
+TEST_F(ReconcilerTest, ASettledPassMakesNoRequests) {
+  kube_.requests.clear();  // the informers' lists
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  for (const std::string& r : kube_.requests)
+    EXPECT_NE(r.rfind("GET /apis/apps", 0), 0u) << "a pass read " << r << " from the server";
+  resync();
+  kube_.requests.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_TRUE(kube_.requests.empty()) << kube_.requests.size() << ", first " << kube_.requests[0];
+}
+
+// Events: a Created event per child on the first pass, about the resource (involvedObject) and by
+// textgen-operator; none on a settled pass; Ready and NotReady on transitions; a repeated failure
+// counted in one Event.
+TEST_F(ReconcilerTest, EventsTellOfChangesOnly) {
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  const std::vector<json> created = events();
+  ASSERT_EQ(
+      created.size(),
+      desiredObjects(*parseServiceSpec(kube_.objects[std::string(kTgs) + "/llama"], "img"), kinds_)
+          .size());
+  for (const json& e : created) {
+    EXPECT_EQ(e["reason"], "Created") << e.dump();
+    EXPECT_EQ(e["type"], "Normal");
+    EXPECT_EQ(e["involvedObject"], json({{"apiVersion", "textgen.dev/v1alpha1"},
+                                         {"kind", "TextGenerationService"},
+                                         {"name", "llama"},
+                                         {"namespace", "ml"},
+                                         {"uid", "u"}}));
+    EXPECT_EQ(e["reportingComponent"], kEventComponent);
+    EXPECT_EQ(e["source"]["component"], kEventComponent);
+    EXPECT_EQ(e["count"], 1);
+  }
+  resync();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_EQ(events().size(), created.size());  // settled: nothing new
+  // Every replica and the router ready: Ready (Normal); then replica 1 not: NotReady (Warning).
+  auto setReady = [&](int r, int ready) {
+    const std::string url =
+        "/apis/apps/v1/namespaces/ml/statefulsets/llama-shard-" + std::to_string(r);
+    json sts = kube_.objects[url];
+    sts["status"] = {{"replicas", 2}, {"readyReplicas", ready}, {"updatedReplicas", 2}};
+    kube_.emit(url, sts);
+  };
+  setReady(0, 2);
+  setReady(1, 2);
+  json router = kube_.objects["/apis/apps/v1/namespaces/ml/deployments/llama-router"];
+  router["status"] = {{"readyReplicas", 1}};
+  kube_.emit("/apis/apps/v1/namespaces/ml/deployments/llama-router", router);
+  resync();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_EQ(conditions()["Ready"], "True Ready");
+  setReady(1, 1);
+  resync();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  resync();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());  // settled again: no second NotReady
+  std::vector<std::string> reasons = eventReasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "Ready"), 1);
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "NotReady"), 1);
+  for (const json& e : events())
+    if (e["reason"] == "NotReady") {
+      EXPECT_EQ(e["type"], "Warning");
+      EXPECT_NE(e["message"].get<std::string>().find("llama-shard-1 is not"), std::string::npos);
+    }
+  // The same failure on every retry: one ApplyFailed Event, its count going up.
+  kube_.rejectStatefulSets = true;
+  json tgs = kube_.objects[std::string(kTgs) + "/llama"];
+  tgs["spec"]["dtype"] = "float16";
+  tgs["metadata"]["generation"] = 2;
+  kube_.emit(std::string(kTgs) + "/llama", tgs);
+  resync();
+  EXPECT_FALSE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_FALSE(reconciler_->reconcile("ml/llama").ok());
+  int failed = 0;
+  for (const json& e : events())
+    if (e["reason"] == "ApplyFailed" &&
+        e["message"].get<std::string>().find("llama-shard-0") != std::string::npos) {
+      ++failed;
+      EXPECT_EQ(e["type"], "Warning");
+      EXPECT_EQ(e["count"], 2) << e.dump();
+    }
+  EXPECT_EQ(failed, 1);
+}
+
+// A cluster without KEDA's CRD (404 on its list): the ScaledObject is not applied, Degraded says
+// why (CRDNotInstalled) with one Warning event, a settled pass writes nothing, and nothing fails.
+TEST_F(ReconcilerTest, AnAbsentCrdIsReportedNotRetriedEveryPass) {
+  stop();
+  kube_.notServed = {"/apis/keda.sh/"};
+  json& tgs = kube_.objects[std::string(kTgs) + "/llama"];
+  tgs["spec"]["autoscaling"] = {
+      {"mode", "KEDA"}, {"maxReplicas", 4}, {"prometheusAddress", "http://prom:9090"}};
+  start();
+  EXPECT_FALSE(children_->of(kinds_.scaledObject)->served());
+  EXPECT_TRUE(children_->of(kinds_.statefulSet)->served());
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  for (const std::string& w : kube_.writes) EXPECT_EQ(w.find("keda.sh"), std::string::npos) << w;
+  EXPECT_EQ(conditions()["Degraded"], "True CRDNotInstalled");
+  const std::vector<std::string> reasons = eventReasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "CRDNotInstalled"), 1);
+  resync();
+  kube_.writes.clear();
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_TRUE(kube_.writes.empty()) << kube_.writes.size() << " writes, first " << kube_.writes[0];
+  // KEDA installed: the informer finds it (and would requeue), the next pass applies it.
+  kube_.notServed.clear();
+  waitUntil("ScaledObjects served", [&] { return children_->of(kinds_.scaledObject)->served(); });
+  ASSERT_TRUE(reconciler_->reconcile("ml/llama").ok());
+  EXPECT_TRUE(kube_.objects.count("/apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects/llama"));
+  EXPECT_EQ(conditions()["Degraded"], "False AsExpected");
 }
 
 // A pass right after the first, before the informers have seen any of its writes (finalizer,

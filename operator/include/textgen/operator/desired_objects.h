@@ -22,6 +22,9 @@ namespace textgen::op {
 inline constexpr const char* kServiceLabel = "textgen.dev/service";
 inline constexpr const char* kComponentLabel = "textgen.dev/component";
 inline constexpr const char* kReplicaLabel = "textgen.dev/replica";
+// Every object the operator creates carries kManagedByLabel=kManagedBy (its informers' selector).
+inline constexpr const char* kManagedByLabel = "app.kubernetes.io/managed-by";
+inline constexpr const char* kManagedBy = "textgen-operator";
 // The StatefulSet's ordinal label on its pods (Kubernetes >= 1.28).
 inline constexpr const char* kPodIndexLabel = "apps.kubernetes.io/pod-index";
 // Rank i of a pod listens on kShardPort + i.

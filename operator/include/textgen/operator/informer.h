@@ -3,9 +3,14 @@
 // last version seen, one the server expired (410 Gone, e.g. after an etcd compaction) is
 // replaced by a fresh list; connection errors back off exponentially (up to 30 s). The handler
 // sees every change ("ADDED", "MODIFIED", "DELETED", and "SYNC" for each object of a list).
+// A collection the server does not serve (404 on the list: an optional CRD such as KEDA's
+// ScaledObject or the InferencePool, not installed) is synced and empty, and is listed again every
+// `absentRetry` until it is; served() says which, and onServedChange's callback runs when that
+// changes (an owner waiting for the CRD can be requeued then).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -26,6 +31,11 @@ class Informer {
   // watchSeconds: how long the server keeps one watch open before it is resumed.
   Informer(KubeClient& client, std::string collectionPath, std::string labelSelector,
            Handler handler, int watchSeconds = 60);
+  // Call before start().
+  void onServedChange(std::function<void(bool served)> callback) {
+    servedChange_ = std::move(callback);
+  }
+  void setAbsentRetry(std::chrono::milliseconds retry) { absentRetry_ = retry; }
   ~Informer();
   Informer(const Informer&) = delete;
   Informer& operator=(const Informer&) = delete;
@@ -33,6 +43,8 @@ class Informer {
   void start();
   void stop();  // returns at once; the thread ends with its current watch (joined on destruction)
   bool synced() const { return synced_.load(); }
+  // False while the server answers the list with 404 (the kind is not installed).
+  bool served() const { return served_.load(); }
   // "namespace/name" -> the object as last seen.
   std::optional<json> get(const std::string& key) const;
   std::vector<json> list() const;
@@ -42,14 +54,19 @@ class Informer {
 
  private:
   void run();
-  bool listOnce(std::string& resourceVersion);
+  enum class ListResult { kListed, kNotServed, kFailed };
+  ListResult listOnce(std::string& resourceVersion);
+  void setServed(bool served);
+  void sleepUnlessStopped(std::chrono::milliseconds d);
   void apply(const std::string& type, const json& object);
 
   KubeClient& client_;
   const std::string path_, selector_;
   Handler handler_;
   const int watchSeconds_;
-  std::atomic<bool> stop_{false}, synced_{false};
+  std::function<void(bool)> servedChange_;
+  std::chrono::milliseconds absentRetry_{std::chrono::seconds(30)};
+  std::atomic<bool> stop_{false}, synced_{false}, served_{true};
   std::atomic<int64_t> relists_{0};
   mutable std::mutex mu_;
   std::map<std::string, json> cache_;

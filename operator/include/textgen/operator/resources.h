@@ -28,7 +28,7 @@ class Kinds {
   explicit Kinds(bool testGroups = false);
 
   Kind service, persistentVolumeClaim, pod, statefulSet, deployment, horizontalPodAutoscaler,
-      podDisruptionBudget, lease, scaledObject;
+      podDisruptionBudget, lease, event, scaledObject, inferencePool;
   Kind textGenerationService;
 };
 

@@ -26,8 +26,25 @@ struct RouterSpec {
 struct AutoscalingSpec {
   bool enabled = false;
   std::string mode = "HPA";  // or KEDA
+  // minReplicas 0 (KEDA only): scale to zero when idle, back to one on incoming requests.
   int64_t minReplicas = 1, maxReplicas = 1, targetQueueSizePerReplica = 8;
   std::string prometheusAddress;  // KEDA
+  bool scalesToZero() const { return enabled && mode == "KEDA" && minReplicas == 0; }
+};
+
+// The endpoint picker of an InferencePool (the Gateway API Inference Extension's v1
+// EndpointPickerRef): a Service (kind "Service", group "", then port is required) or another kind.
+struct EndpointPickerRef {
+  std::string group, kind = "Service", name;
+  std::optional<int64_t> port;
+  std::string failureMode = "FailClose";  // or FailOpen
+};
+
+// An InferencePool (inference.networking.k8s.io/v1) over the router pods, for a Gateway whose
+// endpoint picker chooses among them.
+struct InferencePoolSpec {
+  bool enabled = false;
+  EndpointPickerRef endpointPicker;
 };
 
 struct ServiceSpec {
@@ -50,6 +67,7 @@ struct ServiceSpec {
   std::string image, imagePullPolicy = "IfNotPresent";
   RouterSpec router;
   AutoscalingSpec autoscaling;
+  InferencePoolSpec inferencePool;
   json nodeSelector = json::object(), tolerations = json::array(), affinity = json::object();
   std::string priorityClassName;
 };
