@@ -6,7 +6,8 @@
 //
 //   textgen-operator [--kubeconfig FILE] [--namespace NS] [--image IMAGE] [--metrics-port 8080]
 //                    [--leader-elect true|false] [--lease-namespace NS] [--lease-seconds 15]
-//                    [--workers 2] [--watch-seconds 60] [--json-output] [--log-level info]
+//                    [--workers 2] [--watch-seconds 60] [--crd-recheck-seconds 30]
+//                    [--json-output] [--log-level info]
 //   (test only) --test-api-groups: built-in kinds in look-alike <group>.textgen.test groups
 //   textgen-operator render FILE [--image IMAGE]: the objects it would create for the resource in
 //   FILE (YAML or JSON), as a JSON list, without a cluster
@@ -44,7 +45,7 @@ std::atomic<bool> gStop{false};
 
 struct Flags {
   std::string kubeconfig, ns, image, leaseNamespace, logLevel = "info";
-  int metricsPort = 8080, workers = 2, leaseSeconds = 15, watchSeconds = 60;
+  int metricsPort = 8080, workers = 2, leaseSeconds = 15, watchSeconds = 60, crdRecheckSeconds = 30;
   bool leaderElect = true, testGroups = false, json = false;
 };
 
@@ -81,6 +82,8 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       TG_RETURN_IF_ERROR(number(f.workers, 1, 64));
     } else if (a == "--watch-seconds") {
       TG_RETURN_IF_ERROR(number(f.watchSeconds, 1, 1800));
+    } else if (a == "--crd-recheck-seconds") {
+      TG_RETURN_IF_ERROR(number(f.crdRecheckSeconds, 1, 3600));
     } else if (a == "--lease-seconds") {
       TG_RETURN_IF_ERROR(number(f.leaseSeconds, 2, 3600));
     } else if (a == "--leader-elect") {
@@ -176,6 +179,7 @@ int run(const Flags& f) {
       [&](const std::string&, const json& o) { queue.add(Informer::keyOf(o)); }, f.watchSeconds);
   // Every kind the operator owns: a pass reads its children from these caches only.
   ChildInformers children(kube, kinds, scope, owner, f.watchSeconds);
+  children.setAbsentRetry(std::chrono::seconds(f.crdRecheckSeconds));
   // A CRD installed (or removed) later: every resource is looked at again.
   children.onServedChange([&](const Kind&, bool) {
     for (const json& o : services.list()) queue.add(Informer::keyOf(o));

