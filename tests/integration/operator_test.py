@@ -40,6 +40,17 @@ PVC = f"/apis/core.textgen.test/v1/namespaces/{NS}/persistentvolumeclaims"
 POD = f"/apis/core.textgen.test/v1/namespaces/{NS}/pods"
 HPA = f"/apis/autoscaling.textgen.test/v2/namespaces/{NS}/horizontalpodautoscalers"
 PDB = f"/apis/policy.textgen.test/v1/namespaces/{NS}/poddisruptionbudgets"
+EVENTS = f"/apis/core.textgen.test/v1/namespaces/{NS}/events"
+SCALED = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects"
+POOLS = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools"
+CRDS = os.path.join(REPO, "tests", "k8s-crds")
+TOOLS = os.path.join(REPO, "tests", "k8s-tools")
+# The kinds the operator owns, as the API server's request metrics name them (group, resource).
+OWNED = {("apps.textgen.test", "statefulsets"), ("apps.textgen.test", "deployments"),
+         ("core.textgen.test", "services"), ("core.textgen.test", "persistentvolumeclaims"),
+         ("core.textgen.test", "pods"), ("autoscaling.textgen.test", "horizontalpodautoscalers"),
+         ("policy.textgen.test", "poddisruptionbudgets"), ("keda.sh", "scaledobjects"),
+         ("inference.networking.k8s.io", "inferencepools")}
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/textgen-operator"
 results = {"passed": 0, "failed": 0}
 
@@ -69,7 +80,8 @@ class Operator:
         self.log = open(os.path.join(server.dir, f"{name}.log"), "w+")
         self.proc = subprocess.Popen(
             [OPERATOR, "--kubeconfig", server.kubeconfig, "--test-api-groups", "--image", "textgen:test",
-             "--metrics-port", str(self.port), "--lease-seconds", "3", "--watch-seconds", "3"],
+             "--metrics-port", str(self.port), "--lease-seconds", "3", "--watch-seconds", "3",
+             "--crd-recheck-seconds", "2"],
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def metrics(self):
@@ -179,7 +191,15 @@ def test_crd(server):
                ("min > max replicas", service("bad", autoscaling={"minReplicas": 5, "maxReplicas": 2})),
                ("input >= total", service("bad", router={"maxInputTokens": 10, "maxTotalTokens": 10})),
                ("KEDA without prometheus", service("bad", autoscaling={"maxReplicas": 2, "mode": "KEDA"})),
-               ("revision with a PVC", service("bad", model={"id": "m", "revision": "r", "pvc": {"claimName": "c"}}))]
+               ("revision with a PVC", service("bad", model={"id": "m", "revision": "r", "pvc": {"claimName": "c"}})),
+               ("HPA to zero", service("bad", autoscaling={"minReplicas": 0, "maxReplicas": 2})),
+               ("negative minReplicas", service("bad", autoscaling={"minReplicas": -1, "maxReplicas": 2,
+                                                                    "mode": "KEDA", "prometheusAddress": "http://p"})),
+               ("InferencePool without a picker", service("bad", inferencePool={"enabled": True})),
+               ("picker Service without a port", service("bad", inferencePool={"endpointPickerRef": {"name": "epp"}})),
+               ("picker failureMode", service("bad", inferencePool={"endpointPickerRef": {
+                   "name": "epp", "port": {"number": 9002}, "failureMode": "Retry"}})),
+               ("picker port 0", service("bad", inferencePool={"endpointPickerRef": {"name": "epp", "port": {"number": 0}}}))]
     messages = {"shardsPerPod above shards": "shardsPerPod must not exceed shards",
                 "shardsPerPod not dividing shards": "shardsPerPod must divide shards",
                 "shardsPerPod 2 of the default 1 shard": "shardsPerPod must not exceed shards",
@@ -187,7 +207,10 @@ def test_crd(server):
                 "shardEnv turns NVLink multicast on": "NVLink multicast stays off",
                 "quantize exl2": "spec.quantize",
                 "quantize a number": "spec.quantize",
-                "bad kvCacheDtype": "spec.kvCacheDtype"}
+                "bad kvCacheDtype": "spec.kvCacheDtype",
+                "HPA to zero": "minReplicas 0 (scale to zero) needs mode KEDA",
+                "InferencePool without a picker": "an InferencePool needs endpointPickerRef",
+                "picker Service without a port": "port is required when kind is 'Service'"}
     for what, obj in invalid:
         obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
         code, body = server.request("POST", TGS, obj)
@@ -203,6 +226,10 @@ def test_crd(server):
         code, body = server.request("POST", TGS, service("quant", quantize=q, kvCacheDtype="fp8_e4m3fn"))
         check(code == 201, f"quantize {q} with an fp8 KV cache accepted: {code} {str(body)[:300]}")
         server.request("DELETE", f"{TGS}/quant")
+    code, body = server.request("POST", TGS, service("zero", autoscaling={
+        "mode": "KEDA", "minReplicas": 0, "maxReplicas": 3, "prometheusAddress": "http://prometheus:9090"}))
+    check(code == 201, f"KEDA with minReplicas 0 accepted: {code} {str(body)[:300]}")
+    server.request("DELETE", f"{TGS}/zero")
     code, body = server.request("POST", TGS, service("defaults", shards=None, replicas=None))
     spec = (body or {}).get("spec", {})
     check(code == 201 and spec.get("shards") == 1 and spec.get("replicas") == 1,
@@ -309,6 +336,148 @@ def test_objects(server, op):
     check(after.get("textgen_operator_writes_total") == before.get("textgen_operator_writes_total"),
           f"a settled pass writes nothing ({before.get('textgen_operator_writes_total')} -> "
           f"{after.get('textgen_operator_writes_total')} writes)")
+    check_events(server, op, uid)
+
+
+def events_of(server, name):
+    code, body = server.request("GET", EVENTS)
+    return [e for e in (body or {}).get("items", []) if e.get("involvedObject", {}).get("name") == name] \
+        if code == 200 else []
+
+
+def check_events(server, op, uid):
+    """The operator's Events about llama: one per child created, Ready once it was, each about the
+    resource and by textgen-operator, valid core/v1 Events (kubernetes-models' schema)."""
+    evs = events_of(server, "llama")
+    created = [e for e in evs if e.get("reason") == "Created"]
+    check(len(created) >= 9 and {e["message"].split(" ", 1)[1] for e in created} >=
+          {"StatefulSet llama-shard-0", "StatefulSet llama-shard-1", "Deployment llama-router", "Service llama",
+           "HorizontalPodAutoscaler llama", "PodDisruptionBudget llama-shards"},
+          f"a Created event per child: {sorted(e.get('message', '') for e in created)}")
+    check(all(e["type"] == "Normal" and e["involvedObject"].get("uid") == uid and
+              e["involvedObject"].get("kind") == "TextGenerationService" and
+              e["involvedObject"].get("apiVersion") == "textgen.dev/v1alpha1" and
+              e.get("reportingComponent") == "textgen-operator" and
+              e.get("source", {}).get("component") == "textgen-operator" and e.get("count") == 1 for e in created),
+          f"events name the resource and the operator: {created[:1]}")
+    ready = [e for e in evs if e.get("reason") == "Ready"]
+    check(len(ready) == 1 and ready[0]["type"] == "Normal", f"one Ready event: {ready}")
+    as_core = [dict(e, apiVersion="v1") for e in evs]
+    r = subprocess.run(["node", os.path.join(TOOLS, "validate.mjs")], input=json.dumps(as_core),
+                       capture_output=True, text=True, cwd=TOOLS)
+    check(r.returncode == 0 and r.stdout.count("valid v1 Event") == len(evs),
+          f"the events are valid core/v1 Events: {r.stdout[-800:]} {r.stderr[-300:]}")
+
+    # A steady pass: no Event, and no GET or list of an owned kind (the informers serve them).
+    def passes():
+        return op.metrics().get("textgen_operator_reconciles_total", 0)
+    counts = {e["metadata"]["name"]: e.get("count") for e in evs}
+    before, requests = op.metrics(), server.request_counts()
+    for touch in ("3", "4"):
+        n = passes()
+        server.merge(f"{TGS}/llama", {"metadata": {"annotations": {"touch": touch}}})
+        wait_for(f"a pass after touch {touch}", lambda: passes() > n)
+    after, requests_after = op.metrics(), server.request_counts()
+    check(any(k[2] == "statefulsets" for k in requests),
+          f"the API server counts requests by resource: {sorted(requests)[:10]}")
+    reads = {k: requests_after[k] - requests.get(k, 0) for k in requests_after
+             if k[0] in ("GET", "LIST") and (k[1], k[2]) in OWNED and requests_after[k] > requests.get(k, 0)}
+    check(not reads, f"a steady pass reads no owned kind from the API server: {reads}")
+    check(after.get("textgen_operator_events_total") == before.get("textgen_operator_events_total") and
+          after.get("textgen_operator_events_aggregated_total") ==
+          before.get("textgen_operator_events_aggregated_total"),
+          f"a steady pass records no event ({before.get('textgen_operator_events_total')} -> "
+          f"{after.get('textgen_operator_events_total')})")
+    check({e["metadata"]["name"]: e.get("count") for e in events_of(server, "llama")} == counts,
+          "no new or recounted Event after steady passes")
+
+
+def test_scale_to_zero(server):
+    """KEDA with minReplicas 0 (its CRD installed, so the server validates the ScaledObject): no
+    shard StatefulSet at 0 replicas, the router and its Service stay (ready on the port alone),
+    replica 0's model cache stays; KEDA's scale to 1 and back to 0 through /scale."""
+    obj = service("idle", replicas=0, autoscaling={"mode": "KEDA", "minReplicas": 0, "maxReplicas": 2,
+                                                   "prometheusAddress": "http://prometheus:9090"})
+    code, body = server.request("POST", TGS, obj)
+    check(code == 201, f"create idle: {code} {str(body)[:200]}")
+    so = wait_for("the ScaledObject", lambda: get(server, f"{SCALED}/idle"))
+    spec = (so or {}).get("spec", {})
+    triggers = spec.get("triggers", [])
+    check(spec.get("minReplicaCount") == 0 and spec.get("maxReplicaCount") == 2 and
+          spec.get("scaleTargetRef", {}).get("kind") == "TextGenerationService" and len(triggers) == 2 and
+          all(t["metadata"].get("activationThreshold") == "0" for t in triggers) and
+          'tgi_queue_size{namespace="default",service="idle"}' in triggers[0]["metadata"]["query"] and
+          'rate(tgi_request_count{namespace="default",service="idle"}[2m])' in triggers[1]["metadata"]["query"],
+          f"a ScaledObject that scales to zero and wakes on the queue or incoming requests: {spec}")
+    router = wait_for("idle's router", lambda: get(server, f"{DEPLOY}/idle-router"))
+    probe = (router or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0] \
+        .get("readinessProbe", {})
+    check("tcpSocket" in probe and (router or {}).get("spec", {}).get("replicas") == 1,
+          f"the router stays up with no replica (ready on its port, not /health): {probe}")
+    check(wait_for("ScaledToZero", lambda: condition(get(server, f"{TGS}/idle"), "Ready").get("reason") ==
+                   "ScaledToZero") is not None, "Ready=False ScaledToZero")
+    check(condition(get(server, f"{TGS}/idle"), "Degraded").get("status") == "False",
+          f"the ScaledObject was accepted: {condition(get(server, f'{TGS}/idle'), 'Degraded')}")
+    check(not [n for n in items(server, STS) if n.startswith("idle-")] and "idle" in items(server, SVC) and
+          "idle-model-cache-0" in items(server, PVC), "no shard at zero; the router Service and model cache stay")
+    server.merge(f"{TGS}/idle/scale", {"spec": {"replicas": 1}})  # what KEDA does on activation
+    check(wait_for("idle-shard-0", lambda: "idle-shard-0" in items(server, STS)) is not None,
+          "scaled from zero: a replica")
+    server.merge(f"{TGS}/idle/scale", {"spec": {"replicas": 0}})
+    check(wait_for("idle-shard-0 gone", lambda: "idle-shard-0" not in items(server, STS)) is not None and
+          get(server, f"{DEPLOY}/idle-router") is not None and "idle-model-cache-0" in items(server, PVC),
+          "back to zero: the replica goes, the router and the model cache stay")
+    server.request("DELETE", f"{TGS}/idle")
+    wait_for("idle removed", lambda: get(server, f"{TGS}/idle") is None)
+
+
+def test_inference_pool(server):
+    """spec.inferencePool before the cluster serves InferencePools: Degraded CRDNotInstalled and one
+    Warning event, nothing else held up; once the CRD is installed (the upstream v1 schema, so the
+    server validates the pool), the pool appears over the router pods; turned off, it goes."""
+    obj = service("pool", replicas=1, autoscaling=None,
+                  inferencePool={"endpointPickerRef": {"name": "pool-epp", "port": {"number": 9002}}})
+    obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
+    code, body = server.request("POST", TGS, obj)
+    check(code == 201, f"create pool: {code} {str(body)[:200]}")
+    degraded = wait_for("Degraded CRDNotInstalled", lambda: condition(get(server, f"{TGS}/pool"), "Degraded")
+                        .get("reason") == "CRDNotInstalled")
+    msg = condition(get(server, f"{TGS}/pool"), "Degraded").get("message", "")
+    check(degraded is not None and "InferencePool" in msg and "Gateway API Inference Extension" in msg,
+          f"the missing CRD is named: {msg}")
+    check(get(server, f"{DEPLOY}/pool-router") is not None and "pool-shard-0" in items(server, STS),
+          "the other objects are made meanwhile")
+    missing = [e for e in events_of(server, "pool") if e.get("reason") == "CRDNotInstalled"]
+    check(len(missing) == 1 and missing[0]["type"] == "Warning", f"one CRDNotInstalled warning: {missing}")
+    server.install_crd_file(os.path.join(CRDS, "inference.networking.k8s.io_inferencepools.yaml"))
+    pool = wait_for("the InferencePool", lambda: get(server, f"{POOLS}/pool"), 30)
+    spec = (pool or {}).get("spec", {})
+    router = get(server, f"{DEPLOY}/pool-router") or {}
+    labels = router.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+    match = spec.get("selector", {}).get("matchLabels", {})
+    check(match and all(labels.get(k) == v for k, v in match.items()) and
+          spec.get("targetPorts") == [{"number": 3000}] and
+          spec.get("endpointPickerRef") == {"name": "pool-epp", "kind": "Service", "group": "",
+                                            "port": {"number": 9002}, "failureMode": "FailClose"},
+          f"the pool: the router pods, their HTTP port, the picker (the CRD's defaults applied): {spec}")
+    refs = (pool or {}).get("metadata", {}).get("ownerReferences", [])
+    check(len(refs) == 1 and refs[0]["kind"] == "TextGenerationService" and refs[0]["name"] == "pool",
+          f"owned by the resource: {refs}")
+    check(wait_for("Degraded cleared", lambda: condition(get(server, f"{TGS}/pool"), "Degraded")
+                   .get("status") == "False") is not None, "Degraded clears once the pool is made")
+    code, body = server.request("POST", POOLS, {
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": {"name": "dup"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": [{"number": 1}, {"number": 1}]}})
+    check(code == 422 and "port number must be unique" in json.dumps(body),
+          f"the CRD's own rules hold (duplicate ports refused): {code}")
+    server.merge(f"{TGS}/pool", {"spec": {"inferencePool": {"enabled": False}}})
+    check(wait_for("the pool deleted", lambda: get(server, f"{POOLS}/pool") is None) is not None,
+          "turned off, the pool is deleted")
+    check(wait_for("a Deleted event", lambda: [e for e in events_of(server, "pool") if e.get("reason") == "Deleted"
+                                                and "InferencePool pool" in e.get("message", "")]) is not None,
+          "a Deleted event for the pool")
+    server.request("DELETE", f"{TGS}/pool")
+    wait_for("pool removed", lambda: get(server, f"{TGS}/pool") is None)
 
 
 def test_scale_and_edit(server):
@@ -742,12 +911,15 @@ def main():
     ops = []
     try:
         server.install_lookalikes()
+        server.install_crd_file(os.path.join(CRDS, "keda.sh_scaledobjects.yaml"))
         test_crd(server)
         op = Operator(server, "operator-1")
         ops.append(op)
         wait_for("leadership", op.leading)
         test_objects(server, op)
         test_scale_and_edit(server)
+        test_scale_to_zero(server)
+        test_inference_pool(server)
         test_group_restart(server, op)
         test_expired_watch(server, op)
         standby = Operator(server, "operator-2")
