@@ -7,7 +7,9 @@ expected objects with owner references, labels and env (a shard pod is one conta
 textgen-launcher --shards-only runs its ranks; a replica is one pod or several); a second pass writes nothing; status conditions follow the children's
 (simulated) readiness; the scale subresource adds and removes replicas; a spec edit rolls them; a
 rank's restart deletes every pod of its replica (and only those), and outdated replicas are replaced
-one whole replica at a time; a watch expired by an etcd compaction is recovered by a relist; with two operators only the
+one whole replica at a time; KEDA scaling to zero (its CRD installed); an InferencePool before and after its CRD is
+served; the Events it records, and that a steady pass records none and reads no owned kind from the server; a watch
+expired by an etcd compaction is recovered by a relist; with two operators only the
 Lease holder reconciles and the other takes over when it dies; deletion cleans up. Finally, without
 a kubelet: the StatefulSets and router Deployment the operator wrote are run as local processes
 (their commands and env as the pod specs say, the model volume mapped to MODELS_DIR, Service and
