@@ -75,7 +75,10 @@ void Informer::setServed(bool served) {
 Informer::ListResult Informer::listOnce(std::string& resourceVersion) {
   const std::string query = selector_.empty() ? "" : "?labelSelector=" + urlEncode(selector_);
   auto r = client_.request("GET", path_ + query);
-  if (r.ok() && r->status == 404) {  // not served: an empty, synced cache
+  // Not served (404), or not allowed (403: a role without the optional kind): an empty, synced
+  // cache, so that one kind never holds up the others.
+  if (r.ok() && (r->status == 404 || r->status == 403)) {
+    if (r->status == 403) spdlog::warn("list {}: {} (the role lacks it)", path_, r->message());
     std::vector<json> gone;
     {
       std::lock_guard<std::mutex> lock(mu_);

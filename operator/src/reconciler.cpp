@@ -125,10 +125,12 @@ std::string notServedMessage(const Kind& k) {
   if (k.kind == "InferencePool")
     return "spec.inferencePool asks for an " + what +
            " but the cluster does not serve it: install the Gateway API Inference Extension's "
-           "CRDs";
+           "CRDs (or grant the operator's role list and watch on it)";
   if (k.kind == "ScaledObject")
     return "spec.autoscaling.mode KEDA asks for a " + what +
-           " but the cluster does not serve it: install KEDA";
+           " but the cluster does not serve it: install KEDA (or grant the operator's role list "
+           "and "
+           "watch on it)";
   return "the cluster does not serve " + what;
 }
 

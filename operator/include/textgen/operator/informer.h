@@ -3,10 +3,10 @@
 // last version seen, one the server expired (410 Gone, e.g. after an etcd compaction) is
 // replaced by a fresh list; connection errors back off exponentially (up to 30 s). The handler
 // sees every change ("ADDED", "MODIFIED", "DELETED", and "SYNC" for each object of a list).
-// A collection the server does not serve (404 on the list: an optional CRD such as KEDA's
-// ScaledObject or the InferencePool, not installed) is synced and empty, and is listed again every
-// `absentRetry` until it is; served() says which, and onServedChange's callback runs when that
-// changes (an owner waiting for the CRD can be requeued then).
+// A collection the server does not serve (404 on the list, or 403: not allowed: an optional CRD
+// such as KEDA's ScaledObject or the InferencePool, not installed) is synced and empty, and is
+// listed again every `absentRetry` until it is; served() says which, and onServedChange's callback
+// runs when that changes (an owner waiting for the CRD can be requeued then).
 #pragma once
 
 #include <atomic>
