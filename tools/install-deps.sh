@@ -27,6 +27,8 @@ packages=(
   clang-16 libfuzzer-16-dev libclang-rt-16-dev llvm-16
   # metrics exposition checks (promtool) and a real scrape in the router tests
   prometheus
+  # the API page's test (integration.docs_page): headless screenshots and the rendered DOM of /docs
+  chromium
   # the operator's tests: etcd under a real API server (tools/k8s-test-server/build.sh), test
   # certificates, YAML manifests
   etcd-server openssl python3-yaml
@@ -62,10 +64,18 @@ fetch_from_sid() {
   "$(cd "$(dirname "$0")" && pwd)/fetch-prometheus-cpp.sh" >/dev/null
 }
 
+# Swagger UI for the router's /docs (npm's swagger-ui-dist, pinned with its sha512) into a cache
+# outside the tree (tools/fetch-swagger-ui.sh; offline once fetched). Not a test client: the image
+# serves it too.
+fetch_swagger_ui() {
+  "$(cd "$(dirname "$0")" && pwd)/fetch-swagger-ui.sh" >/dev/null
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
   install_clients
   fetch_from_sid
+  fetch_swagger_ui
   exit 0
 fi
 
@@ -80,3 +90,4 @@ $sudo apt-get update -q
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 install_clients
 fetch_from_sid
+fetch_swagger_ui
