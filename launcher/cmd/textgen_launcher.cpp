@@ -95,7 +95,9 @@ const FlagSpec kFlags[] = {
     {"rope-factor", Kind::kUnsupported,
      "overriding the model's RoPE scaling is not implemented yet"},
     {"json-output", Kind::kRouterSwitch},
-    {"otlp-endpoint", Kind::kUnsupported, "tracing (OpenTelemetry) is not implemented yet"},
+    // OpenTelemetry: to the router and the shards alike (as TGI passes them); they check the URL.
+    {"otlp-endpoint", Kind::kRouter},
+    {"otlp-service-name", Kind::kRouter},
     {"cors-allow-origin", Kind::kRouter},
     {"watermark-gamma", Kind::kValue},  // the shard checks the ranges
     {"watermark-delta", Kind::kValue},
@@ -351,7 +353,7 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
     if (!shardsOnly && f->shardsOnly) return usage("--" + name + " needs --shards-only");
     const bool routers = (f->kind == Kind::kRouter || f->kind == Kind::kRouterSwitch ||
                           name == "hostname" || name == "shard-uds-path") &&
-                         name != "json-output";
+                         name != "json-output" && !name.starts_with("otlp-");
     if (shardsOnly && routers)
       return usage("--" + name + " is the router's, and --shards-only starts no router");
   }
@@ -423,7 +425,7 @@ std::vector<std::string> shardArgs(const Parsed& p, const fs::path& modelDir,
   // --dtype etc.: the shard checks them against its device.
   for (const char* flag :
        {"dtype", "quantize", "kv-cache-dtype", "cuda-graphs", "cuda-memory-fraction", "speculate",
-        "watermark-gamma", "watermark-delta"}) {
+        "watermark-gamma", "watermark-delta", "otlp-endpoint", "otlp-service-name"}) {
     if (p.values.contains(flag)) {
       args.push_back(std::string("--") + flag);
       args.push_back(p.get(flag, ""));

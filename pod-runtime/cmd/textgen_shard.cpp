@@ -8,6 +8,7 @@
 //                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
 //                 [--shard-urls ADDR,ADDR,...] [--collective-timeout SECONDS]
+//                 [--otlp-endpoint URL] [--otlp-service-name NAME]
 //                 [--json-output] [--log-level info]
 // The device defaults to CUDA where there is one. On CUDA the dtype defaults to the checkpoint's
 // (float16 for a float32 checkpoint, as TGI does; bfloat16 for T5, which overflows float16) and
@@ -50,6 +51,7 @@
 #include "textgen/runtime/communicator.h"
 #include "textgen/runtime/engine.h"
 #include "textgen/tokenizer/tokenizer.h"
+#include "textgen/tracing/tracing.h"
 
 namespace {
 
@@ -85,6 +87,8 @@ struct Flags {
   std::string medusaBase;  // --medusa-base: the base model's directory, overriding the config's
   int64_t medusaLayers = 1;
   double watermarkGamma = kWatermarkDefaultGamma, watermarkDelta = kWatermarkDefaultDelta;
+  // OpenTelemetry (TGI's flags): Prefill and Decode spans under the router's, when it traces.
+  std::string otlpEndpoint, otlpServiceName = "text-generation-inference.server";
 };
 
 std::atomic<bool> gStop{false};
@@ -198,6 +202,12 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
       TG_ASSIGN_OR_RETURN(std::string v, value());
       TG_ASSIGN_OR_RETURN(int64_t t, parseInt(a, v));
       f.threads = static_cast<int>(t);
+    } else if (a == "--otlp-endpoint") {
+      TG_ASSIGN_OR_RETURN(f.otlpEndpoint, value());
+      TG_RETURN_IF_ERROR(tracing::validateEndpoint(f.otlpEndpoint));
+    } else if (a == "--otlp-service-name") {
+      TG_ASSIGN_OR_RETURN(f.otlpServiceName, value());
+      if (f.otlpServiceName.empty()) return invalidArgumentError("--otlp-service-name is empty");
     } else if (a == "--json-output") {
       f.jsonOutput = true;
     } else if (a == "--log-level") {
@@ -432,6 +442,12 @@ int run(int argc, char** argv) {
     spdlog::critical("{}", s.toString());
     return 1;
   };
+  if (!f.otlpEndpoint.empty()) {
+    auto exporter =
+        tracing::makeOtlpExporter({.endpoint = f.otlpEndpoint, .serviceName = f.otlpServiceName});
+    if (!exporter.ok()) return fail(exporter.status());
+    tracing::install(std::move(*exporter));
+  }
   if (Status s = resolveMedusa(f); !s.ok()) return fail(s.withContext("--model-id " + f.modelId));
   if (!f.medusaDir.empty()) {
     spdlog::info("Medusa heads from {}: {} of them propose tokens, base model {}", f.medusaDir,
@@ -583,6 +599,7 @@ int run(int argc, char** argv) {
   // In-flight RPCs get a moment to finish; idle client connections must not hold the exit.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   if (!f.udsPath.empty()) std::filesystem::remove(f.udsPath + "-" + std::to_string(f.rank));
+  tracing::shutdown(std::chrono::seconds(2));
   return 0;
 }
 

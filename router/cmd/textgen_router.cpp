@@ -14,10 +14,12 @@
 #include <thread>
 #include <tuple>
 
+#include "../src/app/docs_page.h"
 #include "../src/chat/chat_template.h"
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
 #include "textgen/router/router_app.h"
+#include "textgen/tracing/tracing.h"
 
 namespace {
 
@@ -43,6 +45,9 @@ struct Flags {
   std::vector<std::string> cors;
   std::string apiKey, logLevel = "info";
   std::string tokenizerConfigPath;  // TGI's: a tokenizer_config.json with the chat template
+  std::string docsDir;  // /docs's Swagger UI files; empty: next to the binary (DocsPage::find)
+  // OpenTelemetry (TGI's flags): spans to an OTLP/gRPC collector when an endpoint is given.
+  std::string otlpEndpoint, otlpServiceName = "text-generation-inference.router";
   bool jsonOutput = false;
 };
 
@@ -94,6 +99,8 @@ StatusOr<Flags> parse(int argc, char** argv) {
       f.tokenizer = v;
     } else if (a == "--tokenizer-config-path") {
       f.tokenizerConfigPath = v;
+    } else if (a == "--docs-dir") {
+      f.docsDir = v;
     } else if (a == "--model-id") {
       f.modelId = v;
     } else if (a == "--hostname") {
@@ -157,6 +164,12 @@ StatusOr<Flags> parse(int argc, char** argv) {
       TG_ASSIGN_OR_RETURN(f.shardPerTokenTimeoutUs, number(a, v));
     } else if (a == "--cors-allow-origin") {
       f.cors.push_back(v);
+    } else if (a == "--otlp-endpoint") {
+      TG_RETURN_IF_ERROR(tracing::validateEndpoint(v));
+      f.otlpEndpoint = v;
+    } else if (a == "--otlp-service-name") {
+      if (v.empty()) return invalidArgumentError("--otlp-service-name is empty");
+      f.otlpServiceName = v;
     } else if (a == "--api-key") {
       f.apiKey = v;
     } else if (a == "--log-level") {
@@ -222,6 +235,13 @@ int run(int argc, char** argv) {
     spdlog::critical("{}", s.toString());
     return 1;
   };
+  if (!f.otlpEndpoint.empty()) {
+    auto exporter =
+        tracing::makeOtlpExporter({.endpoint = f.otlpEndpoint, .serviceName = f.otlpServiceName});
+    if (!exporter.ok()) return fail(exporter.status());
+    tracing::install(std::move(*exporter));
+    spdlog::info("tracing: spans to {} as service {}", f.otlpEndpoint, f.otlpServiceName);
+  }
   auto tok = tokenizer::Tokenizer::fromDirectory(f.tokenizer);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer"));
   // The chat template: optional (without one the chat routes answer 422), but one that is there
@@ -394,6 +414,12 @@ int run(int argc, char** argv) {
   ro.validationWorkers = f.validationWorkers;
   ro.corsAllowOrigins = f.cors;
   ro.chatTemplate = chatTemplate;
+  ro.docs = DocsPage::find(f.docsDir);  // missing files: a warning, and /docs answers 503
+  if (ro.docs->problem().empty()) {
+    spdlog::info("/docs: Swagger UI from {}", ro.docs->dir());
+  } else {
+    spdlog::warn("/docs answers 503: {}", ro.docs->problem());
+  }
   RouterApp app(ro, **tok, replicas, metrics);
   auto server = startHttpServer({.host = f.hostname,
                                  .port = f.port,
@@ -414,6 +440,7 @@ int run(int argc, char** argv) {
   while (!gStop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   spdlog::info("shutting down");
   (*server)->stop();
+  tracing::shutdown(std::chrono::seconds(2));  // what is queued, if the collector takes it soon
   return 0;
 }
 

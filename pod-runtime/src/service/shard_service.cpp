@@ -8,11 +8,46 @@
 #include <thread>
 
 #include "textgen/shard/v1/shard.grpc.pb.h"
+#include "textgen/tracing/tracing.h"
 
 namespace textgen::runtime {
 namespace {
 
 namespace pb = textgen::shard::v1;
+
+// A Prefill or Decode span when the router sent a sampled W3C `traceparent` with the call (its
+// step span is the parent): named after the step, carrying the batch size, recorded when the call
+// returns. Steps the router does not trace record nothing.
+class StepSpan {
+ public:
+  StepSpan(const grpc::ServerContext* ctx, const char* name, int64_t batchSize) {
+    if (!tracing::enabled() || !ctx) return;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("traceparent");
+    if (it == md.end()) return;
+    auto parent = tracing::parseTraceparent(std::string_view(it->second.data(), it->second.size()));
+    if (!parent || !parent->sampled) return;
+    span_ = tracing::SpanData{.context = tracing::newChild(*parent),
+                              .parent = parent->spanId,
+                              .name = name,
+                              .kind = tracing::SpanKind::kServer,
+                              .startUnixNs = tracing::unixNanos(),
+                              .attributes = {{"batch_size", batchSize}}};
+  }
+  ~StepSpan() {
+    if (!span_) return;
+    span_->endUnixNs = tracing::unixNanos();
+    tracing::record(std::move(*span_));
+  }
+  StepSpan(const StepSpan&) = delete;
+  StepSpan& operator=(const StepSpan&) = delete;
+  void fail(const std::string& message) {
+    if (span_) span_->error = message;
+  }
+
+ private:
+  std::optional<tracing::SpanData> span_;
+};
 
 grpc::Status toGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -225,20 +260,29 @@ class ShardService final : public pb::ShardService::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Prefill(grpc::ServerContext*, const pb::PrefillRequest* in,
+  grpc::Status Prefill(grpc::ServerContext* ctx, const pb::PrefillRequest* in,
                        pb::PrefillResponse* out) override {
+    StepSpan span(ctx, "prefill",
+                  int64_t{in->batch().requests_size()} +
+                      (in->has_cached_batch() ? int64_t{in->cached_batch().size()} : 0));
     std::lock_guard lock(mutex_);
     Watch watch(*this, "Prefill", options_.stepTimeout);
     std::vector<GenerationResult> refused;
     auto requests = fromProto(in->batch(), &refused);
-    if (!requests.ok()) return toGrpc(requests.status());
+    if (!requests.ok()) {
+      span.fail(requests.status().message());
+      return toGrpc(requests.status());
+    }
     const auto cached =
         in->has_cached_batch() ? std::optional<uint64_t>(in->cached_batch().id()) : std::nullopt;
     StepResult result;
     if (!requests->empty() || cached || refused.empty()) {
       auto s = engine_.prefill(in->batch().id(), std::move(*requests), cached,
                                fromProto(in->extensions()));
-      if (!s.ok()) return failed("Prefill", s.status());
+      if (!s.ok()) {
+        span.fail(s.status().message());
+        return failed("Prefill", s.status());
+      }
       result = std::move(*s);
     }
     for (GenerationResult& g : refused) result.generations.push_back(std::move(g));
@@ -246,14 +290,20 @@ class ShardService final : public pb::ShardService::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Decode(grpc::ServerContext*, const pb::DecodeRequest* in,
+  grpc::Status Decode(grpc::ServerContext* ctx, const pb::DecodeRequest* in,
                       pb::DecodeResponse* out) override {
+    int64_t size = 0;
+    for (const pb::CachedBatch& b : in->batches()) size += b.size();
+    StepSpan span(ctx, "decode", size);
     std::lock_guard lock(mutex_);
     Watch watch(*this, "Decode", options_.stepTimeout);
     std::vector<uint64_t> ids;
     for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
     auto s = engine_.decode(ids, fromProto(in->extensions()));
-    if (!s.ok()) return failed("Decode", s.status());
+    if (!s.ok()) {
+      span.fail(s.status().message());
+      return failed("Decode", s.status());
+    }
     toProto(*s, out);
     return grpc::Status::OK;
   }

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "../chat/chat_template.h"
+#include "request_trace.h"
 #include "textgen/base/json.h"
 #include "textgen/base/version.h"
 #include "textgen/router/router_app.h"
@@ -243,6 +244,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
     std::function<bool(std::shared_ptr<ChatSink>)> rerunWithoutTools;
     MetricsRegistry* metrics = nullptr;
     const tokenizer::Tokenizer* tokenizer = nullptr;  // special tokens' own text
+    std::shared_ptr<RequestTrace> trace;
   };
 
   explicit ChatSink(Setup s) : s_(std::move(s)), created_(unixNow()) {}
@@ -267,6 +269,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
     std::unique_lock lock(mutex_);
     if (done_ || epoch != epoch_) return;
     cached_ = times.cachedTokens;
+    times_ = times;
     for (size_t i = 0; i < g.tokens.ids.size(); ++i) {
       tokens_.ids.push_back(g.tokens.ids[i]);
       tokens_.logprobs.push_back(g.tokens.logprobs[i]);
@@ -456,6 +459,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
       // Cut before its name: the text as it is.
     }
     done_ = true;
+    const Clock::time_point generatedAt = Clock::now();
     MetricsRegistry& m = *s_.metrics;
     m.counterAdd("tgi_request_success", 1);
     m.histogramObserve("tgi_request_duration",
@@ -526,6 +530,8 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
       s_.responder->reply(200, dump(out), s_.headers);
     }
     s_.release();
+    s_.trace->attribute("generated_tokens", int64_t{generated_});
+    s_.trace->finish(&times_, generatedAt);
   }
 
   void fail(const Status& e, const GenerationError& err) {
@@ -539,6 +545,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
       s_.responder->reply(err.status, errorJson(e.message(), err.type), s_.headers);
     }
     s_.release();
+    s_.trace->finish(&times_, std::nullopt, &e.message());
   }
 
   Setup s_;
@@ -548,6 +555,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   bool done_ = false;
   bool cancelled_ = false;  // the client went away
   std::shared_ptr<RequestControl> control_;
+  RequestTimes times_;
   uint32_t promptTokens_ = 0, maxNewTokens_ = 0, generated_ = 0, cached_ = 0;
   FinishReason reason_ = FinishReason::kLength;
   std::string text_;
@@ -604,11 +612,13 @@ StatusOr<RouterApp::ChatPrompt> RouterApp::chatPrompt(const ChatCompletionReques
 void RouterApp::chatCompletions(const HttpRequest& request,
                                 std::shared_ptr<HttpResponder> responder) {
   const auto start = Clock::now();
+  auto trace = std::make_shared<RequestTrace>(request, "chat_completions");
   metrics_.counterAdd("tgi_request_count");
   HttpHeaders headers = baseHeaders(request);
   auto fail = [&](const Status& s) {
     metrics_.counterAdd("tgi_request_failure", 1, {{"err", "validation"}});
     responder->reply(422, errorJson(s.message(), "validation"), headers);
+    trace->finish(nullptr, std::nullopt, &s.message());
   };
   auto chat = parseChatRequest(request.body);
   if (!chat.ok()) return fail(chat.status());
@@ -618,8 +628,11 @@ void RouterApp::chatCompletions(const HttpRequest& request,
   auto valid = validator_.validate(prompt->request,
                                    stream ? Endpoint::kGenerateStream : Endpoint::kCompletions);
   if (!valid.ok()) return fail(valid.status());
+  trace->validated();
+  trace->attribute("input_length", int64_t{valid->inputLength});
+  valid->trace = trace->infer();
   std::shared_ptr<Replica> replica = admit(responder, valid->inputIds);
-  if (!replica) return;
+  if (!replica) return trace->finish(nullptr, std::nullopt, &kNotAdmitted);
   std::shared_ptr<HttpStream> httpStream;
   if (stream) {
     headers["Content-Type"] = "text/event-stream";
@@ -643,15 +656,16 @@ void RouterApp::chatCompletions(const HttpRequest& request,
       .rerunWithoutTools = nullptr,
       .metrics = &metrics_,
       .tokenizer = &tokenizer_,
+      .trace = trace,
   };
   // "auto" and the model chose no_tool: the same conversation without tools, on a validation
   // worker (rendering and tokenizing are not for the batcher's thread).
   auto chatCopy = std::make_shared<ChatCompletionRequest>(std::move(*chat));
   // The replica is picked again: a sink never owns one (a drained replica's last reference must not
   // go on its own batcher's thread).
-  setup.rerunWithoutTools = [this, chatCopy, stream](std::shared_ptr<ChatSink> sink) {
+  setup.rerunWithoutTools = [this, chatCopy, stream, trace](std::shared_ptr<ChatSink> sink) {
     return workers_->post(
-        [this, chatCopy, stream, sink] {
+        [this, chatCopy, stream, sink, trace] {
           auto again = chatPrompt(*chatCopy, /*withTools=*/false);
           StatusOr<ValidRequest> v =
               again.ok() ? validator_.validate(again->request, stream ? Endpoint::kGenerateStream
@@ -665,6 +679,7 @@ void RouterApp::chatCompletions(const HttpRequest& request,
             sink->onError(epoch, v.status());
             return;
           }
+          v->trace = trace->infer();
           const int epoch = sink->begin(v->inputLength, v->maxNewTokens, control);
           if (control->cancelled) {  // the client left: nothing to run
             sink->onError(epoch, cancelledError("the client went away"));

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "request_trace.h"
 #include "textgen/base/version.h"
 #include "textgen/router/router_app.h"
 
@@ -48,10 +49,11 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
         created_(unixNow()) {}
 
   void onGeneration(size_t index, const Generation& g,
-                    const std::shared_ptr<RequestControl>& control, uint32_t cachedTokens) {
+                    const std::shared_ptr<RequestControl>& control, const RequestTimes& times) {
     std::lock_guard lock(mutex_);
     if (done_) return;
-    cached_[index] = cachedTokens;
+    cached_[index] = times.cachedTokens;
+    if (times_.queued == std::chrono::steady_clock::time_point{}) times_ = times;  // the first
     std::string piece;
     for (const std::string& t : g.tokens.texts) piece += t;
     texts_[index] += piece;
@@ -82,6 +84,11 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
     std::lock_guard lock(mutex_);
     controls_ = std::move(controls);
   }
+  // Every prompt's steps hang under one infer span: from the first prompt's batching to the end.
+  void setTrace(std::shared_ptr<RequestTrace> trace) {
+    std::lock_guard lock(mutex_);
+    trace_ = std::move(trace);
+  }
 
   void onError(const Status& e) {
     std::lock_guard lock(mutex_);
@@ -97,6 +104,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
       responder_->reply(err.status, errorJson(e.message(), err.type), headers_);
     }
     release_();
+    trace_->finish(&times_, std::nullopt, &e.message());
   }
 
  private:
@@ -111,6 +119,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
 
   void complete() {
     done_ = true;
+    const auto generatedAt = std::chrono::steady_clock::now();
     metrics_.counterAdd("tgi_request_success", 1);
     metrics_.histogramObserve(
         "tgi_request_duration",
@@ -142,9 +151,12 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
       responder_->reply(200, dump(out), headers_);
     }
     release_();
+    trace_->finish(&times_, generatedAt);
   }
 
   std::mutex mutex_;
+  std::shared_ptr<RequestTrace> trace_;
+  RequestTimes times_;
   std::shared_ptr<HttpResponder> responder_;
   std::shared_ptr<HttpStream> stream_;
   std::vector<std::shared_ptr<RequestControl>> controls_;
@@ -170,7 +182,7 @@ class PromptSink final : public ResponseSink {
              std::shared_ptr<RequestControl> control)
       : parent_(std::move(parent)), index_(index), control_(std::move(control)) {}
   void onGeneration(const Generation& g, const RequestTimes& times) override {
-    parent_->onGeneration(index_, g, control_, times.cachedTokens);
+    parent_->onGeneration(index_, g, control_, times);
   }
   void onError(const Status& e) override { parent_->onError(e); }
 
@@ -184,11 +196,13 @@ class PromptSink final : public ResponseSink {
 
 void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
   const auto start = std::chrono::steady_clock::now();
+  auto trace = std::make_shared<RequestTrace>(request, "completions");
   metrics_.counterAdd("tgi_request_count");
   HttpHeaders headers = baseHeaders(request);
   auto fail = [&](const std::string& message) {
     metrics_.counterAdd("tgi_request_failure", 1, {{"err", "validation"}});
     responder->reply(422, errorJson(message, "validation"), headers);
+    trace->finish(nullptr, std::nullopt, &message);
   };
   auto req = parseCompletionRequest(request.body);
   if (!req.ok()) return fail(req.status().message());
@@ -204,10 +218,12 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
     StatusOr<ValidRequest> v = validator_.validate(
         req->toGenerate(i), stream ? Endpoint::kGenerateStream : Endpoint::kCompletions);
     if (!v.ok()) return fail(v.status().message());
+    v->trace = trace->infer();
     valid.push_back(std::move(*v));
   }
+  trace->validated();
   std::shared_ptr<Replica> replica = admit(responder, valid.front().inputIds);
-  if (!replica) return;
+  if (!replica) return trace->finish(nullptr, std::nullopt, &kNotAdmitted);
   std::shared_ptr<HttpStream> httpStream;
   if (stream) {
     headers["Content-Type"] = "text/event-stream";
@@ -226,6 +242,7 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
   for (size_t i = 0; i < valid.size(); ++i) controls.push_back(std::make_shared<RequestControl>());
   cancelOnDisconnect(*responder, controls);
   sink->setControls(controls);
+  sink->setTrace(trace);
   for (size_t i = 0; i < valid.size(); ++i) {
     replica->batcher->submit(nextId_++, std::move(valid[i]), controls[i],
                              std::make_shared<PromptSink>(sink, i, controls[i]));

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "request_trace.h"
 #include "textgen/router/router_app.h"
 
 namespace textgen::router {
@@ -76,9 +77,12 @@ void absorb(Collected& c, const Generation& g) {
 
 // Request bookkeeping shared by the routes: timings, metrics and TGI's x-* headers.
 struct RequestTracker {
-  RequestTracker(MetricsRegistry& m, std::atomic<uint32_t>& f) : metrics(m), inFlight(f) {}
+  RequestTracker(MetricsRegistry& m, std::atomic<uint32_t>& f, const HttpRequest& r,
+                 const char* span)
+      : metrics(m), inFlight(f), trace(r, span) {}
   MetricsRegistry& metrics;
   std::atomic<uint32_t>& inFlight;
+  RequestTrace trace;
   Clock::time_point start = Clock::now();
   Clock::time_point validated;
   uint32_t inputLength = 0;
@@ -179,6 +183,7 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
     const GenerationError err = generationError(e);
     if (err.countAs) tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (err.status) responder_->reply(err.status, errorJson(e.message(), err.type), headers_);
+    tracker_->trace.finish(&results_[0].times, std::nullopt, &e.message());
   }
   void onGeneration(const Generation& g, const RequestTimes& t) override { onSequence(0, g, t); }
   void onError(const Status& e) override { onSequenceError(e); }
@@ -213,6 +218,8 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
     HttpHeaders h = headers_;
     for (auto& [k, v] : tracker_->finishHeaders(c)) h[k] = v;
     responder_->reply(200, dump(compatList_ ? json::array({out}) : out), h);
+    tracker_->trace.attribute("generated_tokens", int64_t{c.generated->generatedTokens});
+    tracker_->trace.finish(&c.times, c.end);
   }
 
   std::mutex mutex_;
@@ -281,8 +288,12 @@ class StreamSink final : public ResponseSink {
     if (c_.generated) {
       tracker_->recordSuccess(c_, request_.maxNewTokens);
       finish();
+      tracker_->trace.attribute("generated_tokens", int64_t{c_.generated->generatedTokens});
+      tracker_->trace.finish(&c_.times, c_.end);
     } else if (control_->cancelled) {
       finish();
+      const std::string left = "the client went away";
+      tracker_->trace.finish(&c_.times, std::nullopt, &left);
     }
   }
 
@@ -292,6 +303,7 @@ class StreamSink final : public ResponseSink {
     if (err.countAs) tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (err.status) stream_->write("data:" + errorJson(e.message(), err.type) + "\n\n");
     finish();
+    tracker_->trace.finish(&c_.times, std::nullopt, &e.message());
   }
 
  private:
@@ -314,7 +326,8 @@ class StreamSink final : public ResponseSink {
 // Parses and validates; on failure replies 422 and returns nothing.
 static std::optional<ValidRequest> validated(const HttpRequest& request, const Validator& validator,
                                              Endpoint endpoint, MetricsRegistry& metrics,
-                                             HttpResponder& responder, const HttpHeaders& headers) {
+                                             HttpResponder& responder, const HttpHeaders& headers,
+                                             RequestTrace& trace) {
   metrics.counterAdd("tgi_request_count");
   auto parsed = parseGenerateRequest(request.body);
   StatusOr<ValidRequest> v =
@@ -322,22 +335,27 @@ static std::optional<ValidRequest> validated(const HttpRequest& request, const V
   if (!v.ok()) {
     metrics.counterAdd("tgi_request_failure", 1, {{"err", "validation"}});
     responder.reply(422, errorJson(v.status().message(), "validation"), headers);
+    trace.finish(nullptr, std::nullopt, &v.status().message());
     return std::nullopt;
   }
   metrics.histogramObserve("tgi_request_input_length", v->inputLength);
+  trace.validated();
+  trace.attribute("input_length", int64_t{v->inputLength});
+  v->trace = trace.infer();
   return std::move(*v);
 }
 
 void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
                          bool compatList) {
-  auto tracker = std::make_shared<RequestTracker>(metrics_, inFlight_);
+  auto tracker = std::make_shared<RequestTracker>(metrics_, inFlight_, request, "generate");
   const HttpHeaders headers = baseHeaders(request);
-  auto v = validated(request, validator_, Endpoint::kGenerate, metrics_, *responder, headers);
+  auto v = validated(request, validator_, Endpoint::kGenerate, metrics_, *responder, headers,
+                     tracker->trace);
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;
   std::shared_ptr<Replica> replica = admit(responder, v->inputIds);
-  if (!replica) return;
+  if (!replica) return tracker->trace.finish(nullptr, std::nullopt, &kNotAdmitted);
   const size_t n = v->bestOf;
   auto sink = std::make_shared<GenerateSink>(responder, headers, *v, n, compatList, tracker);
   std::vector<std::shared_ptr<RequestControl>> controls;
@@ -355,14 +373,15 @@ void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpRespond
 
 void RouterApp::generateStream(const HttpRequest& request,
                                std::shared_ptr<HttpResponder> responder) {
-  auto tracker = std::make_shared<RequestTracker>(metrics_, inFlight_);
+  auto tracker = std::make_shared<RequestTracker>(metrics_, inFlight_, request, "generate_stream");
   HttpHeaders headers = baseHeaders(request);
-  auto v = validated(request, validator_, Endpoint::kGenerateStream, metrics_, *responder, headers);
+  auto v = validated(request, validator_, Endpoint::kGenerateStream, metrics_, *responder, headers,
+                     tracker->trace);
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;
   std::shared_ptr<Replica> replica = admit(responder, v->inputIds);
-  if (!replica) return;
+  if (!replica) return tracker->trace.finish(nullptr, std::nullopt, &kNotAdmitted);
   headers["Content-Type"] = "text/event-stream";
   headers["Cache-Control"] = "no-cache";
   headers["x-accel-buffering"] = "no";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "docs_page.h"
 #include "textgen/base/json.h"
 #include "textgen/base/log.h"
 #include "textgen/base/version.h"
@@ -99,6 +100,11 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       {"textgen_prefix_cache_hit_tokens_total",
        "Prompt tokens served from the prefix cache (their KV entries reused, not computed)"},
       {"textgen_prefix_cache_blocks", "KV-cache blocks the prefix cache holds, in use or not"},
+      {"textgen_otlp_spans_exported_total",
+       "Trace spans the OTLP collector accepted (with --otlp-endpoint)"},
+      {"textgen_otlp_spans_dropped_total",
+       "Trace spans dropped: the exporter's queue was full, or the collector failed or refused "
+       "them"},
   };
   for (const auto& [name, help] : others) metrics_.describe(name, help);
   metrics_.gaugeSet("tgi_queue_size", 0);
@@ -123,6 +129,15 @@ void RouterApp::loadGauges() {
   metrics_.gaugeSet("tgi_queue_size", queued);
   metrics_.gaugeSet("textgen_num_requests_running", running);
   metrics_.gaugeSet("textgen_kv_cache_usage_perc", total > 0 ? used / total : 0.0);
+  if (tracing::enabled()) {
+    std::lock_guard lock(spanCountsMutex_);
+    const tracing::ExporterCounts now = tracing::counts();
+    metrics_.counterAdd("textgen_otlp_spans_exported_total",
+                        static_cast<double>(now.exported - spanCounts_.exported));
+    metrics_.counterAdd("textgen_otlp_spans_dropped_total",
+                        static_cast<double>(now.dropped - spanCounts_.dropped));
+    spanCounts_ = now;
+  }
 }
 
 HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
@@ -227,7 +242,9 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
     }
     return;
   }
-  if (request.method == "GET" && p == "/info") {
+  if (DocsPage::owns(p)) {  // /docs and its files: GET and HEAD, an allow-list of names
+    serveDocs(options_.docs.get(), request, *responder);
+  } else if (request.method == "GET" && p == "/info") {
     info(responder);
   } else if (request.method == "GET" && (p == "/health" || p == "/ping" || p == "/")) {
     // A shard's Health RPC can take its whole deadline: never on the server's threads.

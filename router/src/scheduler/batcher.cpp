@@ -112,6 +112,7 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
       a.shardBlocks = static_cast<uint32_t>(e.blocks.blocks.size());
       a.admitted = ++admissions_;
       a.generatedBefore = e.entry.generated;
+      a.trace = v.trace;
       if (queue_.growing()) {
         a.request = v;
         a.request.inputIds.clear();  // kept in tokens
@@ -401,7 +402,45 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   return *filtered;
 }
 
-StatusOr<StepOutput> Batcher::call(const char* method,
+namespace {
+
+std::vector<uint64_t> joined(std::vector<uint64_t> a, const std::vector<uint64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<uint64_t> idsOf(const std::vector<BatchEntry>& entries,
+                            const std::vector<uint64_t>& more = {}) {
+  std::vector<uint64_t> ids;
+  for (const BatchEntry& e : entries) ids.push_back(e.entry.id);
+  return joined(std::move(ids), more);
+}
+
+}  // namespace
+
+std::optional<tracing::SpanData> Batcher::stepSpan(const char* method,
+                                                   const std::vector<uint64_t>& ids) const {
+  if (!tracing::enabled()) return std::nullopt;
+  constexpr size_t kMaxLinks = 32;
+  std::optional<tracing::SpanData> span;
+  for (uint64_t id : ids) {
+    auto it = active_.find(id);
+    if (it == active_.end() || !it->second.trace || !it->second.trace->sampled) continue;
+    const tracing::SpanContext& parent = *it->second.trace;
+    if (!span) {
+      span = tracing::SpanData{.context = tracing::newChild(parent),
+                               .parent = parent.spanId,
+                               .name = method,
+                               .kind = tracing::SpanKind::kClient,
+                               .attributes = {{"batch_size", static_cast<int64_t>(ids.size())}}};
+    } else if (span->links.size() < kMaxLinks) {
+      span->links.push_back(parent);
+    }
+  }
+  return span;
+}
+
+StatusOr<StepOutput> Batcher::call(const char* method, std::optional<tracing::SpanData> span,
                                    const std::function<StatusOr<StepOutput>()>& rpc) {
   using Seconds = std::chrono::duration<double>;
   const auto start = std::chrono::steady_clock::now();
@@ -409,8 +448,17 @@ StatusOr<StepOutput> Batcher::call(const char* method,
   if (metrics_ && lastStepEnd_)
     metrics_->histogramObserve("textgen_batch_host_duration",
                                Seconds(start - *lastStepEnd_).count(), m);
-  StatusOr<StepOutput> out = rpc();
+  if (span) span->startUnixNs = tracing::unixNanos();
+  StatusOr<StepOutput> out = [&] {
+    tracing::ScopedContext scope(span ? std::optional(span->context) : std::nullopt);
+    return rpc();
+  }();
   lastStepEnd_ = std::chrono::steady_clock::now();
+  if (span) {
+    span->endUnixNs = tracing::unixNanos();
+    if (!out.ok()) span->error = out.status().message();
+    tracing::record(std::move(*span));
+  }
   if (metrics_ && out.ok()) {
     const auto wall = *lastStepEnd_ - start;
     metrics_->histogramObserve("textgen_batch_transport_duration",
@@ -445,9 +493,10 @@ void Batcher::run() {
         continue;
       }
     }
-    std::optional<CachedBatch> cached = absorb(
-        call("prefill", [&] { return shards_.prefill(nextBatchId_++, first, std::nullopt); }),
-        "prefill");
+    std::optional<CachedBatch> cached =
+        absorb(call("prefill", stepSpan("prefill", idsOf(first)),
+                    [&] { return shards_.prefill(nextBatchId_++, first, std::nullopt); }),
+               "prefill");
     uint32_t waitingTokens = 1;
     auto gauges = [&] {
       if (metrics_ && cached) {
@@ -491,24 +540,27 @@ void Batcher::run() {
         const uint64_t id = nextBatchId_++;
         if (options_.supportChunking) {
           // The running batch joins the new one in a single forward.
-          cached =
-              absorb(call("prefill", [&] { return shards_.prefill(id, more, cached, extensions); }),
-                     "prefill");
+          cached = absorb(call("prefill", stepSpan("prefill", idsOf(more, cached->requestIds)),
+                               [&] { return shards_.prefill(id, more, cached, extensions); }),
+                          "prefill");
           waitingTokens = 1;
           if (!cached) break;
           // The step added tokens: the decode below may need blocks again.
           extensions = *grow(cached, nullptr, /*mayPreempt=*/true);
           if (!cached) break;
         } else {
-          std::optional<CachedBatch> added = absorb(
-              call("prefill", [&] { return shards_.prefill(id, more, std::nullopt); }), "prefill");
+          std::optional<CachedBatch> added =
+              absorb(call("prefill", stepSpan("prefill", idsOf(more)),
+                          [&] { return shards_.prefill(id, more, std::nullopt); }),
+                     "prefill");
           waitingTokens = 1;
           if (added) {
-            auto merged = absorb(call("decode",
-                                      [&] {
-                                        return shards_.decode({*cached, *added}, extensions);
-                                      }),
-                                 "decode");
+            auto merged = absorb(
+                call("decode", stepSpan("decode", joined(cached->requestIds, added->requestIds)),
+                     [&] {
+                       return shards_.decode({*cached, *added}, extensions);
+                     }),
+                "decode");
             cached = merged;
             ++waitingTokens;
             continue;
@@ -519,8 +571,8 @@ void Batcher::run() {
       // step N's tokens are delivered, so streaming, publishing and freeing finished requests
       // happen while the shards compute (vLLM's asynchronous scheduling). A client that leaves
       // meanwhile is filtered out after the step in flight, which computes one token it discards.
-      StatusOr<StepOutput> out =
-          call("decode", [&] { return shards_.decode({*cached}, extensions); });
+      StatusOr<StepOutput> out = call("decode", stepSpan("decode", cached->requestIds),
+                                      [&] { return shards_.decode({*cached}, extensions); });
       while (true) {
         std::future<StatusOr<StepOutput>> next;
         std::optional<std::vector<BlockExtension>> grown;
@@ -530,9 +582,11 @@ void Batcher::run() {
         }
         if (grown) {
           try {
-            next = std::async(std::launch::async, [this, b = *out->batch, ext = *grown] {
-              return call("decode", [&] { return shards_.decode({b}, ext); });
-            });
+            next =
+                std::async(std::launch::async, [this, b = *out->batch, ext = *grown,
+                                                span = stepSpan("decode", out->batch->requestIds)] {
+                  return call("decode", span, [&] { return shards_.decode({b}, ext); });
+                });
           } catch (const std::system_error& e) {  // no thread: this step goes unpipelined
             spdlog::warn("pipelined decode: {}; stepping without it", e.what());
             for (const BlockExtension& x : *grown)

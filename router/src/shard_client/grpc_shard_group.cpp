@@ -4,6 +4,7 @@
 
 #include "textgen/router/shard_client.h"
 #include "textgen/shard/v1/shard.grpc.pb.h"
+#include "textgen/tracing/tracing.h"
 
 namespace textgen::router {
 namespace {
@@ -241,9 +242,13 @@ class GrpcShardGroup final : public ShardGroup {
     std::vector<std::future<grpc::Status>> calls;
     std::vector<Resp> others(stubs_.size());
     const auto until = std::chrono::system_clock::now() + deadline;
+    // A traced step's context, for the shards' spans (W3C trace context in gRPC metadata).
+    const std::optional<tracing::SpanContext> trace = tracing::currentContext();
+    const std::string traceparent = trace ? tracing::formatTraceparent(*trace) : std::string();
     auto one = [&](size_t i, Resp* out) {
       grpc::ClientContext ctx;
       ctx.set_deadline(until);
+      if (!traceparent.empty()) ctx.AddMetadata("traceparent", traceparent);
       return (stubs_[i].get()->*method)(&ctx, req, out);
     };
     // Ranks 1.. on their own threads, rank 0 on this one (a single rank costs no thread).

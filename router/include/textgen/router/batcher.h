@@ -109,14 +109,22 @@ class Batcher {
     uint64_t admitted = 0;     // admission order: the newest is preempted first
     uint32_t generatedBefore = 0;  // tokens generated before its last preemption
     ValidRequest request;          // its parameters, to queue it again (inputIds moved to tokens)
+    std::optional<tracing::SpanContext> trace;  // its infer span, when traced
   };
 
   void run();
   // Runs one Prefill or Decode, timing the router's side of the step: the host time since the
   // previous step returned (textgen_batch_host_duration: delivering tokens, filtering, planning)
   // and the call's time beyond the shard's own total (textgen_batch_transport_duration: gRPC,
-  // protobuf).
-  StatusOr<StepOutput> call(const char* method, const std::function<StatusOr<StepOutput>()>& rpc);
+  // protobuf). With a span (stepSpan), the call is traced: the span's context travels to the
+  // shards in the calls' metadata.
+  StatusOr<StepOutput> call(const char* method, std::optional<tracing::SpanData> span,
+                            const std::function<StatusOr<StepOutput>()>& rpc);
+  // The span of a step over these requests when one of them is traced: a child of the first
+  // traced request's infer span, linked to the others', carrying the batch size. On the batcher's
+  // thread (it reads active_).
+  std::optional<tracing::SpanData> stepSpan(const char* method,
+                                            const std::vector<uint64_t>& ids) const;
   std::vector<BatchEntry> takeBatch(std::optional<size_t> minSize, std::optional<size_t> maxSize,
                                     uint32_t prefillBudget);
   // Delivers a step's output; returns the batch to keep running (after filtering), if any.

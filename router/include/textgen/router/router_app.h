@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 namespace textgen::router {
 
 class ChatTemplate;  // router/src/chat/chat_template.h
+class DocsPage;      // router/src/app/docs_page.h
 
 struct RouterOptions {
   std::string modelId = "textgen";
@@ -28,6 +30,8 @@ struct RouterOptions {
   std::vector<std::string> corsAllowOrigins;
   // The model's chat template (/v1/chat/completions, /chat_tokenize); null: those answer 422.
   std::shared_ptr<const ChatTemplate> chatTemplate;
+  // /docs (Swagger UI's files, read at start-up); null: /docs answers 503.
+  std::shared_ptr<const DocsPage> docs;
 };
 
 class WorkerPool;
@@ -68,6 +72,10 @@ class RouterApp {
   // textgen_num_requests_running and textgen_kv_cache_usage_perc (what the Gateway API Inference
   // Extension's endpoint pickers read from each pod).
   void loadGauges();
+  // The span exporter's counts at the last scrape (textgen_otlp_spans_*_total grow by the
+  // difference).
+  std::mutex spanCountsMutex_;
+  tracing::ExporterCounts spanCounts_;
 
   // Admission and replica choice; nullptr and a 429 (or 503 without replicas) already sent.
   // A replica for a request whose (first) prompt is `prompt`, or nullptr after answering 429/503.

@@ -12,6 +12,7 @@
 
 #include "textgen/base/status_or.h"
 #include "textgen/tokenizer/tokenizer.h"
+#include "textgen/tracing/tracing.h"
 
 namespace textgen::grammar {
 class GrammarCache;
@@ -137,6 +138,9 @@ struct ValidationLimits {
 
 // What the scheduler needs: a request ready for the shards.
 struct ValidRequest {
+  // The request's "infer" span when it is traced: the parent of the Prefill and Decode spans of
+  // the steps it takes part in (set by the route, after validation).
+  std::optional<tracing::SpanContext> trace = {};
   std::string inputs;  // after truncation (the decoded kept tokens when truncated)
   std::vector<uint32_t> inputIds;
   uint32_t inputLength = 0;
