@@ -21,6 +21,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3
   # chat templates and constrained output: the references (jinja2 renders, JSON Schema validation)
   python3-jinja2 python3-jsonschema
+  # the OTLP receiver of the tracing test (a gRPC server in Python; OTLP's messages from protoc)
+  python3-grpcio python3-protobuf
   # the sanitizer and fuzzing build (tools/fuzz.sh, docs/fuzzing.md): clang, libFuzzer, the
   # sanitizer runtimes (ASan, UBSan: no package of these depends on them), and llvm-symbolizer for
   # readable sanitizer stacks
