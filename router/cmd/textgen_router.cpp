@@ -379,12 +379,40 @@ int run(int argc, char** argv) {
         info.usePrefixCaching);
     return replica;
   };
+  // The HTTP server starts first. Until the first replica is up (the model's limits come from it,
+  // and with them the RouterApp) it answers 503 with Retry-After and counts generation requests:
+  // a router whose service is scaled to zero serves, and the requests it refuses wake the service.
+  struct AppSlot {
+    std::mutex mutex;
+    std::shared_ptr<RouterApp> app;
+  };
+  auto slot = std::make_shared<AppSlot>();
+  auto server = startHttpServer({.host = f.hostname,
+                                 .port = f.port,
+                                 .payloadLimit = f.payloadLimit,
+                                 .headerTimeout = std::chrono::milliseconds(f.headerTimeoutMs),
+                                 .bodyTimeout = std::chrono::milliseconds(f.bodyTimeoutMs)},
+                                [slot, apiKey = f.apiKey, &metrics](
+                                    const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
+                                  std::shared_ptr<RouterApp> app;
+                                  {
+                                    std::lock_guard lock(slot->mutex);
+                                    app = slot->app;
+                                  }
+                                  if (app) {
+                                    app->handle(r, std::move(resp));
+                                  } else {
+                                    handleWithoutReplica(r, *resp, apiKey, metrics);
+                                  }
+                                });
+  if (!server.ok()) return fail(server.status());
   ReplicaSet replicas(factory, [&metrics](size_t n) {
     metrics.gaugeSet("textgen_replicas", static_cast<double>(n));
   });
   std::unique_ptr<Discovery> discovery;
   if (!f.discovery.empty()) {
     // Wait for a first replica: the limits come from it.
+    spdlog::info("listening on {}:{}: 503 until a replica is up", f.hostname, (*server)->port());
     while (!gStop) {
       auto d =
           Discovery::start(f.discovery, std::chrono::milliseconds(f.discoveryIntervalMs), replicas);
@@ -397,6 +425,10 @@ int run(int argc, char** argv) {
     }
   } else if (Status s = replicas.update(f.masters); !s.ok()) {
     return fail(s);
+  }
+  if (gStop && !limits) {  // stopped while waiting for a first replica
+    (*server)->stop();
+    return 0;
   }
   if (!limits) return fail(unavailableError("no replica"));
   const auto [maxInput, maxTotal, encoderDecoder] = *limits;
@@ -420,16 +452,11 @@ int run(int argc, char** argv) {
   } else {
     spdlog::warn("/docs answers 503: {}", ro.docs->problem());
   }
-  RouterApp app(ro, **tok, replicas, metrics);
-  auto server = startHttpServer({.host = f.hostname,
-                                 .port = f.port,
-                                 .payloadLimit = f.payloadLimit,
-                                 .headerTimeout = std::chrono::milliseconds(f.headerTimeoutMs),
-                                 .bodyTimeout = std::chrono::milliseconds(f.bodyTimeoutMs)},
-                                [&app](const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
-                                  app.handle(r, std::move(resp));
-                                });
-  if (!server.ok()) return fail(server.status());
+  {
+    auto app = std::make_shared<RouterApp>(ro, **tok, replicas, metrics);
+    std::lock_guard lock(slot->mutex);
+    slot->app = std::move(app);
+  }
   spdlog::info("serving {} on {}:{} (max_input_tokens {}, max_total_tokens {})", f.modelId,
                f.hostname, (*server)->port(), maxInput, maxTotal);
   // Handlers before the readiness line: a SIGTERM sent as soon as it is read stops us cleanly.
@@ -440,6 +467,10 @@ int run(int argc, char** argv) {
   while (!gStop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   spdlog::info("shutting down");
   (*server)->stop();
+  {
+    std::lock_guard lock(slot->mutex);
+    slot->app.reset();  // before the replicas it serves
+  }
   tracing::shutdown(std::chrono::seconds(2));  // what is queued, if the collector takes it soon
   return 0;
 }

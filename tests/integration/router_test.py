@@ -972,6 +972,66 @@ def test_discovery(workdir):
             stop(p)
 
 
+def test_discovery_cold_start(workdir):
+    """A router started with --shard-discovery and no replica (its service scaled to zero) listens at
+    once: 503 with Retry-After, /health 503, --api-key enforced, the refused generation requests
+    counted (what wakes a scaled-to-zero service); it serves once a replica appears. SIGTERM while
+    it waits: a clean exit."""
+    source = os.path.join(workdir, "cold-masters.txt")
+    open(source, "w").close()
+    port = free_port()
+    cmd = [ROUTER, "--tokenizer-name", MODEL, "--shard-discovery", f"file:{source}", "--discovery-interval-ms", "100",
+           "--hostname", "127.0.0.1", "--port", str(port), "--max-batch-prefill-tokens", "256", "--api-key", "k",
+           "--log-level", "warn"]
+    router = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    shard = None
+    try:
+        def listening():
+            try:
+                return request(port, "GET", "/metrics", timeout=2)[0] == 200
+            except OSError:
+                return False
+        deadline = time.time() + 20
+        while time.time() < deadline and not listening():
+            time.sleep(0.1)
+        if not check(listening(), "a router without replicas listens"):
+            return
+        auth = {"Authorization": "Bearer k"}
+        t0 = time.time()
+        status, headers, body = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 3}}, auth)
+        retry = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+        check(status == 503 and retry == "10" and time.time() - t0 < 5 and json.loads(body).get("error_type") == "unhealthy",
+              f"no replica yet: 503 with Retry-After at once: {status} {retry} {body}")
+        check(request(port, "POST", "/v1/chat/completions", {"messages": []}, auth)[0] == 503, "chat: 503")
+        check(request(port, "POST", "/generate", {"inputs": "x"})[0] == 401, "--api-key enforced before a replica")
+        check(request(port, "GET", "/health")[0] == 503, "/health 503 before a replica")
+        check(request(port, "GET", "/info")[0] == 503, "/info 503 before a replica (the limits are unknown)")
+        check(metric(port, "tgi_request_count") == "tgi_request_count 2",
+              f"refused generation requests counted: {metric(port, 'tgi_request_count')}")
+        shard, addr = start([SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, "cold-shard"),
+                             "--kv-cache-memory", "8000000", "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")
+        with open(source, "w") as f:
+            f.write(addr + "\n")
+        ready = router.stdout.readline()
+        check(ready.startswith("textgen-router ready "), f"ready once a replica is up: {ready!r}")
+        status = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 3}}, auth)[0]
+        check(status == 200, f"served once a replica is up: {status}")
+        check(metric(port, "textgen_replicas") == "textgen_replicas 1", "one replica")
+    finally:
+        stop(router)
+        stop(shard)
+    # Stopped while waiting for a first replica.
+    router = subprocess.Popen(cmd[:cmd.index("--port") + 1] + [str(free_port())] + cmd[cmd.index("--port") + 2:],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    router.send_signal(signal.SIGTERM)
+    try:
+        check(router.wait(timeout=10) == 0, "SIGTERM before any replica: a clean exit")
+    except subprocess.TimeoutExpired:
+        router.kill()
+        check(False, "SIGTERM before any replica: the router did not exit")
+
+
 def main():
     workdir = tempfile.mkdtemp(prefix="textgen-router-test-")
     s = Server(workdir)
@@ -992,6 +1052,7 @@ def main():
     test_descriptor_exhaustion(workdir)
     test_replicas(workdir)
     test_discovery(workdir)
+    test_discovery_cold_start(workdir)
     test_dashboard_metrics()
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"{results['passed']} passed, {results['failed']} failed")

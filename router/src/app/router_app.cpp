@@ -194,16 +194,48 @@ bool constantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-}  // namespace
-
-bool RouterApp::authorized(const HttpRequest& request) const {
-  if (options_.apiKey.empty()) return true;
+// "Authorization: Bearer <key>" against --api-key (none: every request).
+bool bearerAuthorized(const HttpRequest& request, const std::string& apiKey) {
+  if (apiKey.empty()) return true;
   const std::string h = request.header("authorization");
   // "Bearer <key>": the scheme is case-insensitive (RFC 9110), the key is compared exactly.
   if (h.size() < 7) return false;
   std::string scheme = h.substr(0, 7);
   for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return constantTimeEquals(scheme, "bearer ") && constantTimeEquals(h.substr(7), options_.apiKey);
+  return constantTimeEquals(scheme, "bearer ") && constantTimeEquals(h.substr(7), apiKey);
+}
+
+bool generationRoute(const HttpRequest& r) {
+  const std::string& p = r.path;
+  return r.method == "POST" &&
+         (p == "/generate" || p == "/" || p == "/generate_stream" || p == "/v1/completions" ||
+          p == "/v1/chat/completions" || p == "/invocations" || p == "/vertex");
+}
+
+}  // namespace
+
+void handleWithoutReplica(const HttpRequest& request, HttpResponder& responder,
+                          const std::string& apiKey, MetricsRegistry& metrics) {
+  const std::string& p = request.path;
+  if (request.method == "GET" && p == "/metrics") {
+    responder.reply(200, metrics.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
+    return;
+  }
+  if (protectedRoute(request) && !bearerAuthorized(request, apiKey)) {
+    responder.reply(401, errorJson("Unauthorized", "unauthorized"), {});
+    return;
+  }
+  if (request.method == "GET" && (p == "/health" || p == "/ping")) {
+    responder.reply(503, errorJson("unhealthy", "healthcheck"), {});
+    return;
+  }
+  if (generationRoute(request)) metrics.counterAdd("tgi_request_count");
+  responder.reply(503, errorJson("No replica is serving yet", "unhealthy"),
+                  {{"Retry-After", std::to_string(kNoReplicaRetryAfterS)}});
+}
+
+bool RouterApp::authorized(const HttpRequest& request) const {
+  return bearerAuthorized(request, options_.apiKey);
 }
 
 void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {

@@ -39,6 +39,14 @@ class WorkerPool;
 // Retry-After (seconds) of the 503 answered while no replica serves.
 inline constexpr int kNoReplicaRetryAfterS = 10;
 
+// Serves while no replica has started yet (a router started with --shard-discovery while its
+// service is scaled to zero: the model's limits come from the first replica, so there is no
+// RouterApp yet): /metrics, /health and /ping 503, and 503 with Retry-After for everything else.
+// A generation request counts in tgi_request_count: what wakes a service scaled to zero.
+// --api-key is enforced as RouterApp does.
+void handleWithoutReplica(const HttpRequest& request, HttpResponder& responder,
+                          const std::string& apiKey, MetricsRegistry& metrics);
+
 class RouterApp {
  public:
   RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenizer, ReplicaSet& replicas,
