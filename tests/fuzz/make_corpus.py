@@ -435,6 +435,19 @@ def speculation_corpus():
     write("speculation", seq(16, 63, list(range(40)) + list(range(20))), "copy")
 
 
+# ---- docs_page: [method | no-files flag << 3][path] ----
+def docs_page_corpus():
+    methods = ["GET", "HEAD", "POST", "PUT", "OPTIONS", "", "get", "DELETE"]
+    for name, method, empty, path in [
+            ("page", "GET", 0, "/docs"), ("page-slash", "GET", 0, "/docs/"), ("head", "HEAD", 0, "/docs/swagger-ui.css"),
+            ("bundle", "GET", 0, "/docs/swagger-ui-bundle.js"), ("script", "GET", 0, "/docs/textgen-docs.js"),
+            ("favicon", "GET", 0, "/docs/favicon-16x16.png"), ("post", "POST", 0, "/docs"),
+            ("missing", "GET", 1, "/docs/swagger-ui.css"), ("dots", "GET", 0, "/docs/../../etc/passwd"),
+            ("encoded-dots", "GET", 0, "/docs/%2e%2e/%2e%2e/etc/passwd"), ("nul", "GET", 0, "/docs/swagger-ui.css\0"),
+            ("license", "GET", 0, "/docs/LICENSE"), ("absolute", "GET", 0, "/docs//etc/passwd")]:
+        write("docs_page", bytes([methods.index(method) | empty << 3]) + path.encode(), name)
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -447,6 +460,7 @@ def main():
     router_routes_corpus()
     shard_rpc_corpus()
     speculation_corpus()
+    docs_page_corpus()
     for t in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, t))
         size = sum(os.path.getsize(os.path.join(OUT, t, f)) for f in files)
