@@ -200,6 +200,14 @@ json podResources(const ServiceSpec& s) {
   return resources;
 }
 
+// spec.tracing as the router's and the launcher's flags; the service name defaults to
+// <name>.<part> (part: router or server, TGI's suffixes).
+std::vector<std::string> tracingArgs(const ServiceSpec& s, const std::string& part) {
+  if (s.tracing.otlpEndpoint.empty()) return {};
+  return {"--otlp-endpoint", s.tracing.otlpEndpoint, "--otlp-service-name",
+          (s.tracing.serviceName.empty() ? s.name : s.tracing.serviceName) + "." + part};
+}
+
 // The pod's one container `shard`: all of the pod's GPUs (NCCL's P2P/IPC/SHM transports and the
 // one-shot all-reduce's CUDA IPC need every rank to see its peers' GPUs: docs/operator.md), and
 // `textgen-launcher --shards-only` starting the pod's ranks as processes, rank i of the pod on
@@ -220,6 +228,7 @@ json shardContainer(const ServiceSpec& s, int64_t r) {
   if (!s.dtype.empty()) args.insert(args.end(), {"--dtype", s.dtype});
   if (!s.quantize.empty()) args.insert(args.end(), {"--quantize", s.quantize});
   if (!s.kvCacheDtype.empty()) args.insert(args.end(), {"--kv-cache-dtype", s.kvCacheDtype});
+  for (std::string& a : tracingArgs(s, "server")) args.push_back(std::move(a));
   // Kubernetes env cannot do arithmetic: with several pods the shell computes the first rank.
   std::string shellArgs;
   if (podsPerReplica(s) == 1) {
@@ -323,6 +332,7 @@ std::vector<std::string> routerArgs(const ServiceSpec& s) {
   add("--max-waiting-tokens", r.maxWaitingTokens);
   add("--waiting-served-ratio", r.waitingServedRatio);
   if (r.apiKey) a.insert(a.end(), {"--api-key", "$(API_KEY)"});  // expanded by the kubelet
+  for (std::string& t : tracingArgs(s, "router")) a.push_back(std::move(t));
   return a;
 }
 

@@ -104,6 +104,28 @@ bool matches(const std::string& s, const std::regex& re) {
   return std::regex_match(s, re);
 }
 
+// An OTLP/gRPC collector: http://host:port, https://host:port or host:port (no path), as the
+// router and the shards take it; the CRD's pattern says the same.
+Status parseTracing(const json& t, TracingSpec& out) {
+  const std::string at = "tracing.";
+  if (!t.is_object()) return fieldError("tracing", "must be an object");
+  for (const char* key : {"otlpEndpoint", "serviceName"})
+    if (t.contains(key) && !t[key].is_string()) return fieldError(at + key, "must be a string");
+  out.otlpEndpoint = stringOr(t, "otlpEndpoint", "");
+  static const std::regex kEndpoint(
+      "^(https?://)?([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\\[[0-9A-Fa-f:.]+\\]):[0-9]{1,5}/?$");
+  if (!out.otlpEndpoint.empty() &&
+      (out.otlpEndpoint.size() > 256 || !matches(out.otlpEndpoint, kEndpoint)))
+    return fieldError(at + "otlpEndpoint",
+                      "must be http://host:port, https://host:port or host:port (OTLP/gRPC)");
+  out.serviceName = stringOr(t, "serviceName", "");
+  static const std::regex kName("^[A-Za-z0-9][-A-Za-z0-9._]*$");
+  if (!out.serviceName.empty() &&
+      (out.serviceName.size() > 128 || !matches(out.serviceName, kName)))
+    return fieldError(at + "serviceName", "must be letters, digits, '.', '_' or '-' (at most 128)");
+  return okStatus();
+}
+
 Status parseInferencePool(const json& p, InferencePoolSpec& out) {
   const std::string at = "inferencePool.";
   if (!p.is_object()) return fieldError("inferencePool", "must be an object");
@@ -217,6 +239,8 @@ StatusOr<ServiceSpec> parseServiceSpec(const json& resource, const std::string& 
     TG_RETURN_IF_ERROR(parseAutoscaling(spec["autoscaling"], s.autoscaling));
   if (spec.contains("inferencePool") && !spec["inferencePool"].is_null())
     TG_RETURN_IF_ERROR(parseInferencePool(spec["inferencePool"], s.inferencePool));
+  if (spec.contains("tracing") && !spec["tracing"].is_null())
+    TG_RETURN_IF_ERROR(parseTracing(spec["tracing"], s.tracing));
   if (spec.contains("nodeSelector") && spec["nodeSelector"].is_object())
     s.nodeSelector = spec["nodeSelector"];
   if (spec.contains("tolerations") && spec["tolerations"].is_array())

@@ -198,6 +198,10 @@ def test_crd(server):
                ("negative minReplicas", service("bad", autoscaling={"minReplicas": -1, "maxReplicas": 2,
                                                                     "mode": "KEDA", "prometheusAddress": "http://p"})),
                ("InferencePool without a picker", service("bad", inferencePool={"enabled": True})),
+               ("tracing to an ftp URL", service("bad", tracing={"otlpEndpoint": "ftp://otel:4317"})),
+               ("tracing to a path", service("bad", tracing={"otlpEndpoint": "http://otel:4317/v1/traces"})),
+               ("tracing service name with a space", service("bad", tracing={"otlpEndpoint": "otel:4317",
+                                                                             "serviceName": "a b"})),
                ("picker Service without a port", service("bad", inferencePool={"endpointPickerRef": {"name": "epp"}})),
                ("picker failureMode", service("bad", inferencePool={"endpointPickerRef": {
                    "name": "epp", "port": {"number": 9002}, "failureMode": "Retry"}})),

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "textgen/operator/desired_objects.h"
@@ -265,6 +266,59 @@ TEST(ShardPodsTest, QuantizationReachesTheLauncher) {
             std::string::npos)
       << cmd;
   EXPECT_EQ(cmd.find("kv-cache-dtype"), std::string::npos) << cmd;
+}
+
+// spec.tracing reaches the router and the launcher (for every rank) as --otlp-endpoint and
+// --otlp-service-name <name>.router / <name>.server; unset, neither flag is passed.
+TEST(ShardPodsTest, TracingReachesTheRouterAndTheShards) {
+  auto routerCommand = [](const json& spec) {
+    auto s = parseServiceSpec(resource(spec), "img");
+    EXPECT_TRUE(s.ok()) << s.status();
+    const auto objs = desiredObjects(*s, Kinds());
+    const auto* router = find(objs, "Deployment", "llama-router");
+    return router ? router->object["spec"]["template"]["spec"]["containers"][0]["command"].dump()
+                  : std::string();
+  };
+  json spec = {{"model", {{"id", "models/llama"}, {"pvc", {{"claimName", "weights"}}}}},
+               {"tracing", {{"otlpEndpoint", "http://otel.monitoring:4317"}}}};
+  EXPECT_NE(execArgs(podSpecOf(shardSet(spec))["containers"][0])
+                .find("--otlp-endpoint http://otel.monitoring:4317 --otlp-service-name "
+                      "llama.server --rank-offset 0"),
+            std::string::npos);
+  EXPECT_NE(routerCommand(spec).find("\"--otlp-endpoint\",\"http://otel.monitoring:4317\","
+                                     "\"--otlp-service-name\",\"llama.router\""),
+            std::string::npos)
+      << routerCommand(spec);
+  spec["tracing"]["serviceName"] = "chat-api";
+  EXPECT_NE(routerCommand(spec).find("\"chat-api.router\""), std::string::npos);
+  spec.erase("tracing");
+  EXPECT_EQ(routerCommand(spec).find("otlp"), std::string::npos);
+  EXPECT_EQ(execArgs(podSpecOf(shardSet(spec))["containers"][0]).find("otlp"), std::string::npos);
+}
+
+// The CRD's pattern for tracing.otlpEndpoint and the parser agree, value by value.
+TEST(ServiceSpecTest, TracingEndpointsAgreeWithTheCrd) {
+  const YAML::Node crd = YAML::LoadFile(TEXTGEN_CRD);
+  const YAML::Node tracing = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+                                ["spec"]["properties"]["tracing"]["properties"];
+  const std::regex pattern(tracing["otlpEndpoint"]["pattern"].as<std::string>());
+  for (const char* e :
+       {"http://otel:4317", "https://otel.example.com:4317/", "otel:4317", "http://[::1]:4317",
+        "10.0.0.1:4317", "ftp://otel:4317", "http://otel", "http://otel:4317/v1/traces",
+        "http://user@otel:4317", "otel:4317 ;rm", "-otel:4317", "http://:4317"}) {
+    auto s = parseServiceSpec(
+        resource({{"model", {{"id", "m"}}}, {"tracing", {{"otlpEndpoint", e}}}}), "img");
+    EXPECT_EQ(s.ok(), std::regex_match(std::string(e), pattern)) << e;
+    if (!s.ok()) {
+      EXPECT_NE(s.status().message().find("tracing.otlpEndpoint"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(std::regex_match(std::string("http://otel:4317"), pattern));
+  EXPECT_FALSE(std::regex_match(std::string("http://otel:4317/v1"), pattern));
+  for (const json& bad : {json{{"otlpEndpoint", 3}}, json{{"serviceName", "a b"}}, json("x")}) {
+    auto s = parseServiceSpec(resource({{"model", {{"id", "m"}}}, {"tracing", bad}}), "img");
+    EXPECT_FALSE(s.ok()) << bad;
+  }
 }
 
 // The CRD's enums (what the API server accepts) are exactly what parseServiceSpec accepts, and

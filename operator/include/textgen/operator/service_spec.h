@@ -47,6 +47,13 @@ struct InferencePoolSpec {
   EndpointPickerRef endpointPicker;
 };
 
+// spec.tracing: OpenTelemetry spans of the router and the shards to an OTLP/gRPC collector
+// (--otlp-endpoint; --otlp-service-name, default <name>.router and <name>.server).
+struct TracingSpec {
+  std::string otlpEndpoint;  // empty: no tracing
+  std::string serviceName;
+};
+
 struct ServiceSpec {
   // metadata
   std::string name, ns, uid;
@@ -68,6 +75,7 @@ struct ServiceSpec {
   RouterSpec router;
   AutoscalingSpec autoscaling;
   InferencePoolSpec inferencePool;
+  TracingSpec tracing;
   json nodeSelector = json::object(), tolerations = json::array(), affinity = json::object();
   std::string priorityClassName;
 };
