@@ -24,7 +24,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     rm -rf /var/lib/apt/lists/*
 ENV PATH=/usr/local/cuda/bin:$PATH
 WORKDIR /src
-COPY tools/install-deps.sh tools/sid-apt.sh tools/fetch-minja.sh tools/fetch-prometheus-cpp.sh tools/
+COPY tools/install-deps.sh tools/sid-apt.sh tools/fetch-minja.sh tools/fetch-prometheus-cpp.sh \
+     tools/fetch-swagger-ui.sh tools/
 # The build's Debian packages (the npm test clients are not needed here).
 RUN sed -i 's/^  install_clients$/  true/; s/^install_clients$/true/' tools/install-deps.sh && \
     bash tools/install-deps.sh && rm -rf /var/lib/apt/lists/*
@@ -32,7 +33,8 @@ COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTEXTGEN_BUILD_TESTS=OFF \
       -DTEXTGEN_BUILD_BENCH=OFF && \
     cmake --build /build --target textgen-operator textgen-router textgen-shard textgen-launcher && \
-    mkdir -p /out/bin /out/lib && \
+    mkdir -p /out/bin /out/lib /out/share/textgen && \
+    cp -r /build/swagger-ui /out/share/textgen/ && \
     cp /build/textgen-operator /build/textgen-router /build/textgen-shard /build/textgen-launcher /out/bin/ && \
     strip --strip-unneeded /out/bin/* && \
     for b in /out/bin/*; do ldd "$b" | awk '/=> \//{print $3}'; done | sort -u | \
@@ -49,6 +51,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     apt-get purge -y curl gnupg && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* /tmp/*.deb
 COPY --from=build /out/bin/ /usr/local/bin/
 COPY --from=build /out/lib/ /usr/local/lib/textgen/
+# /docs: the router finds Swagger UI's files in <its dir>/../share/textgen/swagger-ui.
+COPY --from=build /out/share/textgen/ /usr/local/share/textgen/
 ENV LD_LIBRARY_PATH=/usr/local/lib/textgen:/usr/local/cuda/lib64 \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     HF_HOME=/data

@@ -100,7 +100,7 @@ def test_page(port):
               f"/docs/{name}: {status} {h}")
         check(body == open(path, "rb").read(), f"/docs/{name} is the vendored file")
 
-    # HEAD: the GET's status and headers, no body (the router sends Content-Length 0; the connection
+    # HEAD: the GET's status and headers, Content-Length the GET's body's, no body (the connection
     # stays usable, which http.client checks by reading the next answer).
     import http.client
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -108,6 +108,10 @@ def test_page(port):
     r = c.getresponse()
     r.read()
     check(r.status == 200 and r.getheader("Content-Type") == "text/css; charset=utf-8", f"HEAD: {r.status}")
+    css_path = os.path.join(ASSETS, "swagger-ui.css")
+    css = open(css_path, "rb").read() if os.path.isfile(css_path) else None
+    check(css is not None and r.getheader("Content-Length") == str(len(css)),
+          f"HEAD: Content-Length is the GET's body's ({r.getheader('Content-Length')})")
     c.request("GET", "/docs")
     r = c.getresponse()
     check(r.status == 200 and r.read() == page, "GET after HEAD on one connection")

@@ -193,8 +193,8 @@ void DocsPage::serve(const HttpRequest& request, HttpResponder& responder) const
     h["Content-Security-Policy"] = kPagePolicy;
     h["Referrer-Policy"] = "no-referrer";
   }
-  // HEAD: the same status and headers, no body.
-  responder.reply(200, head ? std::string() : a.body, h);
+  // HEAD: the same status and headers (Content-Length included); the HTTP layer sends no body.
+  responder.reply(200, a.body, h);
 }
 
 void serveDocs(const DocsPage* page, const HttpRequest& request, HttpResponder& responder) {

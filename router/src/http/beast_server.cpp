@@ -127,6 +127,7 @@ class Session final : public std::enable_shared_from_this<Session> {
   Phase phase_ = Phase::kHeader;
   unsigned version_ = 11;
   bool keepAlive_ = true;
+  bool head_ = false;  // a HEAD request: answers carry the body's length, not the body (RFC 9110)
   bool watching_ = false;    // a watch read is pending
   bool answerDone_ = false;  // the last byte of the answer is queued
   bool writing_ = false;
@@ -311,6 +312,7 @@ void Session::dispatch() {
   auto& req = parser_->get();
   HttpRequest r;
   r.method = std::string(req.method_string());
+  head_ = req.method() == http::verb::head;
   const std::string_view target(req.target().data(), req.target().size());
   const size_t q = target.find('?');
   r.path = std::string(target.substr(0, q));
@@ -397,7 +399,8 @@ void Session::reply(int status, const std::string& body, const HttpHeaders& head
   head += "Content-Length: " + std::to_string(body.size()) + "\r\n";
   std::string data = std::move(head);
   post([self = shared_from_this(), data = std::move(data), body]() {
-    std::string all = data + (self->keepAlive_ ? "" : "Connection: close\r\n") + "\r\n" + body;
+    std::string all = data + (self->keepAlive_ ? "" : "Connection: close\r\n") + "\r\n" +
+                      (self->head_ ? std::string() : body);
     self->enqueue(std::move(all), true);
   });
 }
