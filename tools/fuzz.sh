@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 build=${FUZZ_BUILD:-build-fuzz}
 targets=(safetensors model_config shard_rpc tokenizer_encode tokenizer_json tokenizer_slow
-         router_request router_routes speculation)
+         router_request router_routes speculation chat_template grammar docs_page tracing)
 declare -A dicts=([safetensors]=safetensors.dict [model_config]=model_config.dict
                   [tokenizer_json]=tokenizer_json.dict [tokenizer_slow]=tokenizer_slow.dict
                   [router_request]=router.dict
