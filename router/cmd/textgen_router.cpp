@@ -235,6 +235,10 @@ int run(int argc, char** argv) {
     spdlog::critical("{}", s.toString());
     return 1;
   };
+  // SIGTERM and SIGINT end the router cleanly from here on, while it waits for a first replica
+  // too (exit 0).
+  std::signal(SIGTERM, [](int) { gStop = true; });
+  std::signal(SIGINT, [](int) { gStop = true; });
   if (!f.otlpEndpoint.empty()) {
     auto exporter =
         tracing::makeOtlpExporter({.endpoint = f.otlpEndpoint, .serviceName = f.otlpServiceName});
@@ -242,6 +246,11 @@ int run(int argc, char** argv) {
     tracing::install(std::move(*exporter));
     spdlog::info("tracing: spans to {} as service {}", f.otlpEndpoint, f.otlpServiceName);
   }
+  // On every way out: what is queued goes to the collector if it takes it soon, before the
+  // process's static objects go (declared first: it runs after everything below is destroyed).
+  struct TracingFlush {
+    ~TracingFlush() { tracing::shutdown(std::chrono::seconds(2)); }
+  } tracingFlush;
   auto tok = tokenizer::Tokenizer::fromDirectory(f.tokenizer);
   if (!tok.ok()) return fail(tok.status().withContext("loading the tokenizer"));
   // The chat template: optional (without one the chat routes answer 422), but one that is there
@@ -406,9 +415,12 @@ int run(int argc, char** argv) {
                                   }
                                 });
   if (!server.ok()) return fail(server.status());
-  ReplicaSet replicas(factory, [&metrics](size_t n) {
+  // Owned here so that shutdown can end it (and with it the in-flight requests) before the
+  // RouterApp their answers go through.
+  auto replicaSet = std::make_unique<ReplicaSet>(factory, [&metrics](size_t n) {
     metrics.gaugeSet("textgen_replicas", static_cast<double>(n));
   });
+  ReplicaSet& replicas = *replicaSet;
   std::unique_ptr<Discovery> discovery;
   if (!f.discovery.empty()) {
     // Wait for a first replica: the limits come from it.
@@ -428,6 +440,7 @@ int run(int argc, char** argv) {
   }
   if (gStop && !limits) {  // stopped while waiting for a first replica
     (*server)->stop();
+    discovery.reset();
     return 0;
   }
   if (!limits) return fail(unavailableError("no replica"));
@@ -459,19 +472,22 @@ int run(int argc, char** argv) {
   }
   spdlog::info("serving {} on {}:{} (max_input_tokens {}, max_total_tokens {})", f.modelId,
                f.hostname, (*server)->port(), maxInput, maxTotal);
-  // Handlers before the readiness line: a SIGTERM sent as soon as it is read stops us cleanly.
-  std::signal(SIGTERM, [](int) { gStop = true; });
-  std::signal(SIGINT, [](int) { gStop = true; });
   std::printf("textgen-router ready http://%s:%d\n", f.hostname.c_str(), (*server)->port());
   std::fflush(stdout);
   while (!gStop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   spdlog::info("shutting down");
+  // No new request, then no validation task left, then no replica (their in-flight requests end,
+  // answered through the RouterApp), then the RouterApp.
   (*server)->stop();
+  std::shared_ptr<RouterApp> app;
   {
     std::lock_guard lock(slot->mutex);
-    slot->app.reset();  // before the replicas it serves
+    app = std::move(slot->app);
   }
-  tracing::shutdown(std::chrono::seconds(2));  // what is queued, if the collector takes it soon
+  if (app) app->stopWorkers();
+  discovery.reset();
+  replicaSet.reset();
+  app.reset();
   return 0;
 }
 

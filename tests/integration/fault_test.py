@@ -39,6 +39,7 @@ LONG = PROMPTS[1]
 def check(cond, what):
     results["passed" if cond else "failed"] += 1
     print(("ok:   " if cond else "FAIL: ") + what, flush=True)
+    return cond
 
 
 def start(cmd, ready_prefix):

@@ -33,6 +33,7 @@ def check(cond, what):
     results["passed" if cond else "failed"] += 1
     if not cond:
         print("FAIL:", what, flush=True)
+    return cond
 
 
 FILES = {n: open(os.path.join(MODEL_DIR, n), "rb").read() for n in sorted(os.listdir(MODEL_DIR))

@@ -184,6 +184,7 @@ def test_traces(rx):
             return
         check(req.parent_span_id == pid and req.kind == SERVER,
               f"generate is a server span under the client's traceparent ({req.parent_span_id.hex()})")
+        check(req.flags == 0x301, f"its parent is remote and it is sampled (flags {req.flags:#x})")
         check(attr(req, "input_length") and attr(req, "generated_tokens") == 6,
               f"generate carries input_length and generated_tokens: {req.attributes}")
         for name in ("validate", "queue", "infer", "send"):
@@ -208,6 +209,8 @@ def test_traces(rx):
               f"each router step has the shard's span beneath it, carried in gRPC metadata "
               f"({len(shard_steps)} shard, {len(router_steps)} router)")
         check(all(attr(s, "batch_size") == 1 for s in router_steps + shard_steps), "steps carry batch_size 1")
+        check(all(s.flags == 0x101 for s in router_steps) and all(s.flags == 0x301 for s in shard_steps),
+              "router steps have a local parent, the shards' spans a remote one (OTLP span flags)")
         check(all(within(s, ids[s.parent_span_id]) for s in shard_steps if s.parent_span_id in ids),
               "a shard's span lies within its router step")
         check(len({s.span_id for s in spans}) == len(spans), "span ids are unique")

@@ -30,6 +30,7 @@ def check(cond, what):
     results["passed" if cond else "failed"] += 1
     if not cond:
         print("FAIL:", what, flush=True)
+    return cond
 
 
 def start(cmd, ready_prefix, nofile=None):
@@ -1020,7 +1021,8 @@ def test_discovery_cold_start(workdir):
     finally:
         stop(router)
         stop(shard)
-    # Stopped while waiting for a first replica.
+    # Stopped while waiting for a first replica (its source empty again).
+    open(source, "w").close()
     router = subprocess.Popen(cmd[:cmd.index("--port") + 1] + [str(free_port())] + cmd[cmd.index("--port") + 2:],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1)

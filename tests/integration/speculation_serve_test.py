@@ -44,6 +44,7 @@ PROMPTS = [COPY_PROMPT, "The Python interpreter", "To open a file"]
 def check(cond, what):
     results["passed" if cond else "failed"] += 1
     print(("ok:   " if cond else "FAIL: ") + what, flush=True)
+    return cond
 
 
 def free_port():

@@ -35,6 +35,7 @@ results = {"passed": 0, "failed": 0}
 def check(cond, what):
     results["passed" if cond else "failed"] += 1
     print(("ok:   " if cond else "FAIL: ") + what, flush=True)
+    return cond
 
 
 def free_port():

@@ -95,7 +95,9 @@ void toProto(const SpanData& s, otlp::Span* out) {
   out->set_kind(static_cast<otlp::Span::SpanKind>(s.kind));
   out->set_start_time_unix_nano(static_cast<uint64_t>(s.startUnixNs));
   out->set_end_time_unix_nano(static_cast<uint64_t>(std::max(s.endUnixNs, s.startUnixNs)));
-  out->set_flags(0x100 | (s.context.sampled ? 1 : 0));  // trace flags; the "is remote" bits known
+  // W3C trace flags (bit 0: sampled), and OTLP's bit 8 (whether the parent is remote is known)
+  // and bit 9 (it is).
+  out->set_flags(0x100 | (s.parent && s.parentRemote ? 0x200 : 0) | (s.context.sampled ? 1 : 0));
   for (const Attribute& a : s.attributes) addAttribute(out->mutable_attributes(), a.key, a.value);
   for (const SpanContext& l : s.links) {
     otlp::Span::Link* link = out->add_links();
@@ -103,6 +105,7 @@ void toProto(const SpanData& s, otlp::Span* out) {
     link->set_span_id(bytes(l.spanId.data(), l.spanId.size()));
     link->set_flags(0x100 | (l.sampled ? 1 : 0));
   }
+  out->set_dropped_links_count(s.droppedLinks);
   if (s.error) {
     out->mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
     out->mutable_status()->set_message(*s.error);
@@ -127,6 +130,7 @@ class OtlpExporter final : public Exporter {
     }
     wake_.notify_all();
     thread_.join();
+    counts_.dropped += queue_.size();  // never sent (flush() came first, or its time ran out)
   }
 
   void record(SpanData span) override {
@@ -196,11 +200,14 @@ class OtlpExporter final : public Exporter {
     otlp::ExportTraceServiceResponse response;
     {
       std::lock_guard lock(mutex_);
-      if (stop_) return;
+      if (stop_) {
+        counts_.dropped += batch.size();
+        return;
+      }
       inFlight_ = &ctx;
     }
     const grpc::Status status = stub_->Export(&ctx, request, &response);
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     inFlight_ = nullptr;
     const uint64_t rejected = status.ok() ? static_cast<uint64_t>(std::max<int64_t>(
                                                 0, response.partial_success().rejected_spans()))
@@ -211,10 +218,12 @@ class OtlpExporter final : public Exporter {
     const auto now = std::chrono::steady_clock::now();
     if (lastWarning_ && now - *lastWarning_ < std::chrono::seconds(30)) return;
     lastWarning_ = now;
+    const uint64_t dropped = counts_.dropped;
+    lock.unlock();  // a log write never holds up record()
     spdlog::warn("otlp: {} of {} spans not exported to {}: {} ({} dropped so far)", rejected,
                  batch.size(), options_.endpoint,
                  status.ok() ? response.partial_success().error_message() : status.error_message(),
-                 counts_.dropped);
+                 dropped);
   }
 
   const ExporterOptions options_;

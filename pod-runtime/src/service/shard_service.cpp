@@ -29,6 +29,7 @@ class StepSpan {
     if (!parent || !parent->sampled) return;
     span_ = tracing::SpanData{.context = tracing::newChild(*parent),
                               .parent = parent->spanId,
+                              .parentRemote = true,
                               .name = name,
                               .kind = tracing::SpanKind::kServer,
                               .startUnixNs = tracing::unixNanos(),

@@ -318,6 +318,11 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
     fail(e, generationError(e));
   }
 
+  void onAdmitted(int epoch, const RequestTimes& times) {
+    std::lock_guard lock(mutex_);
+    if (epoch == epoch_) times_ = times;
+  }
+
   void cancel() {
     std::lock_guard lock(mutex_);
     cancelled_ = true;
@@ -577,6 +582,7 @@ class ChatEpochSink final : public ResponseSink {
     parent_->onGeneration(epoch_, g, times);
   }
   void onError(const Status& e) override { parent_->onError(epoch_, e); }
+  void onAdmitted(const RequestTimes& times) override { parent_->onAdmitted(epoch_, times); }
 
  private:
   std::shared_ptr<ChatSink> parent_;

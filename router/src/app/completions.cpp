@@ -84,6 +84,10 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
     std::lock_guard lock(mutex_);
     controls_ = std::move(controls);
   }
+  void onAdmitted(const RequestTimes& times) {
+    std::lock_guard lock(mutex_);
+    if (times_.queued == std::chrono::steady_clock::time_point{}) times_ = times;  // the first
+  }
   // Every prompt's steps hang under one infer span: from the first prompt's batching to the end.
   void setTrace(std::shared_ptr<RequestTrace> trace) {
     std::lock_guard lock(mutex_);
@@ -185,6 +189,7 @@ class PromptSink final : public ResponseSink {
     parent_->onGeneration(index_, g, control_, times);
   }
   void onError(const Status& e) override { parent_->onError(e); }
+  void onAdmitted(const RequestTimes& times) override { parent_->onAdmitted(times); }
 
  private:
   std::shared_ptr<CompletionSink> parent_;

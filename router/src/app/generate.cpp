@@ -185,8 +185,13 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
     if (err.status) responder_->reply(err.status, errorJson(e.message(), err.type), headers_);
     tracker_->trace.finish(&results_[0].times, std::nullopt, &e.message());
   }
+  void onSequenceAdmitted(size_t index, const RequestTimes& times) {
+    std::lock_guard lock(mutex_);
+    results_[index].times = times;
+  }
   void onGeneration(const Generation& g, const RequestTimes& t) override { onSequence(0, g, t); }
   void onError(const Status& e) override { onSequenceError(e); }
+  void onAdmitted(const RequestTimes& t) override { onSequenceAdmitted(0, t); }
 
  private:
   void respond() {
@@ -243,6 +248,7 @@ class SequenceSink final : public ResponseSink {
     parent_->onSequence(index_, g, t);
   }
   void onError(const Status& e) override { parent_->onSequenceError(e); }
+  void onAdmitted(const RequestTimes& t) override { parent_->onSequenceAdmitted(index_, t); }
 
  private:
   std::shared_ptr<GenerateSink> parent_;
@@ -296,6 +302,8 @@ class StreamSink final : public ResponseSink {
       tracker_->trace.finish(&c_.times, std::nullopt, &left);
     }
   }
+
+  void onAdmitted(const RequestTimes& times) override { c_.times = times; }
 
   void onError(const Status& e) override {
     if (done_) return;

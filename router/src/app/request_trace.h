@@ -74,7 +74,10 @@ class RequestTrace {
                            .startUnixNs = startUnix_,
                            .endUnixNs = end,
                            .attributes = std::move(attributes_)};
-    if (parent_) span.parent = parent_->spanId;
+    if (parent_) {
+      span.parent = parent_->spanId;
+      span.parentRemote = true;
+    }
     if (error) span.error = *error;
     tracing::record(std::move(span));
   }

@@ -116,6 +116,10 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
 
 RouterApp::~RouterApp() = default;
 
+void RouterApp::stopWorkers() {
+  workers_->shutdown();
+}
+
 void RouterApp::loadGauges() {
   double queued = 0, running = 0, used = 0, total = 0;
   for (const auto& r : replicas_.serving()) {
@@ -132,11 +136,15 @@ void RouterApp::loadGauges() {
   if (tracing::enabled()) {
     std::lock_guard lock(spanCountsMutex_);
     const tracing::ExporterCounts now = tracing::counts();
-    metrics_.counterAdd("textgen_otlp_spans_exported_total",
-                        static_cast<double>(now.exported - spanCounts_.exported));
-    metrics_.counterAdd("textgen_otlp_spans_dropped_total",
-                        static_cast<double>(now.dropped - spanCounts_.dropped));
-    spanCounts_ = now;
+    // The counts only grow while one exporter lives; anything else (none installed any more)
+    // adds nothing.
+    if (now.exported >= spanCounts_.exported && now.dropped >= spanCounts_.dropped) {
+      metrics_.counterAdd("textgen_otlp_spans_exported_total",
+                          static_cast<double>(now.exported - spanCounts_.exported));
+      metrics_.counterAdd("textgen_otlp_spans_dropped_total",
+                          static_cast<double>(now.dropped - spanCounts_.dropped));
+      spanCounts_ = now;
+    }
   }
 }
 
@@ -209,7 +217,7 @@ bool generationRoute(const HttpRequest& r) {
   const std::string& p = r.path;
   return r.method == "POST" &&
          (p == "/generate" || p == "/" || p == "/generate_stream" || p == "/v1/completions" ||
-          p == "/v1/chat/completions" || p == "/invocations" || p == "/vertex");
+          p == "/v1/chat/completions" || p == "/invocations");
 }
 
 }  // namespace

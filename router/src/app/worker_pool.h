@@ -18,13 +18,16 @@ class WorkerPool {
   explicit WorkerPool(unsigned threads) {
     for (unsigned i = 0; i < std::max(1u, threads); ++i) threads_.emplace_back([this] { run(); });
   }
-  ~WorkerPool() {
+  ~WorkerPool() { shutdown(); }
+  // Runs the queued tasks, then ends the threads; post() refuses from then on. Idempotent.
+  void shutdown() {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
     }
     wake_.notify_all();
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
   }
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;

@@ -235,6 +235,7 @@ void Session::arm(std::chrono::milliseconds d) {
 
 void Session::readHeader() {
   phase_ = Phase::kHeader;
+  head_ = false;  // an error answered before the next header is parsed has a body
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(state_->options.headerLimit));
   parser_->body_limit(state_->options.payloadLimit);
@@ -249,6 +250,7 @@ void Session::onHeader(error_code ec) {
   const auto& req = parser_->get();
   version_ = req.version();
   keepAlive_ = req.keep_alive();
+  head_ = req.method() == http::verb::head;
   if (const auto cl = parser_->content_length(); cl && *cl > state_->options.payloadLimit) {
     return refuse(413, R"({"error":"Payload too large","error_type":"payload_too_large"})");
   }
@@ -312,7 +314,6 @@ void Session::dispatch() {
   auto& req = parser_->get();
   HttpRequest r;
   r.method = std::string(req.method_string());
-  head_ = req.method() == http::verb::head;
   const std::string_view target(req.target().data(), req.target().size());
   const size_t q = target.find('?');
   r.path = std::string(target.substr(0, q));

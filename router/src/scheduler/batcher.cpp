@@ -76,6 +76,7 @@ Status clientLeft() {
 std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
                                            std::optional<size_t> maxSize, uint32_t prefillBudget) {
   std::vector<std::shared_ptr<ResponseSink>> left;
+  std::vector<std::pair<std::shared_ptr<ResponseSink>, RequestTimes>> admitted;
   std::vector<BatchEntry> batch;
   {
     std::lock_guard lock(mutex_);
@@ -117,6 +118,7 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
         a.request = v;
         a.request.inputIds.clear();  // kept in tokens
       }
+      if (a.sink) admitted.emplace_back(a.sink, a.times);
       sinks_.erase(e.entry.id);
     }
     if (metrics_) {
@@ -130,6 +132,7 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
     }
   }
   for (auto& sink : left) sink->onError(clientLeft());  // the queue counted them as dropped
+  for (auto& [sink, times] : admitted) sink->onAdmitted(times);
   return batch;
 }
 
@@ -435,6 +438,8 @@ std::optional<tracing::SpanData> Batcher::stepSpan(const char* method,
                                .attributes = {{"batch_size", static_cast<int64_t>(ids.size())}}};
     } else if (span->links.size() < kMaxLinks) {
       span->links.push_back(parent);
+    } else {
+      ++span->droppedLinks;
     }
   }
   return span;

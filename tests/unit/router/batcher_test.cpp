@@ -261,6 +261,10 @@ class Collector final : public ResponseSink {
     done = true;
     cv_.notify_all();
   }
+  void onAdmitted(const RequestTimes& t) override {
+    std::lock_guard lock(mu_);
+    admitted = t;
+  }
   bool wait(std::chrono::seconds limit = std::chrono::seconds(10)) {
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, limit, [&] { return done; });
@@ -270,6 +274,7 @@ class Collector final : public ResponseSink {
   std::optional<Status> error;
   std::function<void(size_t)> onToken;
   RequestTimes times;  // as the first delivery reported them
+  std::optional<RequestTimes> admitted;  // as onAdmitted reported them
   std::chrono::steady_clock::time_point firstDelivery;
 
  private:
@@ -426,6 +431,10 @@ TEST(BatcherTest, ARequestTheShardRefusesFailsAloneAndTheBatchGoesOn) {
   ASSERT_TRUE(sinks[1]->error.has_value());
   EXPECT_EQ(sinks[1]->error->code(), StatusCode::kInvalidArgument);
   EXPECT_NE(sinks[1]->error->message().find("temperature"), std::string::npos);
+  // It failed before a token, yet its sink heard when it joined the batch (a trace's infer span).
+  ASSERT_TRUE(sinks[1]->admitted.has_value());
+  EXPECT_LE(sinks[1]->admitted->queued, sinks[1]->admitted->batched);
+  EXPECT_NE(sinks[1]->admitted->batched, std::chrono::steady_clock::time_point{});
   EXPECT_EQ(sinks[0]->tokens, expected(1, 6));
   EXPECT_FALSE(sinks[0]->error.has_value());
   EXPECT_EQ(sinks[2]->tokens, expected(3, 6));

@@ -258,6 +258,28 @@ TEST(HttpServerTest, KeepAlivePipeliningAndExpectContinue) {
   ::close(fd);
 }
 
+// HEAD: the GET's headers, Content-Length included, and no body; the next answer on the
+// connection (an error the server gives before any handler runs) has its body again.
+TEST(HttpServerTest, HeadAnswersCarryTheLengthButNoBody) {
+  auto server = startHttpServer({.port = 0, .payloadLimit = 1000}, echo());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = connectTo((*server)->port());
+  const std::string head = "HEAD /x HTTP/1.1\r\nHost: x\r\n\r\n";
+  ::send(fd, head.data(), head.size(), 0);
+  bool closed = false;
+  std::string got = readAll(fd, std::chrono::milliseconds(600), &closed);
+  EXPECT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+  EXPECT_NE(got.find("Content-Length: 5\r\n"), std::string::npos) << got;  // "body="
+  EXPECT_TRUE(got.ends_with("\r\n\r\n")) << got;
+  EXPECT_FALSE(closed);
+  const std::string big = "POST /y HTTP/1.1\r\nHost: x\r\nContent-Length: 999999\r\n\r\n";
+  ::send(fd, big.data(), big.size(), 0);
+  got = readAll(fd, std::chrono::milliseconds(600), &closed);
+  EXPECT_NE(got.find("HTTP/1.1 413"), std::string::npos) << got;
+  EXPECT_NE(got.find("\"error_type\":\"payload_too_large\"}"), std::string::npos) << got;
+  ::close(fd);
+}
+
 TEST(HttpServerTest, AHandlerHearsWhenItsClientLeavesBeforeTheAnswer) {
   std::promise<void> left;
   std::shared_ptr<HttpResponder> held;

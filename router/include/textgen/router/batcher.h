@@ -43,6 +43,9 @@ class ResponseSink {
   // (nothing needs answering), INVALID_ARGUMENT when the shard refused it alone, any other code
   // when its batch failed.
   virtual void onError(const Status& error) = 0;
+  // The request joined a batch (its queue and batch times; again after a preemption, with the
+  // first admission's): for a trace whose request fails before its first token.
+  virtual void onAdmitted(const RequestTimes& /*times*/) {}
 };
 
 struct BatcherOptions {

@@ -54,6 +54,9 @@ class RouterApp {
   ~RouterApp();
 
   void handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  // Shutdown, after the HTTP server stopped and before the replicas go: the validation workers
+  // finish their queued tasks and end (a chat rerun asked for later is refused).
+  void stopWorkers();
 
  private:
   // The POST routes, on a validation worker.

@@ -59,12 +59,14 @@ struct Attribute {
 struct SpanData {
   SpanContext context;
   std::optional<SpanId> parent = {};  // the parent span's id, in context's trace
+  bool parentRemote = false;          // the parent came from another process (a traceparent)
   std::string name;
   SpanKind kind = SpanKind::kInternal;
   int64_t startUnixNs = 0;
   int64_t endUnixNs = 0;
   std::vector<Attribute> attributes = {};
   std::vector<SpanContext> links = {};
+  uint32_t droppedLinks = 0;              // links left out (a bound on a span's size)
   std::optional<std::string> error = {};  // status ERROR with this message
 };
 
