@@ -448,6 +448,11 @@ int run(int argc, char** argv) {
     if (!exporter.ok()) return fail(exporter.status());
     tracing::install(std::move(*exporter));
   }
+  // On every way out (but std::_Exit's): what is queued goes to the collector if it takes it soon,
+  // before the process's static objects go.
+  struct TracingFlush {
+    ~TracingFlush() { tracing::shutdown(std::chrono::seconds(2)); }
+  } tracingFlush;
   if (Status s = resolveMedusa(f); !s.ok()) return fail(s.withContext("--model-id " + f.modelId));
   if (!f.medusaDir.empty()) {
     spdlog::info("Medusa heads from {}: {} of them propose tokens, base model {}", f.medusaDir,
@@ -599,7 +604,6 @@ int run(int argc, char** argv) {
   // In-flight RPCs get a moment to finish; idle client connections must not hold the exit.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   if (!f.udsPath.empty()) std::filesystem::remove(f.udsPath + "-" + std::to_string(f.rank));
-  tracing::shutdown(std::chrono::seconds(2));
   return 0;
 }
 
