@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   std::string modelDir, dtypeName = "bfloat16";
   kernels::KvCacheDType cacheDtype = kernels::KvCacheDType::kAuto;
   int64_t prompt = 128, steps = 32;
-  std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32};  // the shard's default (TGI's)
+  std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32, 48, 64, 96, 128};  // the shard's default
   int64_t profileBatch = 0;    // > 0: a short prefill and a traced decode step of this batch
   int64_t profilePrefill = 0;  // > 0: traced prefills of this many rows, alone and after 2048
   bool gemv = true, hostLogits = false;

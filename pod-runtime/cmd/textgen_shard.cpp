@@ -5,7 +5,7 @@
 //                 [--quantize gptq|awq|compressed-tensors|marlin|bitsandbytes|
 //                             bitsandbytes-nf4|bitsandbytes-fp4|eetq|fp8]
 //                 [--kv-cache-dtype fp8_e4m3fn|fp8_e5m2]
-//                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32|0]
+//                 [--cuda-memory-fraction 1.0] [--cuda-graphs 1,2,4,8,16,32,48,64,96,128|0]
 //                 [--kv-cache-memory BYTES|FRACTION] [--threads N]
 //                 [--shard-urls ADDR,ADDR,...] [--collective-timeout SECONDS]
 //                 [--otlp-endpoint URL] [--otlp-service-name NAME]
@@ -68,7 +68,9 @@ struct Flags {
   int64_t blockSize = 16;
   std::string device = "auto";
   double cudaMemoryFraction = 1.0;
-  std::vector<int64_t> cudaGraphs{1, 2, 4, 8, 16, 32};  // TGI's default
+  // TGI's default (1..32) and 48..128: decode batches of 33 to 128 rows replay a graph too, 3-5%
+  // faster steps on an H100 at no cost in KV cache (bench/README.md, 2026-11-27).
+  std::vector<int64_t> cudaGraphs{1, 2, 4, 8, 16, 32, 48, 64, 96, 128};
   std::string kvCacheMemory;  // a fraction of available memory, or bytes; empty: the default
   int threads = 0;
   bool jsonOutput = false;
