@@ -273,7 +273,7 @@ class Collector final : public ResponseSink {
   bool done = false;
   std::optional<Status> error;
   std::function<void(size_t)> onToken;
-  RequestTimes times;  // as the first delivery reported them
+  RequestTimes times;                    // as the first delivery reported them
   std::optional<RequestTimes> admitted;  // as onAdmitted reported them
   std::chrono::steady_clock::time_point firstDelivery;
 
