@@ -401,7 +401,7 @@ int run(int argc, char** argv) {
                                  .payloadLimit = f.payloadLimit,
                                  .headerTimeout = std::chrono::milliseconds(f.headerTimeoutMs),
                                  .bodyTimeout = std::chrono::milliseconds(f.bodyTimeoutMs)},
-                                [slot, apiKey = f.apiKey, &metrics](
+                                [slot, apiKey = f.apiKey, cors = f.cors, &metrics](
                                     const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
                                   std::shared_ptr<RouterApp> app;
                                   {
@@ -411,7 +411,7 @@ int run(int argc, char** argv) {
                                   if (app) {
                                     app->handle(r, std::move(resp));
                                   } else {
-                                    handleWithoutReplica(r, *resp, apiKey, metrics);
+                                    handleWithoutReplica(r, *resp, apiKey, cors, metrics);
                                   }
                                 });
   if (!server.ok()) return fail(server.status());

@@ -983,7 +983,7 @@ def test_discovery_cold_start(workdir):
     port = free_port()
     cmd = [ROUTER, "--tokenizer-name", MODEL, "--shard-discovery", f"file:{source}", "--discovery-interval-ms", "100",
            "--hostname", "127.0.0.1", "--port", str(port), "--max-batch-prefill-tokens", "256", "--api-key", "k",
-           "--log-level", "warn"]
+           "--cors-allow-origin", "https://app.example", "--log-level", "warn"]
     router = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     shard = None
     try:
@@ -1004,10 +1004,18 @@ def test_discovery_cold_start(workdir):
         check(status == 503 and retry == "10" and time.time() - t0 < 5 and json.loads(body).get("error_type") == "unhealthy",
               f"no replica yet: 503 with Retry-After at once: {status} {retry} {body}")
         check(request(port, "POST", "/v1/chat/completions", {"messages": []}, auth)[0] == 503, "chat: 503")
+        status, headers, _ = request(port, "OPTIONS", "/generate", headers={"Origin": "https://app.example"})
+        allow = {k.lower(): v for k, v in headers.items()}
+        check(status == 200 and allow.get("access-control-allow-origin") == "https://app.example" and
+              "POST" in allow.get("access-control-allow-methods", ""),
+              f"a CORS preflight before a replica: {status} {headers}")
+        status, headers, _ = request(port, "POST", "/generate", {"inputs": "x"}, {**auth, "Origin": "https://app.example"})
+        check(status == 503 and {k.lower(): v for k, v in headers.items()}.get("access-control-allow-origin") ==
+              "https://app.example", f"the 503 carries the CORS header: {headers}")
         check(request(port, "POST", "/generate", {"inputs": "x"})[0] == 401, "--api-key enforced before a replica")
         check(request(port, "GET", "/health")[0] == 503, "/health 503 before a replica")
         check(request(port, "GET", "/info")[0] == 503, "/info 503 before a replica (the limits are unknown)")
-        check(metric(port, "tgi_request_count") == "tgi_request_count 2",
+        check(metric(port, "tgi_request_count") == "tgi_request_count 3",
               f"refused generation requests counted: {metric(port, 'tgi_request_count')}")
         shard, addr = start([SHARD, "--model-id", MODEL, "--uds-path", os.path.join(workdir, "cold-shard"),
                              "--kv-cache-memory", "8000000", "--threads", "1", "--log-level", "warn"], "textgen-shard ready ")

@@ -148,16 +148,34 @@ void RouterApp::loadGauges() {
   }
 }
 
-HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
+namespace {
+
+// --cors-allow-origin: the request's origin when allowed, or "*".
+HttpHeaders corsHeaders(const HttpRequest& request, const std::vector<std::string>& allowOrigins) {
   HttpHeaders h;
   const std::string origin = request.header("origin");
-  for (const std::string& allowed : options_.corsAllowOrigins) {
+  for (const std::string& allowed : allowOrigins) {
     if (allowed == "*" || allowed == origin) {
       h["Access-Control-Allow-Origin"] = allowed == "*" ? "*" : origin;
       break;
     }
   }
   return h;
+}
+
+// A CORS preflight: answered before authentication, as browsers send it without credentials.
+void preflight(const HttpRequest& request, HttpResponder& responder,
+               const std::vector<std::string>& allowOrigins) {
+  HttpHeaders h = corsHeaders(request, allowOrigins);
+  h["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS";
+  h["Access-Control-Allow-Headers"] = "content-type, authorization";
+  responder.reply(200, "", h);
+}
+
+}  // namespace
+
+HttpHeaders RouterApp::baseHeaders(const HttpRequest& request) const {
+  return corsHeaders(request, options_.corsAllowOrigins);
 }
 
 std::shared_ptr<Replica> RouterApp::admit(std::shared_ptr<HttpResponder>& responder,
@@ -223,23 +241,27 @@ bool generationRoute(const HttpRequest& r) {
 }  // namespace
 
 void handleWithoutReplica(const HttpRequest& request, HttpResponder& responder,
-                          const std::string& apiKey, MetricsRegistry& metrics) {
+                          const std::string& apiKey,
+                          const std::vector<std::string>& corsAllowOrigins,
+                          MetricsRegistry& metrics) {
   const std::string& p = request.path;
+  if (request.method == "OPTIONS") return preflight(request, responder, corsAllowOrigins);
   if (request.method == "GET" && p == "/metrics") {
     responder.reply(200, metrics.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
     return;
   }
+  HttpHeaders h = corsHeaders(request, corsAllowOrigins);
   if (protectedRoute(request) && !bearerAuthorized(request, apiKey)) {
-    responder.reply(401, errorJson("Unauthorized", "unauthorized"), {});
+    responder.reply(401, errorJson("Unauthorized", "unauthorized"), h);
     return;
   }
   if (request.method == "GET" && (p == "/health" || p == "/ping")) {
-    responder.reply(503, errorJson("unhealthy", "healthcheck"), {});
+    responder.reply(503, errorJson("unhealthy", "healthcheck"), h);
     return;
   }
   if (generationRoute(request)) metrics.counterAdd("tgi_request_count");
-  responder.reply(503, errorJson("No replica is serving yet", "unhealthy"),
-                  {{"Retry-After", std::to_string(kNoReplicaRetryAfterS)}});
+  h["Retry-After"] = std::to_string(kNoReplicaRetryAfterS);
+  responder.reply(503, errorJson("No replica is serving yet", "unhealthy"), h);
 }
 
 bool RouterApp::authorized(const HttpRequest& request) const {
@@ -248,13 +270,7 @@ bool RouterApp::authorized(const HttpRequest& request) const {
 
 void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
   const std::string& p = request.path;
-  if (request.method == "OPTIONS") {
-    HttpHeaders h = baseHeaders(request);
-    h["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS";
-    h["Access-Control-Allow-Headers"] = "content-type, authorization";
-    responder->reply(200, "", h);
-    return;
-  }
+  if (request.method == "OPTIONS") return preflight(request, *responder, options_.corsAllowOrigins);
   if (protectedRoute(request) && !authorized(request)) {
     responder->reply(401, errorJson("Unauthorized", "unauthorized"), baseHeaders(request));
     return;

@@ -43,9 +43,11 @@ inline constexpr int kNoReplicaRetryAfterS = 10;
 // service is scaled to zero: the model's limits come from the first replica, so there is no
 // RouterApp yet): /metrics, /health and /ping 503, and 503 with Retry-After for everything else.
 // A generation request counts in tgi_request_count: what wakes a service scaled to zero.
-// --api-key is enforced as RouterApp does.
+// --api-key and --cors-allow-origin are honoured as RouterApp honours them.
 void handleWithoutReplica(const HttpRequest& request, HttpResponder& responder,
-                          const std::string& apiKey, MetricsRegistry& metrics);
+                          const std::string& apiKey,
+                          const std::vector<std::string>& corsAllowOrigins,
+                          MetricsRegistry& metrics);
 
 class RouterApp {
  public:
