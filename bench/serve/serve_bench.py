@@ -266,19 +266,29 @@ class Prompter:
 
 # --- the run --------------------------------------------------------------------------------------
 
+STEP_HISTOGRAMS = (
+    ("forward", "tgi_batch_forward_duration"),      # the shard's forward pass
+    ("shard_total", "tgi_batch_inference_duration"),  # the shard's whole call (forward, sampling, text)
+    ("router_work", "textgen_batch_router_duration"),  # the router's planning + delivery, overlapped or not
+    ("host_gap", "textgen_batch_host_duration"),     # router time between a step's answer and the next call
+    ("transport", "textgen_batch_transport_duration"),  # a call beyond the shard's total and its queueing
+)
+
+
 def metric_sums(host, port):
-    """The router's shard forward histograms (sum, count) per method (tgi_batch_forward_duration) and its
-    prefix-cache counters (textgen_prefix_cache_{hit,queried}_tokens_total)."""
+    """The router's per-step histograms (sum, count) per method (STEP_HISTOGRAMS) and its prefix-cache
+    counters (textgen_prefix_cache_{hit,queried}_tokens_total)."""
     import http.client
     out = {}
     try:
         c = http.client.HTTPConnection(host, port, timeout=10)
         c.request("GET", "/metrics")
         for line in c.getresponse().read().decode().splitlines():
-            for m in ("decode", "prefill"):
-                for kind in ("sum", "count"):
-                    if line.startswith(f'tgi_batch_forward_duration_{kind}{{method="{m}"}}'):
-                        out[(m, kind)] = float(line.split()[-1])
+            for key, name in STEP_HISTOGRAMS:
+                for m in ("decode", "prefill"):
+                    for kind in ("sum", "count"):
+                        if line.startswith(f'{name}_{kind}{{method="{m}"}}'):
+                            out[(key, m, kind)] = float(line.split()[-1])
             for kind in ("hit", "queried"):
                 if line.startswith(f"textgen_prefix_cache_{kind}_tokens_total "):
                     out[("prefix", kind)] = float(line.split()[-1])
@@ -381,6 +391,10 @@ def print_table(s, label):
         print(f"  {name:<18} {f(st['mean']):>10} {f(st['p50']):>10} {f(st['p99']):>10} {st['n']:>8}")
     for m, v in (s["shard_forward_ms"] or {}).items():
         print(f"  shard forward, {m} (mean over {v['steps']} steps, ms): {v['mean']:.2f}")
+    decode = {k: v["decode"] for k, v in (s.get("step_ms") or {}).items() if "decode" in v}
+    if decode:
+        parts = ", ".join(f"{k} {v['mean']:.3f} (x{v['steps']})" for k, v in decode.items())
+        print(f"  per decode step, mean ms: {parts}")
     if s["ttft_first_ms"] is not None and s["ttft_later_ms"]["n"]:
         print(f"  TTFT of the first request / p50 of the later ones (ms): {s['ttft_first_ms']:.2f} / "
               f"{s['ttft_later_ms']['p50']:.2f}")
@@ -545,12 +559,15 @@ def main(argv):
     finally:
         if launcher:
             launcher.stop()
-    forward = {}
-    for m in ("decode", "prefill"):
-        n = after.get((m, "count"), 0) - before.get((m, "count"), 0)
-        if n > 0:
-            forward[m] = {"mean": (after[(m, "sum")] - before.get((m, "sum"), 0)) / n * 1e3, "steps": int(n)}
-    s = summarize(a, results, duration, clipped, forward)
+    steps = {}  # key -> method -> mean ms and count over this run
+    for key, _ in STEP_HISTOGRAMS:
+        for m in ("decode", "prefill"):
+            n = after.get((key, m, "count"), 0) - before.get((key, m, "count"), 0)
+            if n > 0:
+                total = after[(key, m, "sum")] - before.get((key, m, "sum"), 0)
+                steps.setdefault(key, {})[m] = {"mean": total / n * 1e3, "steps": int(n)}
+    s = summarize(a, results, duration, clipped, steps.get("forward", {}))
+    s["step_ms"] = steps
     queried = after.get(("prefix", "queried"), 0) - before.get(("prefix", "queried"), 0)
     s["prefix_cache_hit_rate"] = ((after.get(("prefix", "hit"), 0) - before.get(("prefix", "hit"), 0)) / queried
                                   if queried > 0 else None)

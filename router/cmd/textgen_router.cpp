@@ -358,6 +358,16 @@ int run(int argc, char** argv) {
                        skipped);
     }
     bo.prefixCaching = info.usePrefixCaching;
+    // For benchmarks: TEXTGEN_DECODE_PIPELINE=1 sends a decode only after the step before it
+    // returned (before its delivery), 0 not before its delivery either; default: while it runs.
+    if (const char* depth = std::getenv("TEXTGEN_DECODE_PIPELINE")) {
+      const std::string_view d(depth);
+      if (d != "0" && d != "1" && d != "2")
+        return invalidArgumentError("TEXTGEN_DECODE_PIPELINE must be 0, 1 or 2, not `" +
+                                    std::string(d) + "`");
+      bo.pipelineDecode = d != "0";
+      bo.stepAhead = d == "2";
+    }
     bo.name = master;
     bo.blockSize = info.blockSize;
     bo.numBlocks = batchTotal / info.blockSize;

@@ -421,6 +421,13 @@ def shard_rpc_corpus():
                                                   "extensions { request_id: 1 blocks: 10 }")), "grow-extend")
     resumed = request(1, 1, 8, 0, "generated_tokens: 3", "do_sample: true seed: 3")
     write("shard_rpc", calls(prefill(1, resumed), decode1, decode1), "resumed")
+    # Pipelined decoding: numbered steps, each after the one before; the last two follow the step
+    # that ended the batch (it steps nothing) and a step that never ran (refused at once).
+    write("shard_rpc", calls(prefill(1, request(1, 0, 3, 0)), ("Decode", "batches { id: 1 } step: 1"),
+                             ("Decode", "batches { id: 1 } step: 2 after_step: 1 "
+                                        "extensions { request_id: 1 blocks: 9 }"),
+                             ("Decode", "batches { id: 1 } step: 3 after_step: 2"),
+                             ("Decode", "batches { id: 1 } step: 5 after_step: 4")), "pipelined")
 
 
 def speculation_corpus():

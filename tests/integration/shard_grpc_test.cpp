@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "shard_process.h"
 #include "textgen/shard/v1/shard.grpc.pb.h"
@@ -310,6 +312,143 @@ TEST_F(ShardGrpcTest, BadInputIsAnErrorAndTheShardKeepsServing) {
     EXPECT_EQ(stub_->Decode(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
   EXPECT_EQ(shard_->terminate(), 0);
+}
+
+// Pipelined decoding (DecodeRequest.step / after_step): a step sent before the one it follows
+// waits for it, whichever arrives first, and each request's tokens stay transformers' greedy ones.
+// A step planned while its predecessor ran steps what that predecessor left: a request that
+// finished in it is skipped with its extension, and a batch it ended steps nothing. A successor
+// of a failed step is refused, so is one that finds another call run before it, and one whose
+// predecessor never comes fails within its deadline; the shard keeps serving throughout.
+TEST_F(ShardGrpcTest, PipelinedDecodesRunInTheirOrder) {
+  {
+    grpc::ClientContext ctx;
+    pb::WarmupRequest req;
+    req.mutable_batch()->set_size(0);
+    req.set_max_prefill_tokens(64);
+    pb::WarmupResponse resp;
+    ASSERT_TRUE(stub_->Warmup(&ctx, req, &resp).ok());
+  }
+  std::map<uint64_t, std::vector<uint32_t>> tokens;
+  auto absorb = [&](const auto& resp) {
+    for (const pb::Generation& g : resp.generations())
+      for (uint32_t id : g.tokens().ids()) tokens[g.request_id()].push_back(id);
+  };
+  auto decode = [&](uint64_t batchId, std::optional<uint64_t> step, std::optional<uint64_t> after,
+                    std::vector<std::pair<uint64_t, uint32_t>> extensions = {},
+                    std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    pb::DecodeRequest req;
+    req.add_batches()->set_id(batchId);
+    if (step) req.set_step(*step);
+    if (after) req.set_after_step(*after);
+    for (auto [id, block] : extensions) {
+      pb::BlockExtension* e = req.add_extensions();
+      e->set_request_id(id);
+      e->add_blocks(block);
+    }
+    pb::DecodeResponse resp;
+    grpc::Status s = stub_->Decode(&ctx, req, &resp);
+    return std::make_pair(s, resp);
+  };
+  {
+    // Request 1 runs 5 tokens, request 2 runs 12: blocks for all of them up front.
+    grpc::ClientContext ctx;
+    pb::PrefillRequest req;
+    req.mutable_batch()->set_id(1);
+    *req.mutable_batch()->add_requests() = request(1, 0, 5);
+    *req.mutable_batch()->add_requests() = request(2, 1, 12);
+    req.mutable_batch()->set_size(2);
+    pb::PrefillResponse resp;
+    ASSERT_TRUE(stub_->Prefill(&ctx, req, &resp).ok());
+    absorb(resp);
+  }
+  // Steps in pairs, the successor sent first. Step k gives request 1 its token k + 1 (it ends in
+  // step 4) and request 2 its token k + 1 (it ends in step 11).
+  auto [s1, r1] = decode(1, 1, std::nullopt);
+  ASSERT_TRUE(s1.ok()) << s1.error_message();
+  absorb(r1);
+  EXPECT_EQ(r1.queue_ns(), 0u);
+  for (uint64_t step = 2; step + 1 <= 9; step += 2) {
+    // Step 5 was planned before step 4 ended request 1: its extension for it is dropped.
+    std::vector<std::pair<uint64_t, uint32_t>> ext;
+    if (step + 1 == 5) ext = {{1, 301}};
+    auto later =
+        std::async(std::launch::async, [&, step, ext] { return decode(1, step + 1, step, ext); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto [s, r] = decode(1, step, step - 1);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    auto [sl, rl] = later.get();
+    ASSERT_TRUE(sl.ok()) << sl.error_message();
+    EXPECT_GT(rl.queue_ns(), 0u);  // it waited for its predecessor
+    absorb(r);
+    absorb(rl);
+    EXPECT_EQ(rl.generations_size(), step + 1 < 5 ? 2 : 1) << step + 1;
+  }
+  auto [s10, r10] = decode(1, 10, 9);
+  ASSERT_TRUE(s10.ok()) << s10.error_message();
+  absorb(r10);
+  // Step 11 ends request 2, and batch 1 with it; step 12, planned before that, steps nothing.
+  auto [s11, r11] = decode(1, 11, 10, {{1, 300}});
+  ASSERT_TRUE(s11.ok()) << s11.error_message();
+  absorb(r11);
+  EXPECT_FALSE(r11.has_batch());
+  EXPECT_EQ(tokens[1], greedy(0, 5));
+  EXPECT_EQ(tokens[2], greedy(1, 12));
+  auto [s12, r12] = decode(1, 12, 11);
+  ASSERT_TRUE(s12.ok()) << s12.error_message();
+  EXPECT_EQ(r12.generations_size(), 0);
+  EXPECT_FALSE(r12.has_batch());
+
+  // A failed numbered step: its successor is refused.
+  auto [sf, rf] = decode(777, 20, std::nullopt);
+  EXPECT_EQ(sf.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  auto [sa, ra] = decode(777, 21, 20);
+  EXPECT_EQ(sa.error_code(), grpc::StatusCode::ABORTED) << sa.error_message();
+  EXPECT_NE(sa.error_message().find("failed"), std::string::npos) << sa.error_message();
+  // Another call runs before the step it follows.
+  auto waiting = std::async(std::launch::async, [&] { return decode(1, 31, 30); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    grpc::ClientContext ctx;
+    pb::ClearCacheRequest req;
+    pb::ClearCacheResponse resp;
+    ASSERT_TRUE(stub_->ClearCache(&ctx, req, &resp).ok());
+  }
+  auto [sw, rw] = waiting.get();
+  EXPECT_EQ(sw.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << sw.error_message();
+  EXPECT_NE(sw.error_message().find("another call ran"), std::string::npos) << sw.error_message();
+  // Its predecessor never comes: an error by the deadline, not a hang.
+  const auto start = std::chrono::steady_clock::now();
+  auto [sn, rn] = decode(1, 41, 40, {}, std::chrono::milliseconds(500));
+  EXPECT_FALSE(sn.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // At most four wait at once.
+  {
+    std::vector<std::future<std::pair<grpc::Status, pb::DecodeResponse>>> waiters;
+    for (uint64_t i = 0; i < 4; ++i) {
+      waiters.push_back(std::async(std::launch::async, [&, i] {
+        return decode(1, 60 + i, 1000 + i, {}, std::chrono::milliseconds(1500));
+      }));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto [sx, rx] = decode(1, 70, 2000, {}, std::chrono::milliseconds(1500));
+    EXPECT_EQ(sx.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << sx.error_message();
+    for (auto& w : waiters) EXPECT_FALSE(w.get().first.ok());
+  }
+  // Still serving.
+  {
+    grpc::ClientContext ctx;
+    pb::PrefillRequest req;
+    req.mutable_batch()->set_id(2);
+    *req.mutable_batch()->add_requests() = request(5, 1, 3);
+    req.mutable_batch()->set_size(1);
+    pb::PrefillResponse resp;
+    ASSERT_TRUE(stub_->Prefill(&ctx, req, &resp).ok());
+    auto [sd, rd] = decode(2, 50, std::nullopt);
+    ASSERT_TRUE(sd.ok()) << sd.error_message();
+  }
 }
 
 }  // namespace

@@ -937,9 +937,19 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
   return result;
 }
 
-StatusOr<StepResult> Engine::decode(const std::vector<uint64_t>& batchIds,
-                                    const std::vector<BlockExtension>& extensions) {
+StatusOr<StepResult> Engine::decode(std::vector<uint64_t> batchIds,
+                                    std::vector<BlockExtension> extensions, bool followsStep) {
   if (batchIds.empty()) return invalidArgumentError("no batches to decode");
+  if (followsStep) {
+    // Planned before the step ahead of it ended: what that step finished is gone, batches and
+    // requests alike, and so are their extensions.
+    std::erase_if(batchIds, [&](uint64_t id) { return !batches_.contains(id); });
+    if (batchIds.empty()) return StepResult{};
+    std::set<uint64_t> live;
+    for (uint64_t id : batchIds)
+      for (const auto& r : batches_.at(id)->requests) live.insert(r->spec.id);
+    std::erase_if(extensions, [&](const BlockExtension& e) { return !live.contains(e.requestId); });
+  }
   for (uint64_t id : batchIds) {
     if (!batches_.contains(id))
       return invalidArgumentError("batch " + std::to_string(id) + " not found");

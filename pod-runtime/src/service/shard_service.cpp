@@ -229,6 +229,7 @@ class ShardService final : public pb::ShardService::Service {
   grpc::Status ClearCache(grpc::ServerContext*, const pb::ClearCacheRequest* in,
                           pb::ClearCacheResponse*) override {
     std::lock_guard lock(mutex_);
+    Ran ran(*this);
     engine_.clear(in->has_id() ? std::optional<uint64_t>(in->id()) : std::nullopt);
     return grpc::Status::OK;
   }
@@ -236,6 +237,7 @@ class ShardService final : public pb::ShardService::Service {
   grpc::Status FilterBatch(grpc::ServerContext*, const pb::FilterBatchRequest* in,
                            pb::FilterBatchResponse* out) override {
     std::lock_guard lock(mutex_);
+    Ran ran(*this);
     auto b = engine_.filter(in->batch_id(), {in->request_ids().begin(), in->request_ids().end()});
     if (!b.ok()) return toGrpc(b.status());
     toProto(*b, out->mutable_batch());
@@ -245,6 +247,7 @@ class ShardService final : public pb::ShardService::Service {
   grpc::Status Warmup(grpc::ServerContext*, const pb::WarmupRequest* in,
                       pb::WarmupResponse* out) override {
     std::lock_guard lock(mutex_);
+    Ran ran(*this);
     Watch watch(*this, "Warmup", options_.warmupTimeout);
     auto requests = fromProto(in->batch());
     if (!requests.ok()) return toGrpc(requests.status());
@@ -267,6 +270,7 @@ class ShardService final : public pb::ShardService::Service {
                   int64_t{in->batch().requests_size()} +
                       (in->has_cached_batch() ? int64_t{in->cached_batch().size()} : 0));
     std::lock_guard lock(mutex_);
+    Ran ran(*this);
     Watch watch(*this, "Prefill", options_.stepTimeout);
     std::vector<GenerationResult> refused;
     auto requests = fromProto(in->batch(), &refused);
@@ -296,16 +300,30 @@ class ShardService final : public pb::ShardService::Service {
     int64_t size = 0;
     for (const pb::CachedBatch& b : in->batches()) size += b.size();
     StepSpan span(ctx, "decode", size);
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
+    Clock::duration queued{0};
+    if (in->has_after_step()) {
+      const auto arrived = Clock::now();
+      if (Status s = awaitStep(lock, ctx, in->step(), in->after_step()); !s.ok()) {
+        span.fail(s.message());
+        return toGrpc(s);
+      }
+      queued = Clock::now() - arrived;
+    }
+    Ran ran(*this);
+    if (in->has_step()) ran.step = in->step();
     Watch watch(*this, "Decode", options_.stepTimeout);
     std::vector<uint64_t> ids;
     for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
-    auto s = engine_.decode(ids, fromProto(in->extensions()));
+    auto s = engine_.decode(std::move(ids), fromProto(in->extensions()), in->has_after_step());
     if (!s.ok()) {
+      ran.failed = true;
       span.fail(s.status().message());
       return failed("Decode", s.status());
     }
     toProto(*s, out);
+    out->set_queue_ns(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(queued).count()));
     return grpc::Status::OK;
   }
 
@@ -318,6 +336,63 @@ class ShardService final : public pb::ShardService::Service {
     if (options_.worldSize > 1 && options_.onGroupFailure)
       options_.onGroupFailure(std::string(what) + " failed on this rank: " + s.toString());
     return toGrpc(s);
+  }
+
+  // Marks, under mutex_, the end of a call that changes the engine's batches: a pipelined Decode
+  // (after_step) runs only right after the numbered Decode it follows.
+  struct Ran {
+    explicit Ran(ShardService& s) : s_(s) {}
+    ~Ran() {
+      s_.lastStep_ = step;
+      s_.lastStepFailed_ = failed;
+      ++s_.calls_;
+      s_.stepCv_.notify_all();
+    }
+    Ran(const Ran&) = delete;
+    Ran& operator=(const Ran&) = delete;
+    std::optional<uint64_t> step;  // a numbered Decode
+    bool failed = false;
+
+   private:
+    ShardService& s_;
+  };
+
+  // Waits (releasing `lock`) until Decode `after` has run, when it has not just run. OK when it was
+  // the last call and succeeded; ABORTED when it failed; FAILED_PRECONDITION when another call
+  // ran first or it did not come within the client's deadline (at most 10 minutes; no wait for a
+  // call made in process, without a context); RESOURCE_EXHAUSTED when kMaxWaiting calls wait
+  // already (a router has one in flight per rank).
+  static constexpr int kMaxWaiting = 4;
+  Status awaitStep(std::unique_lock<std::mutex>& lock, const grpc::ServerContext* ctx,
+                   uint64_t step, uint64_t after) {
+    const std::string self = "pipelined Decode " + std::to_string(step);
+    if (lastStep_ != after) {
+      if (waiting_ >= kMaxWaiting) {
+        return resourceExhaustedError(self + ": " + std::to_string(waiting_) +
+                                      " pipelined Decode calls wait already");
+      }
+      const uint64_t seen = calls_;
+      const auto now = std::chrono::system_clock::now();
+      const auto limit = ctx ? std::min(ctx->deadline(), now + std::chrono::minutes(10)) : now;
+      ++waiting_;
+      while (calls_ == seen) {
+        if ((ctx && ctx->IsCancelled()) || std::chrono::system_clock::now() >= limit) {
+          --waiting_;
+          return failedPreconditionError(self + ": Decode " + std::to_string(after) +
+                                         ", which it follows, did not run before its deadline");
+        }
+        stepCv_.wait_for(lock, std::chrono::milliseconds(50));
+      }
+      --waiting_;
+      if (lastStep_ != after) {
+        return failedPreconditionError(self + ": another call ran before Decode " +
+                                       std::to_string(after) + ", which it follows");
+      }
+    }
+    if (lastStepFailed_)
+      return abortedError(self + ": Decode " + std::to_string(after) +
+                          ", which it follows, failed");
+    return okStatus();
   }
 
   // Arms the watchdog for one engine call (calls are serialised by mutex_).
@@ -378,6 +453,13 @@ class ShardService final : public pb::ShardService::Service {
   const Model& model_;
   ShardServiceOptions options_;
   std::mutex mutex_;
+  // Under mutex_: the numbered Decode that ran last (none when another call did), whether it
+  // failed, and calls run so far.
+  std::optional<uint64_t> lastStep_;
+  bool lastStepFailed_ = false;
+  uint64_t calls_ = 0;
+  int waiting_ = 0;  // pipelined Decode calls waiting for theirs
+  std::condition_variable stepCv_;
   std::mutex watchMu_;
   std::condition_variable watchCv_;
   std::thread watchdog_;

@@ -59,11 +59,14 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
       {"tgi_batch_filter_duration", "Time of a FilterBatch call, in seconds"},
       {"textgen_batch_host_duration",
        "Router time on the critical path between a step's answer and the next step's call "
-       "(delivering tokens, filtering, planning; a pipelined decode is sent before its "
-       "predecessor's tokens are delivered), in seconds"},
+       "(delivering tokens, filtering, planning; a decode sent while the step before it runs "
+       "puts none there and is not counted), in seconds"},
+      {"textgen_batch_router_duration",
+       "Router work per decode step (planning the next step, delivering this one's tokens), "
+       "whether or not the shards wait on it, in seconds"},
       {"textgen_batch_transport_duration",
-       "Time of a Prefill or Decode call beyond the shard's own total (gRPC, protobuf), in "
-       "seconds"},
+       "Time of a Prefill or Decode call beyond the shard's own total and its wait there for the "
+       "step before it (gRPC, protobuf), in seconds"},
   };
   for (const auto& [name, help] : durations) metrics_.describe(name, help, duration);
   metrics_.describe("tgi_request_input_length", "Prompt length of a request, in tokens",

@@ -113,6 +113,7 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
       a.shardBlocks = static_cast<uint32_t>(e.blocks.blocks.size());
       a.admitted = ++admissions_;
       a.generatedBefore = e.entry.generated;
+      a.maxNewTokens = v.maxNewTokens;
       a.trace = v.trace;
       if (queue_.growing()) {
         a.request = v;
@@ -204,8 +205,8 @@ void Batcher::preempt(uint64_t id) {
 }
 
 std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBatch>& batch,
-                                                         const StepOutput* pending,
-                                                         bool mayPreempt) {
+                                                         const StepOutput* pending, bool mayPreempt,
+                                                         bool stepAhead) {
   std::vector<BlockExtension> extensions;
   preempted_ = false;
   if (!queue_.growing() || !batch) return extensions;
@@ -221,7 +222,13 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
       if (it == active_.end() || it->second.tokens.empty()) continue;  // gone, or never grows
       Active& a = it->second;
       // The next step writes the position of its last token: the prompt's last while prefilling.
-      const auto need = static_cast<uint32_t>(a.tokens.size()) + more[id];
+      auto need = static_cast<uint32_t>(a.tokens.size()) + more[id];
+      if (stepAhead && a.maxNewTokens > 0) {
+        // After the step in flight: one more token, unless that step gives it its last.
+        const uint32_t most = a.promptLen - a.generatedBefore + a.maxNewTokens - 1;
+        if (need + 1 > most) continue;
+        ++need;
+      }
       while (!allocator_.extend(a.blocks, need)) {
         if (!mayPreempt) return std::nullopt;
         // The newest request of the batch gives its blocks back; perhaps this one.
@@ -446,28 +453,35 @@ std::optional<tracing::SpanData> Batcher::stepSpan(const char* method,
 }
 
 StatusOr<StepOutput> Batcher::call(const char* method, std::optional<tracing::SpanData> span,
-                                   const std::function<StatusOr<StepOutput>()>& rpc) {
+                                   const std::function<StatusOr<StepOutput>()>& rpc, bool queued) {
   using Seconds = std::chrono::duration<double>;
-  const auto start = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   const Labels m{{"method", method}};
-  if (metrics_ && lastStepEnd_)
+  const int64_t lastEnd = lastStepEndNs_.load();
+  if (metrics_ && !queued && lastEnd != 0) {
+    const auto gap = start.time_since_epoch() - std::chrono::nanoseconds(lastEnd);
     metrics_->histogramObserve("textgen_batch_host_duration",
-                               Seconds(start - *lastStepEnd_).count(), m);
+                               Seconds(std::max(gap, gap.zero())).count(), m);
+  }
   if (span) span->startUnixNs = tracing::unixNanos();
   StatusOr<StepOutput> out = [&] {
     tracing::ScopedContext scope(span ? std::optional(span->context) : std::nullopt);
     return rpc();
   }();
-  lastStepEnd_ = std::chrono::steady_clock::now();
+  const auto end = Clock::now();
+  lastStepEndNs_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count());
   if (span) {
     span->endUnixNs = tracing::unixNanos();
     if (!out.ok()) span->error = out.status().message();
     tracing::record(std::move(*span));
   }
   if (metrics_ && out.ok()) {
-    const auto wall = *lastStepEnd_ - start;
+    const auto beyond =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end - start) - out->total - out->queue;
     metrics_->histogramObserve("textgen_batch_transport_duration",
-                               Seconds(std::max(wall - out->total, wall.zero())).count(), m);
+                               Seconds(std::max(beyond, beyond.zero())).count(), m);
   }
   return out;
 }
@@ -480,6 +494,44 @@ bool Batcher::pipelinable(const StatusOr<StepOutput>& out) {
   }
   std::lock_guard lock(mutex_);
   return queue_.empty();
+}
+
+bool Batcher::mayStepAhead(const std::optional<CachedBatch>& running) {
+  if (!options_.pipelineDecode || !options_.stepAhead || options_.speculate > 0 || !running ||
+      stop_ || running->currentTokens != running->requestIds.size())
+    return false;
+  bool goesOn = false;
+  for (uint64_t id : running->requestIds) {
+    auto it = active_.find(id);
+    if (it == active_.end() || (it->second.control && it->second.control->cancelled)) return false;
+    const Active& a = it->second;
+    // Ends by max_new_tokens in the step in flight: its next token is that step's.
+    goesOn |= a.tokens.empty() || a.maxNewTokens == 0 ||
+              a.tokens.size() + 1 < size_t{a.promptLen} - a.generatedBefore + a.maxNewTokens;
+  }
+  if (!goesOn) return false;
+  std::lock_guard lock(mutex_);
+  return queue_.empty();
+}
+
+std::future<StatusOr<StepOutput>> Batcher::launchDecode(const CachedBatch& batch,
+                                                        std::vector<BlockExtension> extensions,
+                                                        DecodeOrder order) {
+  auto work = [this, batch, extensions = std::move(extensions), order,
+               span = stepSpan("decode", batch.requestIds)]() mutable {
+    return call(
+        "decode", std::move(span), [&] { return shards_.decode({batch}, extensions, order); },
+        /*queued=*/order.after.has_value());
+  };
+  try {
+    return std::async(std::launch::async, std::move(work));
+  } catch (const std::system_error& e) {  // no thread
+    spdlog::warn("pipelined decode: {}; stepping without it", e.what());
+    if (order.after) return {};
+    std::promise<StatusOr<StepOutput>> done;
+    done.set_value(work());
+    return done.get_future();
+  }
 }
 
 void Batcher::run() {
@@ -572,40 +624,79 @@ void Batcher::run() {
           }
         }
       }
-      // Decode steps, pipelined while nothing waits to join: step N+1 goes to the shards before
-      // step N's tokens are delivered, so streaming, publishing and freeing finished requests
-      // happen while the shards compute (vLLM's asynchronous scheduling). A client that leaves
-      // meanwhile is filtered out after the step in flight, which computes one token it discards.
-      StatusOr<StepOutput> out = call("decode", stepSpan("decode", cached->requestIds),
-                                      [&] { return shards_.decode({*cached}, extensions); });
+      // Decode steps, pipelined while nothing waits to join (vLLM's asynchronous scheduling):
+      // step N+1 goes to the shards while step N still runs there, numbered to run right after it
+      // (DecodeOrder), so that neither delivering N's tokens, nor planning, nor transport sits
+      // between the two on the GPU. A client that leaves meanwhile is filtered out after the
+      // steps in flight, which compute tokens it discards. When N+1 cannot be planned before N
+      // returns (speculation, prompt chunks in the batch), it is still sent before N's tokens are
+      // delivered.
+      using Clock = std::chrono::steady_clock;
+      std::optional<CachedBatch> running = cached;  // the batch the step in flight runs
+      uint64_t inflightStep = ++decodeSteps_;
+      std::future<StatusOr<StepOutput>> inflight =
+          launchDecode(*running, std::move(extensions), {inflightStep, std::nullopt});
       while (true) {
+        const auto planStart = Clock::now();
         std::future<StatusOr<StepOutput>> next;
-        std::optional<std::vector<BlockExtension>> grown;
-        if (pipelinable(out)) {
-          std::optional<CachedBatch> b = out->batch;
-          grown = grow(b, &*out, /*mayPreempt=*/false);  // else absorb first, then preempt
-        }
-        if (grown) {
-          try {
-            next =
-                std::async(std::launch::async, [this, b = *out->batch, ext = *grown,
-                                                span = stepSpan("decode", out->batch->requestIds)] {
-                  return call("decode", span, [&] { return shards_.decode({b}, ext); });
-                });
-          } catch (const std::system_error& e) {  // no thread: this step goes unpipelined
-            spdlog::warn("pipelined decode: {}; stepping without it", e.what());
-            for (const BlockExtension& x : *grown)
-              active_[x.requestId].shardBlocks -= static_cast<uint32_t>(x.blocks.size());
+        // Undoes what grow() told the shards of, when a step planned with it is not sent.
+        auto unsent = [&](const std::vector<BlockExtension>& grown) {
+          for (const BlockExtension& x : grown)
+            active_[x.requestId].shardBlocks -= static_cast<uint32_t>(x.blocks.size());
+        };
+        if (mayStepAhead(running)) {
+          std::optional<CachedBatch> b = running;
+          if (std::optional<std::vector<BlockExtension>> grown =
+                  grow(b, nullptr, /*mayPreempt=*/false, /*stepAhead=*/true)) {
+            const uint64_t step = ++decodeSteps_;
+            next = launchDecode(*b, *grown, {step, inflightStep});
+            if (next.valid()) {
+              inflightStep = step;
+            } else {
+              unsent(*grown);
+            }
           }
         }
+        const auto planned = Clock::now();
+        StatusOr<StepOutput> out = inflight.get();
+        if (!out.ok() && next.valid()) {
+          (void)next.get();  // it follows a failed step: the shards refuse it
+          next = {};
+        }
+        auto planMore = Clock::duration::zero();
+        if (!next.valid() && pipelinable(out)) {  // too late to run ahead: sent before delivery
+          const auto start = Clock::now();
+          std::optional<CachedBatch> b = out->batch;
+          if (std::optional<std::vector<BlockExtension>> grown =
+                  grow(b, &*out, /*mayPreempt=*/false)) {
+            inflightStep = ++decodeSteps_;
+            next = launchDecode(*b, *grown, {inflightStep, std::nullopt});
+            if (!next.valid()) unsent(*grown);
+          }
+          planMore = Clock::now() - start;
+        }
+        const auto absorbStart = Clock::now();
         cached = absorb(std::move(out), "decode", /*mayFilter=*/!next.valid());
         ++waitingTokens;
+        if (metrics_) {
+          const auto work = (planned - planStart) + planMore + (Clock::now() - absorbStart);
+          metrics_->histogramObserve("textgen_batch_router_duration",
+                                     std::chrono::duration<double>(work).count(),
+                                     {{"method", "decode"}});
+        }
         if (!next.valid()) break;
+        if (!cached) {
+          // The step ahead followed one that ended every request: it stepped nothing.
+          StatusOr<StepOutput> rest = next.get();
+          if (!rest.ok()) (void)absorb(std::move(rest), "decode");
+          break;
+        }
         gauges();  // the batch as the step in flight runs it
-        out = next.get();
+        running = cached;
+        inflight = std::move(next);
       }
     }
-    lastStepEnd_.reset();  // idle: the wait for the next request is not host time
+    lastStepEndNs_.store(0);  // idle: the wait for the next request is not host time
     if (metrics_) {
       metrics_->gaugeSet("tgi_batch_current_size", 0);
       metrics_->gaugeSet("tgi_batch_current_max_tokens", 0);

@@ -203,19 +203,27 @@ class GrpcShardGroup final : public ShardGroup {
   }
 
   StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches,
-                              const std::vector<BlockExtension>& extensions) override {
+                              const std::vector<BlockExtension>& extensions,
+                              const DecodeOrder& order) override {
     pb::DecodeRequest req;
     for (const CachedBatch& b : batches) toProto(b, req.add_batches());
     toProto(extensions, req.mutable_extensions());
+    if (order.step) req.set_step(*order.step);
+    if (order.after) req.set_after_step(*order.after);
     pb::DecodeResponse r;
     // The rows the step computes: one per request, more for a request still prefilling in chunks
     // (its next chunk runs in this Decode).
     uint64_t tokens = 0;
     for (const CachedBatch& b : batches)
       tokens += std::max<uint64_t>(b.currentTokens, b.requestIds.size());
-    TG_RETURN_IF_ERROR(
-        fanOut(&pb::ShardService::Stub::Decode, req, &r, "Decode", stepDeadline(tokens)));
-    return stepFromProto(r);
+    // A pipelined step may wait for its predecessor, about as large, before it runs.
+    if (order.after) tokens *= 2;
+    Deadline deadline = stepDeadline(tokens);
+    if (order.after) deadline += deadlines_.step;
+    TG_RETURN_IF_ERROR(fanOut(&pb::ShardService::Stub::Decode, req, &r, "Decode", deadline));
+    StepOutput out = stepFromProto(r);
+    out.queue = std::chrono::nanoseconds(r.queue_ns());
+    return out;
   }
 
   StatusOr<CachedBatch> filter(uint64_t batchId, const std::vector<uint64_t>& keep) override {

@@ -48,6 +48,7 @@ class FakeShards final : public ShardGroup {
   Status health() override { return okStatus(); }
   Status clearCache(std::optional<uint64_t> id) override {
     std::lock_guard lock(mu_);
+    ranOther();
     if (id) {
       if (auto it = batches_.find(*id); it != batches_.end()) {
         for (const Req& r : it->second) reads_.erase(r.id);
@@ -69,6 +70,7 @@ class FakeShards final : public ShardGroup {
     if (gate.valid()) gate.wait();
     ++prefills;
     std::lock_guard lock(mu_);
+    ranOther();
     std::vector<Req> reqs;
     if (cached) {
       reqs = std::move(batches_.at(cached->id));
@@ -109,27 +111,79 @@ class FakeShards final : public ShardGroup {
     return out;
   }
   StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches,
-                              const std::vector<BlockExtension>& extensions) override {
+                              const std::vector<BlockExtension>& extensions,
+                              const DecodeOrder& order) override {
     ++decodes;
+    std::unique_lock lock(mu_);
+    // A pipelined step runs right after the one it follows, as the shard service orders them
+    // (whichever call arrives first); it must not find another call run in between.
+    if (order.after) {
+      ++pipelined;
+      if (lastStep_ != order.after) {
+        const uint64_t seen = calls_;
+        if (!stepCv_.wait_for(lock, std::chrono::seconds(5), [&] { return calls_ != seen; }) ||
+            lastStep_ != order.after) {
+          ++orderViolations;
+          return failedPreconditionError("out of order");
+        }
+      }
+      if (lastFailed_) return abortedError("the step before failed");
+    }
+    const int running = ++inFlight;
+    maxInFlight = std::max(maxInFlight.load(), running);
+    struct Ran {
+      FakeShards& s;
+      std::optional<uint64_t> step;
+      bool failed = false;
+      ~Ran() {
+        --s.inFlight;
+        s.lastStep_ = step;
+        s.lastFailed_ = failed;
+        ++s.calls_;
+        s.stepCv_.notify_all();
+      }
+    } ran{*this, order.step};
+    if (stepDelay.count() > 0) {  // the step "runs" while the router plans the next one
+      lock.unlock();
+      std::this_thread::sleep_for(stepDelay);
+      lock.lock();
+    }
     if (failDecodes > 0) {
       --failDecodes;
-      std::lock_guard lock(mu_);
       clearedKv_ = true;
+      ran.failed = true;
       return unavailableError("shard 0 died");
     }
-    std::lock_guard lock(mu_);
     std::vector<Req> reqs;
     for (const CachedBatch& b : batches) {
+      auto it = batches_.find(b.id);
+      if (it == batches_.end() && order.after) continue;  // the step before ended it
       auto& part = batches_.at(b.id);
       reqs.insert(reqs.end(), part.begin(), part.end());
       batches_.erase(b.id);
     }
-    if (Status s = extend(reqs, extensions); !s.ok()) return s;
-    return step(batches[0].id, std::move(reqs));
+    if (reqs.empty() && order.after) {
+      ++emptySteps;
+      return StepOutput{};
+    }
+    if (Status s = extend(reqs, extensions, order.after.has_value()); !s.ok()) {
+      ran.failed = true;
+      return s;
+    }
+    StepOutput out = step(batches[0].id, std::move(reqs));
+    emptySteps += out.generations.empty();
+    return out;
   }
+  // Decode steps that stepped nothing (a pipelined one after the step that ended its batch).
+  std::atomic<int> emptySteps{0};
+  // Decode calls that followed another, calls that found another call run first, and the most
+  // decode steps running at once (the fake's step lasts `stepDelay`).
+  std::atomic<int> pipelined{0}, orderViolations{0}, inFlight{0}, maxInFlight{0};
+  std::chrono::microseconds stepDelay{0};
   StatusOr<CachedBatch> filter(uint64_t id, const std::vector<uint64_t>& keep) override {
     ++filters;
     std::lock_guard lock(mu_);
+    ranOther();
     auto& reqs = batches_.at(id);
     std::erase_if(reqs, [&](const Req& r) {
       if (std::find(keep.begin(), keep.end(), r.id) != keep.end()) return false;
@@ -163,11 +217,20 @@ class FakeShards final : public ShardGroup {
     }
     return b;
   }
+  // A call other than a numbered Decode ran (under mu_): a pipelined step waiting for its
+  // predecessor sees it out of order.
+  void ranOther() {
+    lastStep_.reset();
+    ++calls_;
+    stepCv_.notify_all();
+  }
   // Appends blocks to the named requests of `reqs`, as the real engine does.
-  Status extend(std::vector<Req>& reqs, const std::vector<BlockExtension>& extensions) {
+  Status extend(std::vector<Req>& reqs, const std::vector<BlockExtension>& extensions,
+                bool followsStep = false) {
     for (const BlockExtension& e : extensions) {
       auto it =
           std::find_if(reqs.begin(), reqs.end(), [&](const Req& r) { return r.id == e.requestId; });
+      if (it == reqs.end() && followsStep) continue;  // it finished in the step before
       if (it == reqs.end()) return invalidArgumentError("extension for a request not in the batch");
       it->blocks.insert(it->blocks.end(), e.blocks.begin(), e.blocks.end());
       ++extensionsSeen;
@@ -234,6 +297,10 @@ class FakeShards final : public ShardGroup {
     return out;
   }
   std::mutex mu_;
+  std::condition_variable stepCv_;
+  std::optional<uint64_t> lastStep_;  // the numbered Decode that ran last (as the shard keeps it)
+  bool lastFailed_ = false;
+  uint64_t calls_ = 0;
   std::map<uint64_t, std::vector<Req>> batches_;
   std::map<uint32_t, uint32_t> kv_;               // slot -> token written there
   std::map<uint64_t, std::set<uint32_t>> reads_;  // live request -> blocks of its cached prefix
@@ -759,6 +826,95 @@ TEST(BatcherPipelineTest, TheNextDecodeIsSentBeforeATokenIsDelivered) {
     EXPECT_EQ(shards.decodes.load(), 9);  // no step beyond the last token
     EXPECT_EQ(b.freeBlocks(), 63u);
   }
+}
+
+// With steps that take a while on the shards, each decode goes out while the one before it still
+// runs there, numbered to follow it: the shards never find another call between the two, every
+// stream gets exactly its tokens (requests of several lengths end in steps that already have a
+// successor in flight; one client leaves mid-stream), no write lands outside its request's blocks,
+// no step runs past the last token, and every block comes back. The router's own work per step
+// is measured.
+TEST(BatcherPipelineTest, DecodesGoOutWhileTheStepBeforeRuns) {
+  for (bool caching : {false, true}) {
+    SCOPED_TRACE(caching);
+    FakeShards shards;
+    shards.stepDelay = std::chrono::milliseconds(2);
+    MetricsRegistry metrics;
+    BatcherOptions o = options(64, /*chunking=*/true);
+    o.prefixCaching = caching;
+    Batcher b(shards, o, &metrics);
+    std::promise<void> open;
+    shards.gate = open.get_future().share();
+    std::vector<std::shared_ptr<Collector>> sinks;
+    const std::vector<uint32_t> lengths = {9, 3, 14, 6, 1, 11};
+    auto leaver = std::make_shared<RequestControl>();
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      sinks.push_back(std::make_shared<Collector>());
+      auto control = i == 2 ? leaver : std::make_shared<RequestControl>();
+      if (i == 2) sinks.back()->onToken = [&](size_t n) { leaver->cancelled = n == 5; };
+      b.submit(i + 1, prompted(iota(static_cast<uint32_t>(i) * 100, 5), lengths[i]), control,
+               sinks.back());
+    }
+    open.set_value();
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      ASSERT_TRUE(sinks[i]->wait());
+      if (i == 2) {
+        EXPECT_EQ(sinks[i]->error->code(), StatusCode::kCancelled);
+        continue;
+      }
+      EXPECT_FALSE(sinks[i]->error.has_value()) << sinks[i]->error->message();
+      EXPECT_EQ(sinks[i]->tokens, expected(i + 1, lengths[i])) << i;
+    }
+    EXPECT_GT(shards.pipelined.load(), 5);
+    EXPECT_EQ(shards.orderViolations.load(), 0);
+    EXPECT_EQ(shards.maxInFlight.load(), 1);
+    EXPECT_EQ(shards.missingBlocks.load(), 0);
+    EXPECT_EQ(shards.foreignWrites.load(), 0);
+    EXPECT_EQ(shards.kvMismatches.load(), 0);
+    EXPECT_EQ(shards.emptySteps.load(), 0);  // none past the last token
+    EXPECT_EQ(b.load(), 0u);
+    EXPECT_EQ(b.freeBlocks(), 63u);
+    // Observed once a step's delivery is done, after the last client heard its last token.
+    const std::string want = "textgen_batch_router_duration_count{method=\"decode\"} " +
+                             std::to_string(shards.decodes.load()) + "\n";
+    std::string text = metrics.render();
+    for (int i = 0; i < 200 && text.find(want) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      text = metrics.render();
+    }
+    EXPECT_NE(text.find(want), std::string::npos) << text;
+  }
+}
+
+// A step that fails while its successor is already on the shards: the successor is refused
+// there (it follows a failed step), every running request fails once, and the replica serves the
+// next request after recovery.
+TEST(BatcherPipelineTest, AStepAheadOfAFailedOneIsRefusedAndTheReplicaRecovers) {
+  FakeShards shards;
+  shards.stepDelay = std::chrono::milliseconds(1);
+  BatcherOptions o = options(64);
+  int recoveries = 0;
+  o.recover = [&] {
+    ++recoveries;
+    return shards.clearCache(std::nullopt);
+  };
+  Batcher b(shards, o, nullptr);
+  auto first = std::make_shared<Collector>();
+  first->onToken = [&](size_t n) {
+    if (n == 4) shards.failDecodes = 1;
+  };
+  b.submit(1, request(4, 20), std::make_shared<RequestControl>(), first);
+  ASSERT_TRUE(first->wait());
+  ASSERT_TRUE(first->error.has_value());
+  EXPECT_EQ(first->error->code(), StatusCode::kInternal);
+  EXPECT_EQ(shards.orderViolations.load(), 0);
+  auto second = std::make_shared<Collector>();
+  b.submit(2, request(4, 6), std::make_shared<RequestControl>(), second);
+  ASSERT_TRUE(second->wait());
+  EXPECT_FALSE(second->error.has_value());
+  EXPECT_EQ(second->tokens, expected(2, 6));
+  EXPECT_EQ(recoveries, 1);
+  EXPECT_EQ(b.freeBlocks(), 63u);
 }
 
 // Blocks grow with each request; when they run out, the newest running request is preempted,

@@ -154,8 +154,12 @@ class Engine {
   StatusOr<StepResult> prefill(uint64_t batchId, std::vector<RequestSpec> requests,
                                std::optional<uint64_t> cachedBatchId,
                                const std::vector<BlockExtension>& extensions = {});
-  StatusOr<StepResult> decode(const std::vector<uint64_t>& batchIds,
-                              const std::vector<BlockExtension>& extensions = {});
+  // `followsStep`: the call was planned while the step before it ran (a pipelined Decode), so
+  // batches and requests that step finished are skipped, with their extensions; with nothing left
+  // it steps nothing.
+  StatusOr<StepResult> decode(std::vector<uint64_t> batchIds,
+                              std::vector<BlockExtension> extensions = {},
+                              bool followsStep = false);
   StatusOr<BatchInfo> filter(uint64_t batchId, const std::vector<uint64_t>& keep);
   void clear(std::optional<uint64_t> batchId);
 

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,8 +63,11 @@ struct BatcherOptions {
   uint32_t speculate = 0;
   // Reuse cached prompt prefixes (cache_len); only when the shards honour it.
   bool prefixCaching = false;
-  // Send each decode step before delivering the previous one's tokens (while nothing waits).
+  // Send each decode step while the one before it still runs on the shards (while nothing waits
+  // in the queue), or at least before delivering its tokens.
   bool pipelineDecode = true;
+  // With pipelineDecode: send it while the step before it runs, when it can be planned then.
+  bool stepAhead = true;
   // Give a request blocks for its prompt and extend them as it generates, preempting the most
   // recently admitted requests when blocks run out (vLLM); they are recomputed from their prompt
   // and the tokens generated so far. Only with chunking (a resumed input may exceed the prefill
@@ -111,6 +115,7 @@ class Batcher {
     uint32_t shardBlocks = 0;  // leading blocks of the table the shards know
     uint64_t admitted = 0;     // admission order: the newest is preempted first
     uint32_t generatedBefore = 0;  // tokens generated before its last preemption
+    uint32_t maxNewTokens = 0;     // its max_new_tokens, over every admission
     ValidRequest request;          // its parameters, to queue it again (inputIds moved to tokens)
     std::optional<tracing::SpanContext> trace;  // its infer span, when traced
   };
@@ -120,9 +125,19 @@ class Batcher {
   // previous step returned (textgen_batch_host_duration: delivering tokens, filtering, planning)
   // and the call's time beyond the shard's own total (textgen_batch_transport_duration: gRPC,
   // protobuf). With a span (stepSpan), the call is traced: the span's context travels to the
-  // shards in the calls' metadata.
+  // shards in the calls' metadata. A `queued` call (sent while the step before it runs) puts no
+  // host time between steps; its wait on the shards is not transport.
   StatusOr<StepOutput> call(const char* method, std::optional<tracing::SpanData> span,
-                            const std::function<StatusOr<StepOutput>()>& rpc);
+                            const std::function<StatusOr<StepOutput>()>& rpc, bool queued = false);
+  // Sends a Decode of `batch` on a thread of its own. An invalid future when no thread can be had
+  // for a pipelined one (order.after); an unpipelined one then runs on this thread.
+  std::future<StatusOr<StepOutput>> launchDecode(const CachedBatch& batch,
+                                                 std::vector<BlockExtension> extensions,
+                                                 DecodeOrder order);
+  // Whether the decode after the one in flight over `running` (as absorb() left it) can be sent
+  // now, before that step returns: every request of it decodes one row and is still wanted, one at
+  // least goes on past the step in flight, nobody waits in the queue, no speculation.
+  bool mayStepAhead(const std::optional<CachedBatch>& running);
   // The span of a step over these requests when one of them is traced: a child of the first
   // traced request's infer span, linked to the others', carrying the batch size. On the batcher's
   // thread (it reads active_).
@@ -144,8 +159,11 @@ class Batcher {
   // had are taken from the most recently admitted requests of the batch: they are filtered out and
   // go back to the queue's head (nullopt batch when none is left). Without, nullopt when blocks
   // run short. Empty when blocks do not grow.
+  // With `stepAhead`, a step of one token per request is still running: the blocks are those of
+  // the step after it (none for a request that it ends by max_new_tokens).
   std::optional<std::vector<BlockExtension>> grow(std::optional<CachedBatch>& batch,
-                                                  const StepOutput* pending, bool mayPreempt);
+                                                  const StepOutput* pending, bool mayPreempt,
+                                                  bool stepAhead = false);
   // Frees a running request's blocks (offering what it wrote to the prefix cache) and queues it
   // again at the head with its tokens so far as its prompt. Under mutex_.
   void preempt(uint64_t id);
@@ -175,9 +193,10 @@ class Batcher {
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};
   uint64_t nextBatchId_ = 1;
-  // When the last step returned; written by whichever thread ran it (the batching thread, or a
-  // pipelined step's), one step at a time.
-  std::optional<std::chrono::steady_clock::time_point> lastStepEnd_;
+  // When the last step returned (steady-clock nanoseconds; 0: idle since); written by whichever
+  // thread ran it (the batching thread, or a pipelined step's).
+  std::atomic<int64_t> lastStepEndNs_{0};
+  uint64_t decodeSteps_ = 0;  // Decode calls numbered so far (DecodeOrder)
   std::thread thread_;
 };
 

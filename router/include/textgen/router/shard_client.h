@@ -71,6 +71,16 @@ struct StepOutput {
   std::optional<CachedBatch> batch;
   std::chrono::nanoseconds forward{0}, decode{0}, total{0};
   std::optional<std::chrono::nanoseconds> concat;
+  // A pipelined Decode's wait on the shard for the step it follows.
+  std::chrono::nanoseconds queue{0};
+};
+
+// A Decode's place in the router's sequence of steps (DecodeRequest's step and after_step): a
+// pipelined one runs on the shards right after step `after`, which is still running or in flight
+// when it is sent.
+struct DecodeOrder {
+  std::optional<uint64_t> step;
+  std::optional<uint64_t> after;
 };
 
 // Blocks appended to a running request's table before a step (Prefill's cached batch or Decode).
@@ -101,7 +111,8 @@ class ShardGroup {
                                        const std::optional<CachedBatch>& cached,
                                        const std::vector<BlockExtension>& extensions = {}) = 0;
   virtual StatusOr<StepOutput> decode(const std::vector<CachedBatch>& batches,
-                                      const std::vector<BlockExtension>& extensions = {}) = 0;
+                                      const std::vector<BlockExtension>& extensions = {},
+                                      const DecodeOrder& order = {}) = 0;
   virtual StatusOr<CachedBatch> filter(uint64_t batchId, const std::vector<uint64_t>& keep) = 0;
   // Every rank's address, rank 0 first.
   virtual const std::vector<std::string>& urls() const = 0;
