@@ -269,7 +269,8 @@ class Prompter:
 STEP_HISTOGRAMS = (
     ("forward", "tgi_batch_forward_duration"),      # the shard's forward pass
     ("shard_total", "tgi_batch_inference_duration"),  # the shard's whole call (forward, sampling, text)
-    ("router_work", "textgen_batch_router_duration"),  # the router's planning + delivery, overlapped or not
+    ("router_work", "textgen_batch_router_duration"),  # the batching thread's planning + bookkeeping
+    ("delivery", "textgen_batch_delivery_duration"),  # the delivery thread: SSE events to the clients
     ("host_gap", "textgen_batch_host_duration"),     # router time between a step's answer and the next call
     ("transport", "textgen_batch_transport_duration"),  # a call beyond the shard's total and its queueing
 )

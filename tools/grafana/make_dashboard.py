@@ -84,6 +84,8 @@ PANELS = [
     panel("Token decode", quantiles("tgi_batch_decode_duration", 'method="decode"'), "s"),
     panel("Filter batch", quantiles("tgi_batch_filter_duration", 'method="decode"'), "s"),
     panel("Router host time per step", quantiles("textgen_batch_host_duration", 'method="decode"'), "s"),
+    panel("Router work per step", quantiles("textgen_batch_router_duration", 'method="decode"'), "s"),
+    panel("Token delivery per step", quantiles("textgen_batch_delivery_duration", 'method="decode"'), "s"),
     panel("Transport time per call", quantiles("textgen_batch_transport_duration", 'method="decode"'), "s"),
 ]
 

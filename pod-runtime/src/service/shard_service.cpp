@@ -300,10 +300,11 @@ class ShardService final : public pb::ShardService::Service {
     int64_t size = 0;
     for (const pb::CachedBatch& b : in->batches()) size += b.size();
     StepSpan span(ctx, "decode", size);
+    // A pipelined call usually waits here, while the step it follows holds the engine.
+    const auto arrived = Clock::now();
     std::unique_lock lock(mutex_);
     Clock::duration queued{0};
     if (in->has_after_step()) {
-      const auto arrived = Clock::now();
       if (Status s = awaitStep(lock, ctx, in->step(), in->after_step()); !s.ok()) {
         span.fail(s.message());
         return toGrpc(s);

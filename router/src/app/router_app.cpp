@@ -62,8 +62,11 @@ RouterApp::RouterApp(RouterOptions options, const tokenizer::Tokenizer& tokenize
        "(delivering tokens, filtering, planning; a decode sent while the step before it runs "
        "puts none there and is not counted), in seconds"},
       {"textgen_batch_router_duration",
-       "Router work per decode step (planning the next step, delivering this one's tokens), "
-       "whether or not the shards wait on it, in seconds"},
+       "The batching thread's work per decode step (planning the next step, this one's "
+       "bookkeeping), whether or not the shards wait on it, in seconds"},
+      {"textgen_batch_delivery_duration",
+       "Time the delivery thread takes to hand one step's tokens to their clients (SSE events), "
+       "off the batching thread, in seconds"},
       {"textgen_batch_transport_duration",
        "Time of a Prefill or Decode call beyond the shard's own total and its wait there for the "
        "step before it (gRPC, protobuf), in seconds"},

@@ -18,6 +18,7 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
              options.growBlocks && options.supportChunking && !options.encoderDecoder,
              options.encoderDecoder),
       allocator_(options.numBlocks, options.blockSize, options.prefixCaching) {
+  if (options_.deliveryThread) deliverer_ = std::thread([this] { deliverLoop(); });
   thread_ = std::thread([this] { run(); });
 }
 
@@ -29,8 +30,46 @@ Batcher::~Batcher() {
   wake_.notify_all();
   thread_.join();
   failAll(unavailableError("the router is shutting down"));
-  std::lock_guard lock(mutex_);
-  for (auto& [id, sink] : sinks_) sink->onError(unavailableError("the router is shutting down"));
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, sink] : sinks_) {
+      deliver([sink] { sink->onError(unavailableError("the router is shutting down")); });
+    }
+  }
+  {
+    std::lock_guard lock(deliverMu_);
+    deliverStop_ = true;
+  }
+  deliverCv_.notify_all();
+  if (deliverer_.joinable()) deliverer_.join();  // after every queued delivery ran
+}
+
+void Batcher::deliver(std::function<void()> fn) {
+  if (!options_.deliveryThread) {
+    fn();
+    return;
+  }
+  std::unique_lock lock(deliverMu_);
+  // Bounded: when clients' callbacks fall this far behind, stepping waits for them.
+  deliverRoom_.wait(lock, [&] { return deliveries_.size() < kMaxDeliveries; });
+  deliveries_.push_back(std::move(fn));
+  lock.unlock();
+  deliverCv_.notify_one();
+}
+
+void Batcher::deliverLoop() {
+  std::unique_lock lock(deliverMu_);
+  while (true) {
+    deliverCv_.wait(lock, [&] { return deliverStop_ || !deliveries_.empty(); });
+    if (deliveries_.empty()) return;  // stopping, every delivery made
+    std::function<void()> fn = std::move(deliveries_.front());
+    deliveries_.pop_front();
+    lock.unlock();
+    deliverRoom_.notify_one();
+    fn();
+    fn = nullptr;  // the sinks it held go before the lock is taken again
+    lock.lock();
+  }
 }
 
 void Batcher::submit(uint64_t id, ValidRequest request, std::shared_ptr<RequestControl> control,
@@ -132,8 +171,12 @@ std::vector<BatchEntry> Batcher::takeBatch(std::optional<size_t> minSize,
       }
     }
   }
-  for (auto& sink : left) sink->onError(clientLeft());  // the queue counted them as dropped
-  for (auto& [sink, times] : admitted) sink->onAdmitted(times);
+  if (!left.empty() || !admitted.empty()) {
+    deliver([left = std::move(left), admitted = std::move(admitted)] {
+      for (auto& sink : left) sink->onError(clientLeft());  // the queue counted them as dropped
+      for (auto& [sink, times] : admitted) sink->onAdmitted(times);
+    });
+  }
   return batch;
 }
 
@@ -145,7 +188,7 @@ void Batcher::drop(uint64_t id, const Status& why) {
   finish(id);  // the blocks are free before the sink hears
   if (metrics_ && why.code() == StatusCode::kCancelled && !superseded)
     metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
-  sink->onError(why);
+  deliver([sink, why] { sink->onError(why); });
 }
 
 void Batcher::publish(Active& a, size_t written) {
@@ -314,7 +357,11 @@ void Batcher::failAll(const Status& error) {
     cacheGauge();
   }
   active_.clear();
-  for (auto& sink : sinks) sink->onError(error);
+  if (!sinks.empty()) {
+    deliver([sinks = std::move(sinks), error] {
+      for (auto& sink : sinks) sink->onError(error);
+    });
+  }
 }
 
 std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char* method,
@@ -341,14 +388,38 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     metrics_->histogramObserve("tgi_batch_inference_duration",
                                std::chrono::duration<double>(out->total).count(), m);
   }
-  for (const Generation& g : out->generations) {
+  // The step's tokens reach their clients on the delivery thread, in order, after this returns.
+  struct Delivery {
+    std::shared_ptr<ResponseSink> sink;
+    Generation generation;
+    RequestTimes times;
+  };
+  std::vector<Delivery> deliveries;
+  deliveries.reserve(out->generations.size());
+  auto flush = [&] {
+    if (deliveries.empty()) return;
+    deliver([this, deliveries = std::move(deliveries), method] {
+      const auto start = std::chrono::steady_clock::now();
+      for (const Delivery& d : deliveries) d.sink->onGeneration(d.generation, d.times);
+      if (metrics_) {
+        metrics_->histogramObserve(
+            "textgen_batch_delivery_duration",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+            {{"method", method}});
+      }
+    });
+    deliveries.clear();
+  };
+  for (Generation& g : out->generations) {
     auto it = active_.find(g.requestId);
     if (it == active_.end()) continue;
     if (it->second.control && it->second.control->cancelled) {
+      flush();  // what it was told before, first
       drop(g.requestId, clientLeft());
       continue;
     }
     if (g.error) {  // the shard refused this request alone; it is not in the batch
+      flush();
       drop(g.requestId, invalidArgumentError(*g.error));
       continue;
     }
@@ -366,15 +437,12 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
       a.tokens.insert(a.tokens.end(), g.tokens.ids.begin(), g.tokens.ids.end());
       if (g.generatedText) publish(a, a.tokens.size() - 1);
     }
-    if (g.generatedText) {  // free before the last delivery, as in failAll
-      const std::shared_ptr<ResponseSink> sink = it->second.sink;
-      const RequestTimes times = it->second.times;
-      finish(g.requestId);
-      sink->onGeneration(g, times);
-    } else {
-      it->second.sink->onGeneration(g, it->second.times);
-    }
+    const uint64_t id = g.requestId;
+    const bool last = g.generatedText.has_value();
+    deliveries.push_back({it->second.sink, std::move(g), it->second.times});
+    if (last) finish(id);  // free before the last delivery, as in failAll
   }
+  flush();
   std::optional<CachedBatch> batch = out->batch;
   if (!batch) return std::nullopt;
   // The next step already runs this batch: the requests dropped above are filtered after it.

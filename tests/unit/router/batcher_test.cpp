@@ -417,9 +417,16 @@ TEST(BatcherTest, RequestsJoinTheRunningBatchWithChunking) {
   EXPECT_NE(metrics.render().find("tgi_batch_concat{reason=\"chunking\"}"), std::string::npos);
 }
 
+// Delivery on the batching thread (deliveryThread off) in the tests whose callbacks act at a known
+// step; the others deliver as the router does, on the delivery thread.
+BatcherOptions stepExact(BatcherOptions o) {
+  o.deliveryThread = false;
+  return o;
+}
+
 TEST(BatcherTest, DisconnectIsDroppedWithinAStepAndFreesItsBlocks) {
   FakeShards shards;
-  Batcher b(shards, options(64), nullptr);
+  Batcher b(shards, stepExact(options(64)), nullptr);
   auto control = std::make_shared<RequestControl>();
   auto leaving = std::make_shared<Collector>();
   auto staying = std::make_shared<Collector>();
@@ -444,7 +451,7 @@ TEST(BatcherTest, DisconnectIsDroppedWithinAStepAndFreesItsBlocks) {
 
 TEST(BatcherTest, ACancelledRequestThatFinishesInTheSameStepFreesItsBlocks) {
   FakeShards shards;
-  Batcher b(shards, options(64), nullptr);
+  Batcher b(shards, stepExact(options(64)), nullptr);
   auto control = std::make_shared<RequestControl>();
   auto sink = std::make_shared<Collector>();
   sink->onToken = [&](size_t n) {
@@ -533,7 +540,7 @@ TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {
   MetricsRegistry metrics;
   // A running batch of 4 with ratio 0.5 wants at least 2 waiting requests before pausing it for a
   // prefill; a lone request joins once max_waiting_tokens steps have passed.
-  Batcher b(shards, options(256, false, 4096, 0.5f, 5), &metrics);
+  Batcher b(shards, stepExact(options(256, false, 4096, 0.5f, 5)), &metrics);
   std::vector<std::shared_ptr<Collector>> running;
   std::shared_ptr<Collector> late = std::make_shared<Collector>();
   for (uint64_t id = 1; id <= 4; ++id) running.push_back(std::make_shared<Collector>());
@@ -804,7 +811,7 @@ TEST(BatcherPipelineTest, TheNextDecodeIsSentBeforeATokenIsDelivered) {
   for (bool pipeline : {true, false}) {
     SCOPED_TRACE(pipeline);
     FakeShards shards;
-    BatcherOptions o = options(64);
+    BatcherOptions o = stepExact(options(64));
     o.pipelineDecode = pipeline;
     Batcher b(shards, o, nullptr);
     auto sink = std::make_shared<Collector>();
@@ -914,6 +921,100 @@ TEST(BatcherPipelineTest, AStepAheadOfAFailedOneIsRefusedAndTheReplicaRecovers) 
   EXPECT_FALSE(second->error.has_value());
   EXPECT_EQ(second->tokens, expected(2, 6));
   EXPECT_EQ(recoveries, 1);
+  EXPECT_EQ(b.freeBlocks(), 63u);
+}
+
+// Clients hear their tokens on the delivery thread, one thread for every sink, in order: a client
+// whose callback blocks holds no step back until kMaxDeliveries of them are queued, and then the
+// steps wait for it (bounded memory); once it goes on, every token arrives in order and every block
+// comes back. Each step's delivery is timed.
+TEST(BatcherDeliveryTest, SlowClientsDoNotHoldStepsBackUntilTheQueueIsFull) {
+  for (uint32_t maxNew : {40u, 120u}) {
+    SCOPED_TRACE(maxNew);
+    FakeShards shards;
+    MetricsRegistry metrics;
+    Batcher b(shards, options(64), &metrics);
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::set<std::thread::id> threads;
+    std::mutex threadsMu;
+    auto sink = std::make_shared<Collector>();
+    sink->onToken = [&](size_t n) {
+      {
+        std::lock_guard lock(threadsMu);
+        threads.insert(std::this_thread::get_id());
+      }
+      if (n == 1) released.wait_for(std::chrono::seconds(10));
+    };
+    b.submit(1, request(4, maxNew), std::make_shared<RequestControl>(), sink);
+    // Steps go on while the first token's delivery blocks: all of them when they fit the queue,
+    // else about kMaxDeliveries (one delivery a step) before they wait.
+    const int steps = static_cast<int>(maxNew) - 1;
+    const int most = static_cast<int>(Batcher::kMaxDeliveries) + 3;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (shards.decodes.load() < std::min(steps, most - 3) &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_GE(shards.decodes.load(), std::min(steps, most - 3));
+    EXPECT_LE(shards.decodes.load(), std::min(steps, most));
+    EXPECT_EQ(sink->tokens.size(), 1u);  // still in its first delivery
+    release.set_value();
+    ASSERT_TRUE(sink->wait());
+    EXPECT_FALSE(sink->error.has_value());
+    EXPECT_EQ(sink->tokens, expected(1, maxNew));
+    EXPECT_EQ(shards.decodes.load(), steps);
+    EXPECT_EQ(threads.size(), 1u);
+    EXPECT_EQ(b.freeBlocks(), 63u);
+    const std::string want = "textgen_batch_delivery_duration_count{method=\"decode\"} ";
+    std::string text = metrics.render();
+    for (int i = 0; i < 200 && text.find(want + std::to_string(steps) + "\n") == std::string::npos;
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      text = metrics.render();
+    }
+    EXPECT_NE(text.find(want + std::to_string(steps) + "\n"), std::string::npos) << text;
+  }
+}
+
+// A client that leaves is told after the tokens it was already sent, and exactly once.
+TEST(BatcherDeliveryTest, AnErrorFollowsTheTokensBeforeIt) {
+  FakeShards shards;
+  Batcher b(shards, options(64), nullptr);
+  auto control = std::make_shared<RequestControl>();
+  std::vector<std::string> events;
+  std::mutex eventsMu;
+  class Recorder final : public ResponseSink {
+   public:
+    Recorder(std::vector<std::string>& e, std::mutex& m, std::shared_ptr<RequestControl> c)
+        : e_(e), m_(m), c_(std::move(c)) {}
+    void onGeneration(const Generation& g, const RequestTimes&) override {
+      std::lock_guard lock(m_);
+      e_.push_back("token " + std::to_string(g.tokens.ids.at(0)));
+      if (e_.size() == 5) c_->cancelled = true;
+    }
+    void onError(const Status& s) override {
+      std::lock_guard lock(m_);
+      e_.push_back("error " + std::to_string(static_cast<int>(s.code())));
+      done.set_value();
+    }
+    std::promise<void> done;
+
+   private:
+    std::vector<std::string>& e_;
+    std::mutex& m_;
+    std::shared_ptr<RequestControl> c_;
+  };
+  auto sink = std::make_shared<Recorder>(events, eventsMu, control);
+  auto done = sink->done.get_future();
+  b.submit(1, request(4, 200), control, sink);  // cancelled well before its end
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // nothing may follow the error
+  std::lock_guard lock(eventsMu);
+  ASSERT_GE(events.size(), 6u);
+  for (size_t i = 0; i + 1 < events.size(); ++i)
+    EXPECT_EQ(events[i], "token " + std::to_string(100 + i + 1)) << i;
+  EXPECT_EQ(events.back(), "error " + std::to_string(static_cast<int>(StatusCode::kCancelled)));
   EXPECT_EQ(b.freeBlocks(), 63u);
 }
 

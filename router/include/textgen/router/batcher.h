@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <future>
 #include <map>
@@ -68,6 +69,10 @@ struct BatcherOptions {
   bool pipelineDecode = true;
   // With pipelineDecode: send it while the step before it runs, when it can be planned then.
   bool stepAhead = true;
+  // Call the clients' sinks (tokens, errors) on a thread of their own, in order, so that SSE
+  // formatting and socket writes stay off the batching thread. Off: on the batching thread, within
+  // the step that produced them (tests that act from a callback at a known step).
+  bool deliveryThread = true;
   // Give a request blocks for its prompt and extend them as it generates, preempting the most
   // recently admitted requests when blocks run out (vLLM); they are recomputed from their prompt
   // and the tokens generated so far. Only with chunking (a resumed input may exceed the prefill
@@ -84,6 +89,9 @@ struct BatcherOptions {
 
 class Batcher {
  public:
+  // Sink calls queued for the delivery thread at most (BatcherOptions::deliveryThread): about one
+  // per step, so stepping runs this far ahead of the slowest client callback, then waits for it.
+  static constexpr size_t kMaxDeliveries = 64;
   Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* metrics);
   ~Batcher();  // stops the thread; in-flight requests get an error
 
@@ -121,6 +129,11 @@ class Batcher {
   };
 
   void run();
+  // Queues a call to clients' sinks for the delivery thread, which makes them in order, off the
+  // batching thread (SSE formatting and socket writes stay out of its steps). Waits while
+  // kMaxDeliveries are queued.
+  void deliver(std::function<void()> fn);
+  void deliverLoop();
   // Runs one Prefill or Decode, timing the router's side of the step: the host time since the
   // previous step returned (textgen_batch_host_duration: delivering tokens, filtering, planning)
   // and the call's time beyond the shard's own total (textgen_batch_transport_duration: gRPC,
@@ -197,6 +210,11 @@ class Batcher {
   // thread ran it (the batching thread, or a pipelined step's).
   std::atomic<int64_t> lastStepEndNs_{0};
   uint64_t decodeSteps_ = 0;  // Decode calls numbered so far (DecodeOrder)
+  std::mutex deliverMu_;      // deliveries_, deliverStop_
+  std::condition_variable deliverCv_, deliverRoom_;
+  std::deque<std::function<void()>> deliveries_;
+  bool deliverStop_ = false;
+  std::thread deliverer_;
   std::thread thread_;
 };
 
