@@ -19,6 +19,13 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
              options.encoderDecoder),
       allocator_(options.numBlocks, options.blockSize, options.prefixCaching) {
   if (options_.deliveryThread) deliverer_ = std::thread([this] { deliverLoop(); });
+  // Decode calls run on threads of their own, two at most at a time (the step in flight and the
+  // one sent after it): started once, not per step.
+  try {
+    for (int i = 0; i < 2; ++i) senders_.emplace_back([this] { sendLoop(); });
+  } catch (const std::system_error& e) {
+    spdlog::warn("decode sender threads: {}; stepping without pipelining", e.what());
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -28,7 +35,13 @@ Batcher::~Batcher() {
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  thread_.join();  // every decode it sent was waited for
+  {
+    std::lock_guard lock(sendMu_);
+    sendStop_ = true;
+  }
+  sendCv_.notify_all();
+  for (std::thread& t : senders_) t.join();
   failAll(unavailableError("the router is shutting down"));
   {
     std::lock_guard lock(mutex_);
@@ -591,14 +604,33 @@ std::future<StatusOr<StepOutput>> Batcher::launchDecode(const CachedBatch& batch
         "decode", std::move(span), [&] { return shards_.decode({batch}, extensions, order); },
         /*queued=*/order.after.has_value());
   };
-  try {
-    return std::async(std::launch::async, std::move(work));
-  } catch (const std::system_error& e) {  // no thread
-    spdlog::warn("pipelined decode: {}; stepping without it", e.what());
-    if (order.after) return {};
-    std::promise<StatusOr<StepOutput>> done;
-    done.set_value(work());
-    return done.get_future();
+  if (!senders_.empty()) {
+    std::packaged_task<StatusOr<StepOutput>()> task(std::move(work));
+    std::future<StatusOr<StepOutput>> result = task.get_future();
+    {
+      std::lock_guard lock(sendMu_);
+      sends_.push_back(std::move(task));
+    }
+    sendCv_.notify_one();
+    return result;
+  }
+  // No sender threads (they could not be started): unpipelined, on this thread.
+  if (order.after) return {};
+  std::promise<StatusOr<StepOutput>> done;
+  done.set_value(work());
+  return done.get_future();
+}
+
+void Batcher::sendLoop() {
+  std::unique_lock lock(sendMu_);
+  while (true) {
+    sendCv_.wait(lock, [&] { return sendStop_ || !sends_.empty(); });
+    if (sends_.empty()) return;
+    std::packaged_task<StatusOr<StepOutput>()> task = std::move(sends_.front());
+    sends_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
   }
 }
 

@@ -18,6 +18,8 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 #include "textgen/router/block_allocator.h"
 #include "textgen/router/metrics.h"
@@ -134,6 +136,7 @@ class Batcher {
   // kMaxDeliveries are queued.
   void deliver(std::function<void()> fn);
   void deliverLoop();
+  void sendLoop();  // a decode sender thread's loop
   // Runs one Prefill or Decode, timing the router's side of the step: the host time since the
   // previous step returned (textgen_batch_host_duration: delivering tokens, filtering, planning)
   // and the call's time beyond the shard's own total (textgen_batch_transport_duration: gRPC,
@@ -198,7 +201,7 @@ class Batcher {
   Queue queue_;
   BlockAllocator allocator_;
   std::map<uint64_t, std::shared_ptr<ResponseSink>> sinks_;  // queued, not yet batched
-  std::map<uint64_t, Active> active_;                        // batched: the thread's alone
+  std::unordered_map<uint64_t, Active> active_;              // batched: the thread's alone
   std::map<uint64_t, RequestTimes> resumed_;  // preempted, queued again: their first times
   uint64_t admissions_ = 0;
   bool preempted_ = false;  // the last grow() preempted
@@ -210,7 +213,12 @@ class Batcher {
   // thread ran it (the batching thread, or a pipelined step's).
   std::atomic<int64_t> lastStepEndNs_{0};
   uint64_t decodeSteps_ = 0;  // Decode calls numbered so far (DecodeOrder)
-  std::mutex deliverMu_;      // deliveries_, deliverStop_
+  std::mutex sendMu_;         // sends_, sendStop_
+  std::condition_variable sendCv_;
+  std::deque<std::packaged_task<StatusOr<StepOutput>()>> sends_;
+  bool sendStop_ = false;
+  std::vector<std::thread> senders_;
+  std::mutex deliverMu_;  // deliveries_, deliverStop_
   std::condition_variable deliverCv_, deliverRoom_;
   std::deque<std::function<void()>> deliveries_;
   bool deliverStop_ = false;
