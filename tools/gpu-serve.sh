@@ -4,7 +4,7 @@
 # Pack: GPU_PACK_BINS="textgen-launcher textgen-router textgen-shard [bench/bench_cuda_model]" tools/gpu-pack.sh
 # build-gpu .gpu, copy a tokenizer (tokenizer.json, tokenizer_config.json) into .gpu/tok/, tar -cJf .gpu.txz .gpu;
 # carry .gpu.txz (with tests/reference/models moved aside, the tree and the pack fit the 64 MiB a call carries).
-# WORKLOADS picks runs (prefix64 prefixpoisson single burst64 poisson16 burst200); LAUNCH_ARGS adds launcher flags.
+# WORKLOADS picks runs (prefix64 prefixpoisson single burst64 poisson16 burst200 burst256); LAUNCH_ARGS adds launcher flags.
 [ -d .gpu/bin ] || tar xJf .gpu.txz
 export LD_LIBRARY_PATH=$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
@@ -35,6 +35,7 @@ for w in ${WORKLOADS:-prefix64 burst64 poisson16 burst200 prefixpoisson}; do
     single) sb --seed 16 --arrival burst --num-prompts 4 --max-concurrency 1 --input-len 128 --output-len 256 ;;
     burst64) sb --seed 13 --arrival burst --num-prompts 64 --input-len 128 --output-len 256 ;;
     poisson16) sb --seed 14 --arrival poisson --rate 16 --num-prompts 320 --input-len 512 --output-len 128 ;;
+    burst256) sb --seed 17 --arrival burst --num-prompts 256 --input-len 128 --output-len 128 ;;
     burst200) sb --seed 15 --arrival burst --num-prompts 200 --input-len 512 --output-len 128 ;;
   esac
   curl -s 127.0.0.1:8080/metrics > $OUT/metrics.$w.txt

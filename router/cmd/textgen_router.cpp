@@ -358,6 +358,9 @@ int run(int argc, char** argv) {
                        skipped);
     }
     bo.prefixCaching = info.usePrefixCaching;
+    // A shard that does not order Decode calls (an older build) would run a step sent early
+    // before the one it follows.
+    bo.stepAhead = info.orderedDecode;
     // For benchmarks: TEXTGEN_DECODE_PIPELINE=1 sends a decode only after the step before it
     // returned (before its delivery), 0 not before its delivery either; default: while it runs.
     if (const char* depth = std::getenv("TEXTGEN_DECODE_PIPELINE")) {
@@ -366,7 +369,7 @@ int run(int argc, char** argv) {
         return invalidArgumentError("TEXTGEN_DECODE_PIPELINE must be 0, 1 or 2, not `" +
                                     std::string(d) + "`");
       bo.pipelineDecode = d != "0";
-      bo.stepAhead = d == "2";
+      bo.stepAhead = bo.stepAhead && d == "2";
     }
     bo.name = master;
     bo.blockSize = info.blockSize;

@@ -64,6 +64,21 @@ def check_run(name, args, n, input_len, output_len):
 
 check_run("burst", ["--arrival", "burst", "--num-prompts", "6", "--input-len", "24", "--output-len", "6",
                     "--seed", "1"] + PASS, 6, 24, 6)
+# Decode steps go to the shard while the step before them runs (pipelined two deep): a step sent
+# ahead puts no router time between two steps, so the host-gap histogram counts only the first
+# decode after each prefill; the batching thread's work and the delivery thread's are measured.
+ahead = check_run("pipelined", ["--arrival", "burst", "--num-prompts", "2", "--input-len", "8",
+                                "--output-len", "24", "--seed", "3"] + PASS, 2, 8, 24)
+if ahead is not None:
+    st = ahead.get("step_ms", {})
+    steps = st.get("forward", {}).get("decode", {}).get("steps", 0)
+    gaps = st.get("host_gap", {}).get("decode", {}).get("steps", 0)
+    check(steps >= 20, f"pipelined: {steps} decode steps")
+    check(gaps <= 2, f"pipelined: {gaps} of {steps} decode steps sent after the one before returned")
+    check(st.get("router_work", {}).get("decode", {}).get("steps", 0) == steps,
+          "pipelined: the batching thread's work measured each step")
+    check(st.get("delivery", {}).get("decode", {}).get("steps", 0) == steps,
+          "pipelined: each step's delivery measured")
 check_run("poisson", ["--arrival", "poisson", "--rate", "8", "--num-prompts", "6", "--input-len", "16",
                       "--output-len", "4", "--seed", "2"] + PASS, 6, 16, 4)
 shared = check_run("shared-prefix", ["--dataset", "shared-prefix", "--prefix-len", "32", "--input-len", "8",

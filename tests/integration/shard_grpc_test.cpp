@@ -319,8 +319,15 @@ TEST_F(ShardGrpcTest, BadInputIsAnErrorAndTheShardKeepsServing) {
 // A step planned while its predecessor ran steps what that predecessor left: a request that
 // finished in it is skipped with its extension, and a batch it ended steps nothing. A successor
 // of a failed step is refused, so is one that finds another call run before it, and one whose
-// predecessor never comes fails within its deadline; the shard keeps serving throughout.
+// predecessor never comes fails within 2 s or its deadline; the shard keeps serving throughout.
+// Info reports that Decode calls are ordered.
 TEST_F(ShardGrpcTest, PipelinedDecodesRunInTheirOrder) {
+  {
+    grpc::ClientContext ctx;
+    pb::InfoResponse info;
+    ASSERT_TRUE(stub_->Info(&ctx, {}, &info).ok());
+    EXPECT_TRUE(info.ordered_decode());
+  }
   {
     grpc::ClientContext ctx;
     pb::WarmupRequest req;
@@ -424,6 +431,16 @@ TEST_F(ShardGrpcTest, PipelinedDecodesRunInTheirOrder) {
   auto [sn, rn] = decode(1, 41, 40, {}, std::chrono::milliseconds(500));
   EXPECT_FALSE(sn.ok());
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // Nor with a long deadline: the step it follows is sent just before it, so after 2 s it is
+  // taken as lost. The refusal counts as a failed step: the call following it is refused at once.
+  const auto longer = std::chrono::steady_clock::now();
+  auto [sl2, rl2] = decode(1, 43, 42);
+  EXPECT_EQ(sl2.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << sl2.error_message();
+  EXPECT_NE(sl2.error_message().find("did not arrive in time"), std::string::npos)
+      << sl2.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - longer, std::chrono::seconds(10));
+  auto [sf2, rf2] = decode(1, 44, 43);
+  EXPECT_EQ(sf2.error_code(), grpc::StatusCode::ABORTED) << sf2.error_message();
   // At most four wait at once: of five sent together, one is refused at once. (The shard sees the
   // call above gone within 50 ms of its deadline.)
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

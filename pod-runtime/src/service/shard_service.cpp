@@ -204,6 +204,7 @@ class ShardService final : public pb::ShardService::Service {
     // An encoder-decoder model encodes a prompt in one step, computed anew (Engine::validate).
     out->set_support_chunking(!c.isEncoderDecoder);
     out->set_use_prefix_caching(options_.prefixCaching && !c.isEncoderDecoder);
+    out->set_ordered_decode(true);
     out->set_model_kind(c.isEncoderDecoder ? pb::MODEL_KIND_ENCODER_DECODER
                                            : pb::MODEL_KIND_DECODER_ONLY);
     out->set_attention_impl("paged");
@@ -302,27 +303,37 @@ class ShardService final : public pb::ShardService::Service {
     StepSpan span(ctx, "decode", size);
     // A pipelined call usually waits here, while the step it follows holds the engine.
     const auto arrived = Clock::now();
-    std::unique_lock lock(mutex_);
     Clock::duration queued{0};
-    if (in->has_after_step()) {
-      if (Status s = awaitStep(lock, ctx, in->step(), in->after_step()); !s.ok()) {
-        span.fail(s.message());
-        return toGrpc(s);
+    std::optional<StepResult> result;
+    {
+      std::unique_lock lock(mutex_);
+      if (in->has_after_step()) {
+        if (Status s = awaitStep(lock, ctx, in->step(), in->after_step()); !s.ok()) {
+          span.fail(s.message());
+          return toGrpc(s);
+        }
+        queued = Clock::now() - arrived;
       }
-      queued = Clock::now() - arrived;
+      // Its client gave up while it waited: running it now could land between later calls.
+      if (ctx && ctx->IsCancelled()) {
+        span.fail("cancelled");
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the caller gave up before the step ran");
+      }
+      Ran ran(*this);
+      if (in->has_step()) ran.step = in->step();
+      Watch watch(*this, "Decode", options_.stepTimeout);
+      std::vector<uint64_t> ids;
+      for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
+      auto s = engine_.decode(std::move(ids), fromProto(in->extensions()), in->has_after_step());
+      if (!s.ok()) {
+        ran.failed = true;
+        span.fail(s.status().message());
+        return failed("Decode", s.status());
+      }
+      result = std::move(*s);
     }
-    Ran ran(*this);
-    if (in->has_step()) ran.step = in->step();
-    Watch watch(*this, "Decode", options_.stepTimeout);
-    std::vector<uint64_t> ids;
-    for (const pb::CachedBatch& b : in->batches()) ids.push_back(b.id());
-    auto s = engine_.decode(std::move(ids), fromProto(in->extensions()), in->has_after_step());
-    if (!s.ok()) {
-      ran.failed = true;
-      span.fail(s.status().message());
-      return failed("Decode", s.status());
-    }
-    toProto(*s, out);
+    // The engine is free: a step sent after this one starts while this answer is built.
+    toProto(*result, out);
     out->set_queue_ns(static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(queued).count()));
     return grpc::Status::OK;
@@ -360,10 +371,14 @@ class ShardService final : public pb::ShardService::Service {
 
   // Waits (releasing `lock`) until Decode `after` has run, when it has not just run. OK when it was
   // the last call and succeeded; ABORTED when it failed; FAILED_PRECONDITION when another call
-  // ran first or it did not come within the client's deadline (at most 10 minutes; no wait for a
-  // call made in process, without a context); RESOURCE_EXHAUSTED when kMaxWaiting calls wait
-  // already (a router has one in flight per rank).
+  // ran first, or when it did not arrive within kPredecessorWait (or the client's deadline; no wait
+  // for a call made in process, without a context): a router sends it just before this one, so it
+  // was lost. Such a refusal counts as a failed step, so that a call following this one is refused
+  // at once (not when the caller gave up: nothing is recorded then). RESOURCE_EXHAUSTED when
+  // kMaxWaiting calls wait already (a router has one in flight per rank). (While the step it
+  // follows runs, this call waits for mutex_, not here.)
   static constexpr int kMaxWaiting = 4;
+  static constexpr std::chrono::seconds kPredecessorWait{2};
   Status awaitStep(std::unique_lock<std::mutex>& lock, const grpc::ServerContext* ctx,
                    uint64_t step, uint64_t after) {
     const std::string self = "pipelined Decode " + std::to_string(step);
@@ -372,22 +387,33 @@ class ShardService final : public pb::ShardService::Service {
         return resourceExhaustedError(self + ": " + std::to_string(waiting_) +
                                       " pipelined Decode calls wait already");
       }
+      auto refuse = [&](std::string why) {
+        Ran ran(*this);
+        ran.step = step;
+        ran.failed = true;
+        return failedPreconditionError(std::move(why));
+      };
       const uint64_t seen = calls_;
       const auto now = std::chrono::system_clock::now();
-      const auto limit = ctx ? std::min(ctx->deadline(), now + std::chrono::minutes(10)) : now;
+      const auto limit = ctx ? std::min(ctx->deadline(), now + kPredecessorWait) : now;
       ++waiting_;
       while (calls_ == seen) {
-        if ((ctx && ctx->IsCancelled()) || std::chrono::system_clock::now() >= limit) {
+        if (ctx && ctx->IsCancelled()) {  // its caller gave up: nothing to record
           --waiting_;
-          return failedPreconditionError(self + ": Decode " + std::to_string(after) +
-                                         ", which it follows, did not run before its deadline");
+          return failedPreconditionError(self + ": cancelled while Decode " +
+                                         std::to_string(after) + ", which it follows, was awaited");
+        }
+        if (std::chrono::system_clock::now() >= limit) {
+          --waiting_;
+          return refuse(self + ": Decode " + std::to_string(after) +
+                        ", which it follows, did not arrive in time");
         }
         stepCv_.wait_for(lock, std::chrono::milliseconds(50));
       }
       --waiting_;
       if (lastStep_ != after) {
-        return failedPreconditionError(self + ": another call ran before Decode " +
-                                       std::to_string(after) + ", which it follows");
+        return refuse(self + ": another call ran before Decode " + std::to_string(after) +
+                      ", which it follows");
       }
     }
     if (lastStepFailed_)

@@ -1,6 +1,6 @@
 // The generation routes: /generate, POST / (TGI's compat route), /generate_stream (Server-Sent
-// Events), /v1/completions (OpenAI). Sinks run on the batcher's thread and answer the client from
-// there, so no HTTP thread waits for a generation.
+// Events), /v1/completions (OpenAI). Sinks run on the batcher's delivery thread and answer the
+// client from there, so no HTTP thread waits for a generation.
 #include <chrono>
 #include <cmath>
 #include <mutex>

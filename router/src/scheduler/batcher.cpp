@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <future>
+#include <random>
 #include <system_error>
+#include <unordered_set>
 
 #include "textgen/base/log.h"
 
@@ -26,7 +28,27 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
   } catch (const std::system_error& e) {
     spdlog::warn("decode sender threads: {}; stepping without pipelining", e.what());
   }
-  thread_ = std::thread([this] { run(); });
+  // Decode numbers start at a random point: a call of an earlier router delayed on the network
+  // does not match this one's.
+  std::random_device seed;
+  decodeSteps_ = ((uint64_t{seed()} << 32) | seed()) >> 2;
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (...) {
+    {
+      std::lock_guard lock(sendMu_);
+      sendStop_ = true;
+    }
+    sendCv_.notify_all();
+    for (std::thread& t : senders_) t.join();
+    {
+      std::lock_guard lock(deliverMu_);
+      deliverStop_ = true;
+    }
+    deliverCv_.notify_all();
+    if (deliverer_.joinable()) deliverer_.join();
+    throw;
+  }
 }
 
 Batcher::~Batcher() {
@@ -43,12 +65,13 @@ Batcher::~Batcher() {
   sendCv_.notify_all();
   for (std::thread& t : senders_) t.join();
   failAll(unavailableError("the router is shutting down"));
+  std::map<uint64_t, std::shared_ptr<ResponseSink>> queued;
   {
     std::lock_guard lock(mutex_);
-    for (auto& [id, sink] : sinks_) {
-      deliver([sink] { sink->onError(unavailableError("the router is shutting down")); });
-    }
+    queued.swap(sinks_);
   }
+  for (auto& [id, sink] : queued)  // outside mutex_: deliver() may wait for room
+    deliver([sink] { sink->onError(unavailableError("the router is shutting down")); });
   {
     std::lock_guard lock(deliverMu_);
     deliverStop_ = true;
@@ -279,10 +302,10 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
       Active& a = it->second;
       // The next step writes the position of its last token: the prompt's last while prefilling.
       auto need = static_cast<uint32_t>(a.tokens.size()) + more[id];
-      if (stepAhead && a.maxNewTokens > 0) {
+      if (stepAhead) {
         // After the step in flight: one more token, unless that step gives it its last.
         const uint32_t most = a.promptLen - a.generatedBefore + a.maxNewTokens - 1;
-        if (need + 1 > most) continue;
+        if (a.maxNewTokens > 0 && need + 1 > most) continue;
         ++need;
       }
       while (!allocator_.extend(a.blocks, need)) {
@@ -775,8 +798,24 @@ void Batcher::run() {
           }
           planMore = Clock::now() - start;
         }
+        // Requests of the step that neither got a token nor stay in its batch (a shard that lost
+        // them): failed, rather than left waiting with their blocks.
+        std::vector<uint64_t> lost;
+        if (out.ok()) {
+          std::unordered_set<uint64_t> seen;
+          for (const Generation& g : out->generations) seen.insert(g.requestId);
+          if (out->batch) seen.insert(out->batch->requestIds.begin(), out->batch->requestIds.end());
+          for (uint64_t id : running->requestIds)
+            if (!seen.contains(id) && active_.contains(id)) lost.push_back(id);
+        }
         const auto absorbStart = Clock::now();
         cached = absorb(std::move(out), "decode", /*mayFilter=*/!next.valid());
+        for (uint64_t id : lost) {
+          spdlog::error("request {}: the shards returned neither a token nor a place in the batch",
+                        id);
+          drop(id, Status(StatusCode::kInternal,
+                          "Request failed during generation: the shards lost the request"));
+        }
         ++waitingTokens;
         if (metrics_) {
           const auto work = (planned - planStart) + planMore + (Clock::now() - absorbStart);

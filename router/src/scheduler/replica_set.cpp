@@ -15,6 +15,7 @@ namespace textgen::router {
 Status ReplicaSet::update(const std::vector<std::string>& masters) {
   const std::set<std::string> wanted(masters.begin(), masters.end());
   std::vector<std::string> toAdd;
+  std::vector<std::shared_ptr<Replica>> reaped;  // destroyed outside the lock (their threads join)
   {
     std::lock_guard lock(mutex_);
     for (auto it = replicas_.begin(); it != replicas_.end();) {
@@ -31,8 +32,11 @@ Status ReplicaSet::update(const std::vector<std::string>& masters) {
       if (!replicas_.contains(m)) toAdd.push_back(m);
     }
     // Reap drained replicas whose requests are all done (their batcher threads stop here).
-    std::erase_if(draining_,
-                  [](const std::shared_ptr<Replica>& r) { return r->batcher->load() == 0; });
+    std::erase_if(draining_, [&](const std::shared_ptr<Replica>& r) {
+      if (r->batcher->load() != 0) return false;
+      reaped.push_back(r);
+      return true;
+    });
   }
   Status first;
   for (const std::string& m : toAdd) {  // connecting and warming happen outside the lock

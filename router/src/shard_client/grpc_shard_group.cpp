@@ -144,6 +144,7 @@ class GrpcShardGroup final : public ShardGroup {
     i.speculate = r.speculate();
     i.supportChunking = r.support_chunking();
     i.usePrefixCaching = r.use_prefix_caching();
+    i.orderedDecode = r.ordered_decode();
     i.attentionImpl = r.attention_impl();
     i.blockSize = r.block_size();
     i.maxPositionEmbeddings = r.max_position_embeddings();

@@ -702,7 +702,7 @@ TEST(BatcherPrefixTest, ARunningRequestsPromptIsSharedOnceItsPrefillIsDone) {
 
 TEST(BatcherPrefixTest, CancellingASharerFreesItsReferencesAndTheCacheStaysValid) {
   FakeShards shards;
-  Batcher b(shards, cachingOptions(32), nullptr);
+  Batcher b(shards, stepExact(cachingOptions(32)), nullptr);  // the cancel lands at token 3
   const std::vector<uint32_t> prompt = iota(7, 17);
   auto warm = std::make_shared<Collector>();
   b.submit(1, prompted(prompt, 2), std::make_shared<RequestControl>(), warm);
@@ -1112,7 +1112,7 @@ TEST(BatcherPreemptionTest, CancellingAPreemptedRequestFreesItsBlocks) {
   FakeShards shards;
   BatcherOptions o = options(16, true, 8);
   o.prefixCaching = true;
-  Batcher b(shards, o, nullptr);
+  Batcher b(shards, stepExact(o), nullptr);  // the cancel lands at a known token
   std::promise<void> open;
   shards.gate = open.get_future().share();
   std::vector<std::shared_ptr<Collector>> sinks;

@@ -37,7 +37,8 @@ struct RequestTimes {
   uint32_t cachedTokens = 0;  // OpenAI's usage.prompt_tokens_details.cached_tokens
 };
 
-// Receives one request's results, on the batcher's thread. Implementations must not block.
+// Receives one request's results, in order, on the batcher's delivery thread (or its batching
+// thread with BatcherOptions::deliveryThread off). Implementations must not block.
 class ResponseSink {
  public:
   virtual ~ResponseSink() = default;

@@ -24,6 +24,7 @@ struct ShardInfo {
   uint32_t speculate = 0;
   bool supportChunking = false;
   bool usePrefixCaching = false;
+  bool orderedDecode = false;  // Decode honours step / after_step
   std::string attentionImpl;
   uint32_t blockSize = 16;
   uint32_t maxPositionEmbeddings = 0;
