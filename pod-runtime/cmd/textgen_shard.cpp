@@ -80,7 +80,8 @@ struct Flags {
   std::string masterAddr = "localhost";
   int masterPort = 29500;
   bool prefixCaching =
-      true;  // TGI's PREFIX_CACHING environment variable ("0" or "false" turns off)
+      true;               // TGI's PREFIX_CACHING environment variable ("0" or "false" turns off)
+  int updateThreads = 0;  // TEXTGEN_UPDATE_THREADS: the engine's host workers (0: its default)
   int collectiveTimeoutS = 300;
   std::vector<std::string> shardUrls;
   int64_t speculate = -1;  // TGI's --speculate (-1: not given; resolveMedusa sets it)
@@ -253,6 +254,9 @@ StatusOr<Flags> parseFlags(int argc, char** argv) {
                                   p);
     }
   }
+  TG_ASSIGN_OR_RETURN(f.updateThreads, envInt("TEXTGEN_UPDATE_THREADS", 0));
+  if (f.updateThreads < 0 || f.updateThreads > 64)
+    return invalidArgumentError("TEXTGEN_UPDATE_THREADS must be in [0, 64] (0: the default)");
   TG_ASSIGN_OR_RETURN(f.masterPort, envInt("MASTER_PORT", 29500));
   if (f.masterPort < 1 || f.masterPort > 65535)
     return invalidArgumentError("MASTER_PORT must be in [1, 65535]");
@@ -547,7 +551,8 @@ int run(int argc, char** argv) {
                           .kvCacheDtype = f.kvCacheDtype,
                           .speculate = f.speculate,
                           .watermarkGamma = f.watermarkGamma,
-                          .watermarkDelta = f.watermarkDelta});
+                          .watermarkDelta = f.watermarkDelta,
+                          .updateThreads = f.updateThreads});
 
   runtime::ShardServiceOptions options;
   options.dtype = std::string(kernels::dtypeName(*dtype));

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "engine/host_workers.h"
 #include "textgen/base/log.h"
 #include "textgen/grammar/grammar.h"
 #include "textgen/tokenizer/incremental_decoder.h"
@@ -188,6 +189,18 @@ struct Engine::StepPlan {
 };
 
 // The forward's results, by mode.
+// What update() makes of one request: its result, whether it stays in the batch, and its
+// speculation counts (added to the engine's after the step).
+struct Engine::RequestUpdate {
+  std::optional<GenerationResult> result;  // none: a prompt chunk with more to come
+  bool keep = false;
+  SpeculationStats spec;
+};
+
+// Below this many requests a step's update stays on the engine's thread (a few microseconds
+// each: not worth the workers' wake-up).
+constexpr size_t kParallelUpdateRequests = 16;
+
 struct Engine::StepOutputs {
   std::vector<GreedyToken> picks;
   std::vector<SampledToken> sampled;
@@ -254,7 +267,11 @@ Engine::Engine(Model& model, const tokenizer::Tokenizer& tokenizer, Backend& bac
       tokenizer_(tokenizer),
       backend_(backend),
       options_(options),
-      sampler_(backend) {}
+      sampler_(backend) {
+  const int threads =
+      options_.updateThreads > 0 ? options_.updateThreads : HostWorkers::defaultThreads();
+  if (threads > 1) workers_ = std::make_unique<HostWorkers>(threads);
+}
 
 Engine::~Engine() = default;
 
@@ -594,160 +611,181 @@ StatusOr<Engine::StepOutputs> Engine::execute(const StepPlan& plan) {
 
 // Update: prompt log-probabilities, each request's tokens (the first choice, then each proposed
 // token the model's own choice confirms, and the choice after the last confirmed one), their
-// text, the stopping criteria; the requests still running stay in the batch.
+// text, the stopping criteria; the requests still running stay in the batch. Requests are
+// independent here, so a large batch's are spread over the host workers (not with host logits:
+// the watermark's green lists are one cache).
 StepResult Engine::update(Batch& batch, const StepPlan& plan, StepOutputs& out) {
-  const int64_t vocab = model_.config().vocabSize;
+  const size_t n = batch.requests.size();
+  std::vector<RequestUpdate> updates(n);
+  auto one = [&](size_t i) { updates[i] = updateRequest(*batch.requests[i], i, plan, out); };
+  if (n >= kParallelUpdateRequests && plan.mode != ChoiceMode::kHostLogits && workers_) {
+    workers_->forEach(n, one);
+  } else {
+    for (size_t i = 0; i < n; ++i) one(i);
+  }
   StepResult result;
   std::vector<std::unique_ptr<Request>> alive;
-  for (size_t i = 0; i < batch.requests.size(); ++i) {
-    std::unique_ptr<Request>& owner = batch.requests[i];
-    Request& r = *owner;
-    const int64_t n = plan.forward.sequences[i].numRows;
-    const int64_t first = plan.logitStart[i];
-    const bool promptLogprobs = r.wantsPromptLogprobs();
-    const bool chooses = r.choosesNow();
-    if (promptLogprobs) {
-      // Log-probability of prompt token p+1 from the row of position p; the first has none.
-      std::vector<float> lp(vocab);
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t pos = r.computed + t;
-        if (pos == 0) {
-          r.prefill.ids.push_back(r.tokens[0]);
-          r.prefill.logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
-        }
-        if (pos + 1 < static_cast<int64_t>(r.spec.inputIds.size())) {
-          logSoftmax(std::span<const float>(out.logits.data() + (first + t) * vocab, vocab), lp);
-          r.prefill.ids.push_back(r.tokens[pos + 1]);
-          r.prefill.logprobs.push_back(lp[r.tokens[pos + 1]]);
-        }
-      }
-    }
-    const bool wasPrefilling = r.prefilling();
-    const std::vector<uint32_t> draft = std::move(r.draft);
-    r.draft.clear();
-    if (draft.empty()) r.computed += n;  // else below, by the tokens accepted
-    if (r.seq2seq || r.computed >= static_cast<int64_t>(r.spec.inputIds.size()))
-      r.state = RequestState::kDecoding;
-    if (!chooses) {  // more prompt chunks to come: nothing to choose yet
-      alive.push_back(std::move(owner));
-      continue;
-    }
-    // The choice of logit row `row`.
-    auto choiceAt = [&](int64_t row) {
-      TokenChoice choice;
-      switch (plan.mode) {
-        case ChoiceMode::kGreedy:
-          choice.id = out.picks[row].id;
-          choice.logprob = out.picks[row].logprob;
-          break;
-        case ChoiceMode::kSample:
-          choice.id = out.sampled[row].id;
-          choice.logprob = out.sampled[row].logprob;
-          choice.top = std::move(out.sampled[row].top);
-          break;
-        case ChoiceMode::kHostLogits: {
-          std::vector<uint32_t> mask;
-          if (r.matcher) {
-            mask.resize((vocab + 31) / 32);
-            r.matcher->fillMask(mask);
-          }
-          std::span<const uint32_t> green;
-          if (r.spec.sampling.watermark) green = greenList(r.tokens.back());
-          choice =
-              r.sampler.choose(std::span<float>(out.logits.data() + row * vocab, vocab), r.tokens,
-                               mask, green, static_cast<float>(options_.watermarkDelta));
-          break;
-        }
-      }
-      return choice;
-    };
-    std::vector<TokenChoice> choices;
-    int64_t lastRow = 0;  // the logit row of the last token chosen
-    if (draft.empty()) {
-      lastRow = promptLogprobs ? first + n - 1 : first;
-      choices.push_back(choiceAt(lastRow));
-    } else {
-      // Row j chose after draft[0, j): its choice stands while every proposed token before it
-      // was the model's own choice.
-      choices.push_back(choiceAt(first));
-      while (choices.size() <= draft.size() && choices.back().id == draft[choices.size() - 1])
-        choices.push_back(choiceAt(first + static_cast<int64_t>(choices.size())));
-      const auto accepted = static_cast<int64_t>(choices.size());
-      lastRow = first + accepted - 1;
-      r.computed += accepted;  // the known token's and the confirmed proposals' positions
-      if (r.spec.sampling.doSample && plan.mode == ChoiceMode::kSample)
-        r.sampler.restoreDraws(accepted);
-      ++specStats_.steps;
-      specStats_.proposed += draft.size();
-      specStats_.accepted += static_cast<uint64_t>(accepted - 1);
-    }
-    r.medusa.clear();
-    if (!out.medusa.empty()) {
-      const int64_t heads = model_.speculativeHeads();
-      const auto rows = static_cast<int64_t>(plan.forward.logitRows.size());
-      for (int64_t h = 0; h < heads; ++h) r.medusa.push_back(out.medusa[h * rows + lastRow]);
-    }
-    GenerationResult g;
-    g.requestId = r.spec.id;
-    if (wasPrefilling && r.spec.prefillLogprobs && r.seq2seq) {
-      // The decoder's input, as TGI reports a seq2seq prefill: the start token, no log-prob.
-      const uint32_t start = r.tokens[0];
-      r.prefill.ids = {start};
-      r.prefill.logprobs = {std::numeric_limits<float>::quiet_NaN()};
-      r.prefill.texts = {tokenizer_.decode(std::span<const uint32_t>(&start, 1))};
-      r.prefill.isSpecial = {false};
-      g.prefillTokens = std::move(r.prefill);
-    } else if (wasPrefilling && r.spec.prefillLogprobs) {
-      for (uint32_t id : r.prefill.ids) {
-        r.prefill.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
-        r.prefill.isSpecial.push_back(tokenizer_.isSpecial(id));
-      }
-      g.prefillTokens = std::move(r.prefill);
-    }
-    std::optional<FinishReason> reason;
-    for (TokenChoice& choice : choices) {
-      r.append(choice.id);
-      std::string text = r.detok.step(choice.id);
-      reason = r.stopping.update(choice.id, text);
-      if (r.matcher && !r.matcher->ended()) {
-        // The mask allowed only tokens that continue the match, so this cannot fail; if it does,
-        // the request ends here rather than generating outside its grammar.
-        if (Status s = r.matcher->accept(choice.id); !s.ok()) {
-          spdlog::error("request {}: token outside its grammar: {}", r.spec.id, s.message());
-          if (!reason) reason = FinishReason::kStopSequence;
-        }
-      }
-      if (reason) text += r.detok.flush();  // the stream's pieces add up to the whole text
-      g.tokens.ids.push_back(choice.id);
-      g.tokens.logprobs.push_back(choice.logprob);
-      g.tokens.texts.push_back(std::move(text));
-      g.tokens.isSpecial.push_back(tokenizer_.isSpecial(choice.id));
-      if (r.spec.sampling.topNTokens > 0) {
-        TokenList top;
-        for (const auto& [id, lp] : choice.top) {
-          top.ids.push_back(id);
-          top.logprobs.push_back(lp);
-          top.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
-          top.isSpecial.push_back(tokenizer_.isSpecial(id));
-        }
-        g.topTokens.push_back(std::move(top));
-      }
-      if (reason) break;  // what follows a stop is discarded
-    }
-    if (reason) {
-      FinishedText f;
-      f.text = tokenizer_.decode(r.generated, /*skipSpecialTokens=*/true);
-      f.generatedTokens = r.stopping.generatedTokens();
-      f.reason = *reason;
-      if (r.spec.sampling.doSample) f.seed = r.spec.sampling.seed;
-      g.finished = std::move(f);
-    } else {
-      alive.push_back(std::move(owner));
-    }
-    result.generations.push_back(std::move(g));
+  for (size_t i = 0; i < n; ++i) {
+    RequestUpdate& u = updates[i];
+    specStats_.steps += u.spec.steps;
+    specStats_.proposed += u.spec.proposed;
+    specStats_.accepted += u.spec.accepted;
+    if (u.result) result.generations.push_back(std::move(*u.result));
+    if (u.keep) alive.push_back(std::move(batch.requests[i]));
   }
   batch.requests = std::move(alive);
   return result;
+}
+
+// One request's part of update(): touches only the request and its own rows of the outputs.
+Engine::RequestUpdate Engine::updateRequest(Request& r, size_t i, const StepPlan& plan,
+                                            StepOutputs& out) {
+  const int64_t vocab = model_.config().vocabSize;
+  RequestUpdate u;
+  const int64_t n = plan.forward.sequences[i].numRows;
+  const int64_t first = plan.logitStart[i];
+  const bool promptLogprobs = r.wantsPromptLogprobs();
+  const bool chooses = r.choosesNow();
+  if (promptLogprobs) {
+    // Log-probability of prompt token p+1 from the row of position p; the first has none.
+    std::vector<float> lp(vocab);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = r.computed + t;
+      if (pos == 0) {
+        r.prefill.ids.push_back(r.tokens[0]);
+        r.prefill.logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
+      }
+      if (pos + 1 < static_cast<int64_t>(r.spec.inputIds.size())) {
+        logSoftmax(std::span<const float>(out.logits.data() + (first + t) * vocab, vocab), lp);
+        r.prefill.ids.push_back(r.tokens[pos + 1]);
+        r.prefill.logprobs.push_back(lp[r.tokens[pos + 1]]);
+      }
+    }
+  }
+  const bool wasPrefilling = r.prefilling();
+  const std::vector<uint32_t> draft = std::move(r.draft);
+  r.draft.clear();
+  if (draft.empty()) r.computed += n;  // else below, by the tokens accepted
+  if (r.seq2seq || r.computed >= static_cast<int64_t>(r.spec.inputIds.size()))
+    r.state = RequestState::kDecoding;
+  if (!chooses) {  // more prompt chunks to come: nothing to choose yet
+    u.keep = true;
+    return u;
+  }
+  // The choice of logit row `row`.
+  auto choiceAt = [&](int64_t row) {
+    TokenChoice choice;
+    switch (plan.mode) {
+      case ChoiceMode::kGreedy:
+        choice.id = out.picks[row].id;
+        choice.logprob = out.picks[row].logprob;
+        break;
+      case ChoiceMode::kSample:
+        choice.id = out.sampled[row].id;
+        choice.logprob = out.sampled[row].logprob;
+        choice.top = std::move(out.sampled[row].top);
+        break;
+      case ChoiceMode::kHostLogits: {
+        std::vector<uint32_t> mask;
+        if (r.matcher) {
+          mask.resize((vocab + 31) / 32);
+          r.matcher->fillMask(mask);
+        }
+        std::span<const uint32_t> green;
+        if (r.spec.sampling.watermark) green = greenList(r.tokens.back());
+        choice =
+            r.sampler.choose(std::span<float>(out.logits.data() + row * vocab, vocab), r.tokens,
+                             mask, green, static_cast<float>(options_.watermarkDelta));
+        break;
+      }
+    }
+    return choice;
+  };
+  std::vector<TokenChoice> choices;
+  int64_t lastRow = 0;  // the logit row of the last token chosen
+  if (draft.empty()) {
+    lastRow = promptLogprobs ? first + n - 1 : first;
+    choices.push_back(choiceAt(lastRow));
+  } else {
+    // Row j chose after draft[0, j): its choice stands while every proposed token before it
+    // was the model's own choice.
+    choices.push_back(choiceAt(first));
+    while (choices.size() <= draft.size() && choices.back().id == draft[choices.size() - 1])
+      choices.push_back(choiceAt(first + static_cast<int64_t>(choices.size())));
+    const auto accepted = static_cast<int64_t>(choices.size());
+    lastRow = first + accepted - 1;
+    r.computed += accepted;  // the known token's and the confirmed proposals' positions
+    if (r.spec.sampling.doSample && plan.mode == ChoiceMode::kSample)
+      r.sampler.restoreDraws(accepted);
+    ++u.spec.steps;
+    u.spec.proposed += draft.size();
+    u.spec.accepted += static_cast<uint64_t>(accepted - 1);
+  }
+  r.medusa.clear();
+  if (!out.medusa.empty()) {
+    const int64_t heads = model_.speculativeHeads();
+    const auto rows = static_cast<int64_t>(plan.forward.logitRows.size());
+    for (int64_t h = 0; h < heads; ++h) r.medusa.push_back(out.medusa[h * rows + lastRow]);
+  }
+  GenerationResult g;
+  g.requestId = r.spec.id;
+  if (wasPrefilling && r.spec.prefillLogprobs && r.seq2seq) {
+    // The decoder's input, as TGI reports a seq2seq prefill: the start token, no log-prob.
+    const uint32_t start = r.tokens[0];
+    r.prefill.ids = {start};
+    r.prefill.logprobs = {std::numeric_limits<float>::quiet_NaN()};
+    r.prefill.texts = {tokenizer_.decode(std::span<const uint32_t>(&start, 1))};
+    r.prefill.isSpecial = {false};
+    g.prefillTokens = std::move(r.prefill);
+  } else if (wasPrefilling && r.spec.prefillLogprobs) {
+    for (uint32_t id : r.prefill.ids) {
+      r.prefill.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
+      r.prefill.isSpecial.push_back(tokenizer_.isSpecial(id));
+    }
+    g.prefillTokens = std::move(r.prefill);
+  }
+  std::optional<FinishReason> reason;
+  for (TokenChoice& choice : choices) {
+    r.append(choice.id);
+    std::string text = r.detok.step(choice.id);
+    reason = r.stopping.update(choice.id, text);
+    if (r.matcher && !r.matcher->ended()) {
+      // The mask allowed only tokens that continue the match, so this cannot fail; if it does,
+      // the request ends here rather than generating outside its grammar.
+      if (Status s = r.matcher->accept(choice.id); !s.ok()) {
+        spdlog::error("request {}: token outside its grammar: {}", r.spec.id, s.message());
+        if (!reason) reason = FinishReason::kStopSequence;
+      }
+    }
+    if (reason) text += r.detok.flush();  // the stream's pieces add up to the whole text
+    g.tokens.ids.push_back(choice.id);
+    g.tokens.logprobs.push_back(choice.logprob);
+    g.tokens.texts.push_back(std::move(text));
+    g.tokens.isSpecial.push_back(tokenizer_.isSpecial(choice.id));
+    if (r.spec.sampling.topNTokens > 0) {
+      TokenList top;
+      for (const auto& [id, lp] : choice.top) {
+        top.ids.push_back(id);
+        top.logprobs.push_back(lp);
+        top.texts.push_back(tokenizer_.decode(std::span<const uint32_t>(&id, 1)));
+        top.isSpecial.push_back(tokenizer_.isSpecial(id));
+      }
+      g.topTokens.push_back(std::move(top));
+    }
+    if (reason) break;  // what follows a stop is discarded
+  }
+  if (reason) {
+    FinishedText f;
+    f.text = tokenizer_.decode(r.generated, /*skipSpecialTokens=*/true);
+    f.generatedTokens = r.stopping.generatedTokens();
+    f.reason = *reason;
+    if (r.spec.sampling.doSample) f.seed = r.spec.sampling.seed;
+    g.finished = std::move(f);
+  } else {
+    u.keep = true;
+  }
+  u.result = std::move(g);
+  return u;
 }
 
 std::set<uint32_t> Engine::liveBlocks() const {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "textgen/grammar/grammar.h"
 
@@ -501,6 +502,93 @@ TEST_F(EngineTest, BadResumesAndBlockExtensionsAreRefused) {
   s = engine_->decode({7}, {{7, {100}}});
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->generations.size(), 1u);
+}
+
+}  // namespace
+}  // namespace textgen::runtime
+
+namespace textgen::runtime {
+namespace {
+
+// Everything a generation reports, log-probabilities to the bit.
+std::string describe(const GenerationResult& g) {
+  std::string s = std::to_string(g.requestId) + ":";
+  auto list = [&](const TokenList& l) {
+    for (size_t i = 0; i < l.ids.size(); ++i) {
+      s += " " + std::to_string(l.ids[i]) + "/" + std::to_string(l.logprobs[i]) + "/[" +
+           l.texts[i] + "]" + (l.isSpecial[i] ? "s" : "");
+    }
+  };
+  list(g.tokens);
+  for (const TokenList& top : g.topTokens) {
+    s += " top";
+    list(top);
+  }
+  if (g.finished) {
+    s += " finished " + std::to_string(static_cast<int>(g.finished->reason)) + " " +
+         std::to_string(g.finished->generatedTokens) + " [" + g.finished->text + "]";
+  }
+  if (g.error) s += " error " + *g.error;
+  return s;
+}
+
+// A step's update spread over the host workers gives exactly what one thread gives: request by
+// request and step by step, tokens, log-probabilities, texts, top tokens, finish reasons and final
+// texts, in the greedy path and the sampling path (seeded draws, top-n), with stop sequences
+// ending requests at different steps.
+TEST_F(EngineTest, UpdateOnHostWorkersEqualsOneThread) {
+  auto run = [&](int threads, bool sampled) {
+    Engine engine(*model_, *tok_, *backend_,
+                  EngineOptions{.blockSize = 4, .kvCacheBytes = 1 << 22, .updateThreads = threads});
+    EXPECT_TRUE(engine.warmup(0, {}, std::nullopt, 512, std::nullopt).ok());
+    const char* stops[] = {"e", " a", "o", "zzz"};
+    std::vector<RequestSpec> specs;
+    for (uint64_t id = 1; id <= 40; ++id) {
+      RequestSpec r = spec(id, static_cast<int>(id % 4), static_cast<uint32_t>(4 + id % 13),
+                           static_cast<uint32_t>(id * 10));
+      if (id % 3 == 0) r.stopping.stopSequences = {stops[id % 4]};
+      if (sampled && id % 2 == 0) {
+        r.sampling.doSample = true;
+        r.sampling.seed = id;
+        r.sampling.temperature = 0.7f;
+      }
+      if (sampled && id % 5 == 0) r.sampling.topNTokens = 3;
+      specs.push_back(std::move(r));
+    }
+    std::vector<std::string> log;
+    size_t steps = 0, finished = 0;
+    std::set<int> reasons;
+    auto s = engine.prefill(1, std::move(specs), std::nullopt);
+    while (s.ok()) {
+      ++steps;
+      for (const auto& g : s->generations) {
+        log.push_back(describe(g));
+        if (g.finished) {
+          ++finished;
+          reasons.insert(static_cast<int>(g.finished->reason));
+        }
+      }
+      if (!s->batch) break;
+      s = engine.decode({1});
+    }
+    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(finished, 40u);
+    EXPECT_GT(steps, 10u);
+    // Requests end at different steps (max_new_tokens from 4 to 16); greedily, some by their stop
+    // sequence (a stop matches where the text ends: the sampled texts end elsewhere).
+    EXPECT_TRUE(reasons.contains(static_cast<int>(FinishReason::kLength)));
+    if (!sampled) {
+      EXPECT_TRUE(reasons.contains(static_cast<int>(FinishReason::kStopSequence)));
+    }
+    return log;
+  };
+  for (bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "sampled" : "greedy");
+    const std::vector<std::string> one = run(1, sampled);
+    const std::vector<std::string> four = run(4, sampled);
+    ASSERT_EQ(one.size(), four.size());
+    for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], four[i]) << "generation " << i;
+  }
 }
 
 }  // namespace

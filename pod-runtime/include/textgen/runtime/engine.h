@@ -27,6 +27,8 @@ class GrammarCache;
 
 namespace textgen::runtime {
 
+class HostWorkers;
+
 struct RequestSpec {
   uint64_t id = 0;
   std::vector<uint32_t> inputIds;
@@ -122,6 +124,9 @@ struct EngineOptions {
   int64_t speculate = 0;
   // The watermark's green-list share and bias (TGI's --watermark-gamma / --watermark-delta).
   double watermarkGamma = 0.5, watermarkDelta = 2.0;
+  // Threads for a step's per-request host work (tokens, text, stopping), the caller included.
+  // 0: HostWorkers' default (half the cores, at most 8); 1: all on the engine's thread.
+  int updateThreads = 0;
 };
 
 // A step speculates only while its rows, proposals included, stay within this many.
@@ -172,6 +177,7 @@ class Engine {
   struct Batch;
   struct StepPlan;
   struct StepOutputs;
+  struct RequestUpdate;
   Status validate(const RequestSpec& r) const;
   // The request's grammar matcher, compiled or from the cache (INVALID_ARGUMENT: a bad grammar).
   Status attachGrammar(Request& r);
@@ -194,6 +200,8 @@ class Engine {
   StepPlan schedule(Batch& batch);
   StatusOr<StepOutputs> execute(const StepPlan& plan);
   StepResult update(Batch& batch, const StepPlan& plan, StepOutputs& outputs);
+  // Request `i` of the step's batch: independent of the others (the host workers run several).
+  RequestUpdate updateRequest(Request& r, size_t i, const StepPlan& plan, StepOutputs& outputs);
   BatchInfo info(const Batch& b) const;
 
   Model& model_;
@@ -210,6 +218,7 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;
   std::unique_ptr<GreenListCache> greens_;
   SpeculationStats specStats_;
+  std::unique_ptr<HostWorkers> workers_;  // null: one thread
 };
 
 }  // namespace textgen::runtime
