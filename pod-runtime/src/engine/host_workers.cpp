@@ -29,62 +29,66 @@ int HostWorkers::defaultThreads() {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 1, 8);
 }
 
-void HostWorkers::drain(const std::function<void(size_t)>& fn, size_t n) {
-  for (size_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n;
-       i = next_.fetch_add(1, std::memory_order_relaxed)) {
+void HostWorkers::drain(uint32_t generation, const std::function<void(size_t)>& fn, size_t n) {
+  const uint64_t tag = uint64_t{generation} << 32;
+  uint64_t c = claim_.load(std::memory_order_acquire);
+  while (true) {
+    // Another job's counter, or this one's items all claimed: nothing more to take.
+    if ((c & ~uint64_t{0xffffffff}) != tag || (c & 0xffffffff) >= n) return;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
     try {
-      fn(i);
+      fn(static_cast<size_t>(c & 0xffffffff));
     } catch (...) {
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(errorMu_);
       if (!error_) error_ = std::current_exception();
     }
+    // The caller returns once every item is done: past this, `fn` may be gone.
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    c = claim_.load(std::memory_order_acquire);
   }
 }
 
 void HostWorkers::forEach(size_t n, const std::function<void(size_t)>& fn) {
-  if (workers_.empty() || n < 2) {
+  if (workers_.empty() || n < 2 || n > 0xffffffff) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  uint32_t generation = 0;
   {
     std::lock_guard lock(mu_);
+    generation = ++generation_;
     job_ = &fn;
     size_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    busy_ = static_cast<int>(workers_.size());
-    error_ = nullptr;
-    ++generation_;
+    done_.store(0, std::memory_order_relaxed);
+    claim_.store(uint64_t{generation} << 32, std::memory_order_release);
   }
   wake_.notify_all();
-  drain(fn, n);
+  drain(generation, fn, n);
+  // The last items may still run on workers: each is a few microseconds.
+  while (done_.load(std::memory_order_acquire) < n) std::this_thread::yield();
   std::exception_ptr error;
   {
-    // Every worker leaves the job before the next one starts (a late one must not claim the
-    // next job's indices with this job's function).
-    std::unique_lock lock(mu_);
-    done_.wait(lock, [&] { return busy_ == 0; });
-    job_ = nullptr;
+    std::lock_guard lock(errorMu_);
     error = std::exchange(error_, nullptr);
   }
   if (error) std::rethrow_exception(error);
 }
 
 void HostWorkers::loop() {
-  uint64_t seen = 0;
-  for (;;) {
+  uint32_t seen = 0;
+  while (true) {
     const std::function<void(size_t)>* job = nullptr;
     size_t n = 0;
+    uint32_t generation = 0;
     {
       std::unique_lock lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
-      seen = generation_;
+      seen = generation = generation_;
       job = job_;
       n = size_;
     }
-    drain(*job, n);
-    std::lock_guard lock(mu_);
-    if (--busy_ == 0) done_.notify_one();
+    drain(generation, *job, n);
   }
 }
 

@@ -1,12 +1,14 @@
 // A few persistent threads for a step's per-request host work: the update after a forward
 // (detokenization, stop sequences, each request's result) sits between two GPU steps, and at a
-// few hundred rows it is a millisecond on one core. The calling thread works too. One call at a
-// time (the engine is driven by one thread).
+// few hundred rows it is a millisecond on one core. The calling thread works too, and never waits
+// for a worker to wake: a call ends when its items are done, whoever did them. One call at a time
+// (the engine is driven by one thread).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -35,18 +37,22 @@ class HostWorkers {
 
  private:
   void loop();
-  void drain(const std::function<void(size_t)>& fn, size_t n);
+  // Claims and runs items of job `generation` until none is left (or a later job started).
+  void drain(uint32_t generation, const std::function<void(size_t)>& fn, size_t n);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_;
   const std::function<void(size_t)>* job_ = nullptr;  // guarded by mu_
   size_t size_ = 0;                                   // guarded by mu_
-  uint64_t generation_ = 0;                           // guarded by mu_: one per forEach
-  int busy_ = 0;                                      // guarded by mu_: workers in this job
+  uint32_t generation_ = 0;                           // guarded by mu_: one per forEach
   bool stop_ = false;                                 // guarded by mu_
-  std::exception_ptr error_;                          // guarded by mu_
-  std::atomic<size_t> next_{0};                       // the next index to claim
+  // The claim counter: the job's generation in the high 32 bits, its next index in the low 32.
+  // A worker that wakes after its job ended finds another generation there and claims nothing.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<size_t> done_{0};  // items of the current job that have returned
+  std::mutex errorMu_;
+  std::exception_ptr error_;  // guarded by errorMu_
 };
 
 }  // namespace textgen::runtime
