@@ -1034,6 +1034,32 @@ void Engine::clear(std::optional<uint64_t> batchId) {
   }
 }
 
+Status Engine::captureDecodeGraphs() {
+  const std::vector<int64_t> sizes = model_.graphBatchSizes();
+  if (sizes.empty() || model_.config().isEncoderDecoder) return okStatus();
+  const uint64_t start = nowNs();
+  // Each size's batch: that many one-token sequences at position 0, all in block 0 (reserved: the
+  // router never gives it to a request, and graphs pad with it), so they write no request's KV.
+  const std::vector<uint32_t> table{0};
+  for (int64_t n : sizes) {
+    ForwardBatch fb;
+    fb.decode = true;
+    for (int64_t i = 0; i < n; ++i) {
+      fb.tokenIds.push_back(0);
+      fb.slots.push_back(0);
+      fb.sequences.push_back({.firstRow = i, .numRows = 1, .startPos = 0, .blocks = table});
+      fb.logitRows.push_back(i);
+    }
+    TG_ASSIGN_OR_RETURN(const LogitsView logits, model_.forwardLogits(fb, *cache_));
+    TG_RETURN_IF_ERROR(sampler_.greedy(logits).status());
+  }
+  TG_RETURN_IF_ERROR(backend_.synchronize());
+  spdlog::info("decode graphs for batch sizes {} to {} ({} sizes) captured in {:.2f} s",
+               sizes.front(), sizes.back(), sizes.size(),
+               static_cast<double>(nowNs() - start) * 1e-9);
+  return okStatus();
+}
+
 StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec> requests,
                                       std::optional<uint32_t> maxInputTokens,
                                       uint32_t maxPrefillTokens,
@@ -1116,6 +1142,7 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
       return cache.status().withContext("KV cache of " + std::to_string(numBlocks) + " blocks");
     cache_ = std::move(*cache);
   }
+  TG_RETURN_IF_ERROR(captureDecodeGraphs().withContext("capturing the decode graphs"));
   WarmupResult w;
   w.maxSupportedTotalTokens =
       static_cast<uint32_t>(std::min<int64_t>(numBlocks * options_.blockSize, UINT32_MAX));

@@ -40,6 +40,7 @@ class ModelRunner final : public Model {
   StatusOr<LogitsView> forwardLogits(const ForwardBatch& b, KvCache& cache) override;
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override;
   int64_t speculativeHeads() const override { return medusa_ ? medusa_->heads() : 0; }
+  std::vector<int64_t> graphBatchSizes() const override { return graphSizes_; }
   StatusOr<std::vector<uint32_t>> speculativeIds() override;
 
  private:

@@ -252,7 +252,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   // A new generation (the first, or the rerun) with its prompt length; returns its epoch.
   int begin(uint32_t promptTokens, uint32_t maxNewTokens, std::shared_ptr<RequestControl> c) {
     std::lock_guard lock(mutex_);
-    if (cancelled_) c->cancelled = true;  // the client left while the rerun was on its way
+    if (cancelled_) c->cancel();  // the client left while the rerun was on its way
     promptTokens_ = promptTokens;
     maxNewTokens_ = maxNewTokens;
     control_ = std::move(c);
@@ -326,7 +326,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   void cancel() {
     std::lock_guard lock(mutex_);
     cancelled_ = true;
-    if (control_) control_->cancelled = true;
+    if (control_) control_->cancel();
   }
   bool cancelled() {
     std::lock_guard lock(mutex_);
@@ -358,7 +358,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   }
 
   void write(const json& j) {
-    if (!s_.stream->write("data: " + dump(j) + "\n\n") && control_) control_->cancelled = true;
+    if (!s_.stream->write("data: " + dump(j) + "\n\n") && control_) control_->cancel();
   }
 
   // The arguments text streamed so far is `{` + body[0, sent_); the body is what follows the name
@@ -428,7 +428,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
   void rerun(std::unique_lock<std::mutex>& lock) {
     if (control_) {
       control_->superseded = true;  // before cancelled: the batcher reads them in that order
-      control_->cancelled = true;
+      control_->cancel();
     }
     ++epoch_;  // this generation's remaining calls are ignored
     s_.usingTools = false;
@@ -541,7 +541,7 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
 
   void fail(const Status& e, const GenerationError& err) {
     done_ = true;
-    if (control_) control_->cancelled = true;
+    if (control_) control_->cancel();
     if (err.countAs) s_.metrics->counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (s_.stream) {
       if (err.status) s_.stream->write("data: " + errorJson(e.message(), err.type) + "\n\n");
@@ -687,7 +687,7 @@ void RouterApp::chatCompletions(const HttpRequest& request,
           }
           v->trace = trace->infer();
           const int epoch = sink->begin(v->inputLength, v->maxNewTokens, control);
-          if (control->cancelled) {  // the client left: nothing to run
+          if (control->cancelled()) {  // the client left: nothing to run
             sink->onError(epoch, cancelledError("the client went away"));
             return;
           }

@@ -73,7 +73,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
                   {"finish_reason", g.generatedText ? json(finish_[index]) : json(nullptr)}};
       if (!stream_->write("data: " + dump(chunk(json::array({choice}), "text_completion")) +
                           "\n\n")) {
-        control->cancelled = true;
+        control->cancel();
       }
     }
     if (finished_ == texts_.size()) complete();
@@ -98,7 +98,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
     std::lock_guard lock(mutex_);
     if (done_) return;
     done_ = true;
-    for (const auto& c : controls_) c->cancelled = true;
+    for (const auto& c : controls_) c->cancel();
     const GenerationError err = generationError(e);
     if (err.countAs) metrics_.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (stream_) {

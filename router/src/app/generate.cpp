@@ -178,7 +178,7 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
     std::lock_guard lock(mutex_);
     if (done_) return;
     done_ = true;
-    for (const auto& c : controls_) c->cancelled = true;
+    for (const auto& c : controls_) c->cancel();
     tracker_->release();
     const GenerationError err = generationError(e);
     if (err.countAs) tracker_->metrics.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
@@ -287,7 +287,7 @@ class StreamSink final : public ResponseSink {
             {"input_length", request_.inputLength}};
       }
       if (!stream_->write("data:" + dump(event) + "\n\n")) {
-        control_->cancelled = true;  // the client left: the batcher drops the request this step
+        control_->cancel();  // the client left: the batcher drops the request this step
         break;
       }
     }
@@ -296,7 +296,7 @@ class StreamSink final : public ResponseSink {
       finish();
       tracker_->trace.attribute("generated_tokens", int64_t{c_.generated->generatedTokens});
       tracker_->trace.finish(&c_.times, c_.end);
-    } else if (control_->cancelled) {
+    } else if (control_->cancelled()) {
       finish();
       const std::string left = "the client went away";
       tracker_->trace.finish(&c_.times, std::nullopt, &left);

@@ -29,7 +29,7 @@ GenerationError generationError(const Status& error) {
 void cancelOnDisconnect(HttpResponder& responder,
                         std::vector<std::shared_ptr<RequestControl>> controls) {
   responder.onDisconnect([controls = std::move(controls)] {
-    for (const auto& c : controls) c->cancelled = true;
+    for (const auto& c : controls) c->cancel();
   });
 }
 

@@ -449,7 +449,7 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   for (Generation& g : out->generations) {
     auto it = active_.find(g.requestId);
     if (it == active_.end()) continue;
-    if (it->second.control && it->second.control->cancelled) {
+    if (it->second.leaving()) {
       flush();  // what it was told before, first
       drop(g.requestId, clientLeft());
       continue;
@@ -488,7 +488,7 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   for (uint64_t id : batch->requestIds) {
     auto it = active_.find(id);
     if (it == active_.end()) continue;
-    if (it->second.control && it->second.control->cancelled) {
+    if (it->second.leaving()) {
       drop(id, clientLeft());
       continue;
     }
@@ -594,7 +594,7 @@ bool Batcher::pipelinable(const StatusOr<StepOutput>& out) {
   if (!options_.pipelineDecode || !out.ok() || !out->batch || stop_) return false;
   for (uint64_t id : out->batch->requestIds) {
     auto it = active_.find(id);
-    if (it == active_.end() || (it->second.control && it->second.control->cancelled)) return false;
+    if (it == active_.end() || (it->second.leaving())) return false;
   }
   std::lock_guard lock(mutex_);
   return queue_.empty();
@@ -607,7 +607,7 @@ bool Batcher::mayStepAhead(const std::optional<CachedBatch>& running) {
   bool goesOn = false;
   for (uint64_t id : running->requestIds) {
     auto it = active_.find(id);
-    if (it == active_.end() || (it->second.control && it->second.control->cancelled)) return false;
+    if (it == active_.end() || (it->second.leaving())) return false;
     const Active& a = it->second;
     // Ends by max_new_tokens in the step in flight: its next token is that step's.
     goesOn |= a.tokens.empty() || a.maxNewTokens == 0 ||
@@ -801,7 +801,11 @@ void Batcher::run() {
         // Requests of the step that neither got a token nor stay in its batch (a shard that lost
         // them): failed, rather than left waiting with their blocks.
         std::vector<uint64_t> lost;
-        if (out.ok()) {
+        // Usually each request of the batch has its generation, in the batch's order.
+        bool complete = out.ok() && out->generations.size() == running->requestIds.size();
+        for (size_t k = 0; complete && k < running->requestIds.size(); ++k)
+          complete = out->generations[k].requestId == running->requestIds[k];
+        if (out.ok() && !complete) {
           std::unordered_set<uint64_t> seen;
           for (const Generation& g : out->generations) seen.insert(g.requestId);
           if (out->batch) seen.insert(out->batch->requestIds.begin(), out->batch->requestIds.end());

@@ -10,7 +10,7 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
   // Requests whose client left go first, wherever they wait: not only once they reach the head
   // (a head that cannot get blocks would keep them, their sinks and connections, meanwhile).
   std::erase_if(entries_, [&](const QueueEntry& e) {
-    if (!e.control || !e.control->cancelled) return false;
+    if (!e.control || !e.control->cancelled()) return false;
     if (metrics_ && !e.control->superseded)
       metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
     if (dropped) dropped->push_back(e.id);
@@ -24,7 +24,7 @@ std::vector<BatchEntry> Queue::nextBatch(std::optional<size_t> minSize,
   while (!entries_.empty()) {
     QueueEntry entry = std::move(entries_.front());
     entries_.pop_front();
-    if (entry.control && entry.control->cancelled) {
+    if (entry.control && entry.control->cancelled()) {
       if (metrics_ && !entry.control->superseded)
         metrics_->counterAdd("tgi_request_failure", 1, {{"err", "dropped"}});
       if (dropped) dropped->push_back(entry.id);

@@ -432,7 +432,7 @@ TEST(BatcherTest, DisconnectIsDroppedWithinAStepAndFreesItsBlocks) {
   auto staying = std::make_shared<Collector>();
   // The client of request 1 disconnects after its 3rd token.
   leaving->onToken = [&](size_t n) {
-    if (n == 3) control->cancelled = true;
+    if (n == 3) control->cancel();
   };
   std::promise<void> open;  // both in the first batch, so dropping request 1 is a filter
   shards.gate = open.get_future().share();
@@ -455,7 +455,7 @@ TEST(BatcherTest, ACancelledRequestThatFinishesInTheSameStepFreesItsBlocks) {
   auto control = std::make_shared<RequestControl>();
   auto sink = std::make_shared<Collector>();
   sink->onToken = [&](size_t n) {
-    if (n == 2) control->cancelled = true;  // the step that would deliver token 3 ends it
+    if (n == 2) control->cancel();  // the step that would deliver token 3 ends it
   };
   b.submit(1, request(4, 3), control, sink);
   ASSERT_TRUE(sink->wait());
@@ -476,7 +476,7 @@ TEST(BatcherTest, ARequestCancelledWhileQueuedIsToldAndNeverRuns) {
   auto control = std::make_shared<RequestControl>();
   auto queued = std::make_shared<Collector>();
   b.submit(2, request(4, 5), control, queued);
-  control->cancelled = true;
+  control->cancel();
   open.set_value();
   ASSERT_TRUE(first->wait());
   ASSERT_TRUE(queued->wait());
@@ -710,7 +710,7 @@ TEST(BatcherPrefixTest, CancellingASharerFreesItsReferencesAndTheCacheStaysValid
   auto control = std::make_shared<RequestControl>();
   auto cancelled = std::make_shared<Collector>();
   cancelled->onToken = [&](size_t n) {
-    if (n == 3) control->cancelled = true;
+    if (n == 3) control->cancel();
   };
   b.submit(2, prompted(prompt, 20), control, cancelled);
   ASSERT_TRUE(cancelled->wait());
@@ -776,7 +776,7 @@ TEST(BatcherPrefixTest, ManySharersUnderBlockPressure) {
       if (rng() % 5 == 0) {
         const size_t at = 1 + rng() % maxNew;
         sink->onToken = [control, at](size_t n) {
-          if (n == at) control->cancelled = true;
+          if (n == at) control->cancel();
         };
       }
       b.submit(id, prompted(std::move(p), maxNew), control, sink);
@@ -858,7 +858,10 @@ TEST(BatcherPipelineTest, DecodesGoOutWhileTheStepBeforeRuns) {
     for (size_t i = 0; i < lengths.size(); ++i) {
       sinks.push_back(std::make_shared<Collector>());
       auto control = i == 2 ? leaver : std::make_shared<RequestControl>();
-      if (i == 2) sinks.back()->onToken = [&](size_t n) { leaver->cancelled = n == 5; };
+      if (i == 2)
+        sinks.back()->onToken = [&](size_t n) {
+          if (n == 5) leaver->cancel();
+        };
       b.submit(i + 1, prompted(iota(static_cast<uint32_t>(i) * 100, 5), lengths[i]), control,
                sinks.back());
     }
@@ -991,7 +994,7 @@ TEST(BatcherDeliveryTest, AnErrorFollowsTheTokensBeforeIt) {
     void onGeneration(const Generation& g, const RequestTimes&) override {
       std::lock_guard lock(m_);
       e_.push_back("token " + std::to_string(g.tokens.ids.at(0)));
-      if (e_.size() == 5) c_->cancelled = true;
+      if (e_.size() == 5) c_->cancel();
     }
     void onError(const Status& s) override {
       std::lock_guard lock(m_);
@@ -1124,7 +1127,7 @@ TEST(BatcherPreemptionTest, CancellingAPreemptedRequestFreesItsBlocks) {
     if (id == 6) {
       auto c = controls.back();
       sinks.back()->onToken = [c](size_t n) {
-        if (n == 4) c->cancelled = true;
+        if (n == 4) c->cancel();
       };
     }
     b.submit(id, prompted(iota(static_cast<uint32_t>(id) * 1000, 6), 18), controls.back(),

@@ -114,7 +114,7 @@ TEST(QueueTest, DroppedClientsAreSkippedAndCounted) {
   Queue q(16, false, &m);
   BlockAllocator blocks(100, 16);
   auto gone = std::make_shared<RequestControl>();
-  gone->cancelled = true;
+  gone->cancel();
   q.append(entry(1, 4, 4, gone));
   q.append(entry(2, 4, 4, std::make_shared<RequestControl>()));
   EXPECT_EQ(ids(q.nextBatch(std::nullopt, std::nullopt, 100, blocks)), (std::vector<uint64_t>{2}));
@@ -128,7 +128,7 @@ TEST(QueueTest, ClientsThatLeftAreDroppedEvenBehindAHeadThatWaitsForBlocks) {
   q.append(entry(1, 40, 40, std::make_shared<RequestControl>()));  // needs 5 blocks: waits
   auto gone = std::make_shared<RequestControl>();
   q.append(entry(2, 4, 4, gone));
-  gone->cancelled = true;
+  gone->cancel();
   std::vector<uint64_t> dropped;
   EXPECT_TRUE(q.nextBatch(std::nullopt, std::nullopt, 100, blocks, &dropped).empty());
   EXPECT_EQ(dropped, std::vector<uint64_t>{2});  // not held until request 1 gets its blocks

@@ -203,6 +203,9 @@ class Engine {
   // Request `i` of the step's batch: independent of the others (the host workers run several).
   RequestUpdate updateRequest(Request& r, size_t i, const StepPlan& plan, StepOutputs& outputs);
   BatchInfo info(const Batch& b) const;
+  // Every decode graph of the model captured (and its GEMMs tuned) at Warmup, as TGI does, rather
+  // than in the first step of each batch size that some request takes.
+  Status captureDecodeGraphs();
 
   Model& model_;
   const tokenizer::Tokenizer& tokenizer_;

@@ -128,6 +128,9 @@ class Model {
   virtual StatusOr<LogitsView> forwardLogits(const ForwardBatch& batch, KvCache& cache) = 0;
   // forwardLogits, then downloadLogits: [logitRows.size(), vocab] on the host (tests, benches).
   virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;
+  // The batch sizes whose decode steps replay a captured graph (ModelOptions::graphBatchSizes,
+  // ascending); empty when none do.
+  virtual std::vector<int64_t> graphBatchSizes() const { return {}; }
   // Medusa heads loaded with the model (ModelOptions::medusaDir), 0 without.
   virtual int64_t speculativeHeads() const { return 0; }
   // After a forward, each head's arg-max at each of its logit rows: [heads][logitRows] (a blocking

@@ -129,6 +129,19 @@ class Batcher {
     uint32_t maxNewTokens = 0;     // its max_new_tokens, over every admission
     ValidRequest request;          // its parameters, to queue it again (inputIds moved to tokens)
     std::optional<tracing::SpanContext> trace;  // its infer span, when traced
+    // Whether its client left. The shared flag is read again only after some request's cancel()
+    // since this one's last read (RequestControl::cancellations): a step over a few hundred
+    // requests would otherwise miss the cache on every flag.
+    bool leaving() {
+      const uint64_t now = RequestControl::cancellations();
+      if (now != seenCancellations) {
+        seenCancellations = now;
+        left = control && control->cancelled();
+      }
+      return left;
+    }
+    uint64_t seenCancellations = ~uint64_t{0};
+    bool left = false;
   };
 
   void run();
