@@ -4,12 +4,17 @@
 #include <system_error>
 #include <utility>
 
+#include "textgen/base/thread_name.h"
+
 namespace textgen::runtime {
 
 HostWorkers::HostWorkers(int threads) {
   for (int t = 1; t < threads; ++t) {
     try {
-      workers_.emplace_back([this] { loop(); });
+      workers_.emplace_back([this] {
+        setThreadName("tg-update");
+        loop();
+      });
     } catch (const std::system_error&) {
       break;  // fewer threads than asked (a limit on threads): the caller does the rest
     }

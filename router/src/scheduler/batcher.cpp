@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "textgen/base/log.h"
+#include "textgen/base/thread_name.h"
 
 namespace textgen::router {
 
@@ -20,11 +21,19 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
              options.growBlocks && options.supportChunking && !options.encoderDecoder,
              options.encoderDecoder),
       allocator_(options.numBlocks, options.blockSize, options.prefixCaching) {
-  if (options_.deliveryThread) deliverer_ = std::thread([this] { deliverLoop(); });
+  if (options_.deliveryThread)
+    deliverer_ = std::thread([this] {
+      setThreadName("tg-deliver");
+      deliverLoop();
+    });
   // Decode calls run on threads of their own, two at most at a time (the step in flight and the
   // one sent after it): started once, not per step.
   try {
-    for (int i = 0; i < 2; ++i) senders_.emplace_back([this] { sendLoop(); });
+    for (int i = 0; i < 2; ++i)
+      senders_.emplace_back([this] {
+        setThreadName("tg-send");
+        sendLoop();
+      });
   } catch (const std::system_error& e) {
     spdlog::warn("decode sender threads: {}; stepping without pipelining", e.what());
   }
@@ -33,7 +42,10 @@ Batcher::Batcher(ShardGroup& shards, BatcherOptions options, MetricsRegistry* me
   std::random_device seed;
   decodeSteps_ = ((uint64_t{seed()} << 32) | seed()) >> 2;
   try {
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      setThreadName("tg-batcher");
+      run();
+    });
   } catch (...) {
     {
       std::lock_guard lock(sendMu_);
@@ -289,8 +301,9 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
   std::vector<BlockExtension> extensions;
   preempted_ = false;
   if (!queue_.growing() || !batch) return extensions;
-  std::map<uint64_t, uint32_t> more;  // tokens of the pending step
+  std::unordered_map<uint64_t, uint32_t> more;  // tokens of the pending step
   if (pending) {
+    more.reserve(pending->generations.size());
     for (const Generation& g : pending->generations) more[g.requestId] += g.tokens.ids.size();
   }
   std::vector<uint64_t> victims;
@@ -301,7 +314,8 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
       if (it == active_.end() || it->second.tokens.empty()) continue;  // gone, or never grows
       Active& a = it->second;
       // The next step writes the position of its last token: the prompt's last while prefilling.
-      auto need = static_cast<uint32_t>(a.tokens.size()) + more[id];
+      auto need = static_cast<uint32_t>(a.tokens.size());
+      if (auto m = more.find(id); m != more.end()) need += m->second;
       if (stepAhead) {
         // After the step in flight: one more token, unless that step gives it its last.
         const uint32_t most = a.promptLen - a.generatedBefore + a.maxNewTokens - 1;
@@ -425,18 +439,22 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
                                std::chrono::duration<double>(out->total).count(), m);
   }
   // The step's tokens reach their clients on the delivery thread, in order, after this returns.
+  // The step's output goes with them, and is freed there too: at a few hundred rows, freeing its
+  // generations was a large share of this thread's work per step.
+  std::optional<CachedBatch> batch = std::move(out->batch);
+  const auto step = std::make_shared<const StepOutput>(std::move(*out));
   struct Delivery {
     std::shared_ptr<ResponseSink> sink;
-    Generation generation;
+    const Generation* generation;  // in `step`
     RequestTimes times;
   };
   std::vector<Delivery> deliveries;
-  deliveries.reserve(out->generations.size());
+  deliveries.reserve(step->generations.size());
   auto flush = [&] {
     if (deliveries.empty()) return;
-    deliver([this, deliveries = std::move(deliveries), method] {
+    deliver([this, step, deliveries = std::move(deliveries), method] {
       const auto start = std::chrono::steady_clock::now();
-      for (const Delivery& d : deliveries) d.sink->onGeneration(d.generation, d.times);
+      for (const Delivery& d : deliveries) d.sink->onGeneration(*d.generation, d.times);
       if (metrics_) {
         metrics_->histogramObserve(
             "textgen_batch_delivery_duration",
@@ -446,7 +464,7 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     });
     deliveries.clear();
   };
-  for (Generation& g : out->generations) {
+  for (const Generation& g : step->generations) {
     auto it = active_.find(g.requestId);
     if (it == active_.end()) continue;
     if (it->second.leaving()) {
@@ -475,11 +493,10 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     }
     const uint64_t id = g.requestId;
     const bool last = g.generatedText.has_value();
-    deliveries.push_back({it->second.sink, std::move(g), it->second.times});
+    deliveries.push_back({it->second.sink, &g, it->second.times});
     if (last) finish(id);  // free before the last delivery, as in failAll
   }
   flush();
-  std::optional<CachedBatch> batch = out->batch;
   if (!batch) return std::nullopt;
   // The next step already runs this batch: the requests dropped above are filtered after it.
   if (!mayFilter) return batch;
