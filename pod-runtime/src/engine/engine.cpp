@@ -1114,6 +1114,11 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
     TG_ASSIGN_OR_RETURN(
         cache_, KvCache::create(backend_, kv, needed, options_.blockSize, dtype, cacheDtype));
     TG_RETURN_IF_ERROR(runWarmupBatch());
+    // Logits for a step of up to max_batch_prefill_tokens rows or sequences, counted before the
+    // pool (a decode of more sequences than the largest graph no longer allocates them later).
+    TG_RETURN_IF_ERROR(model_.reserveLogitRows(maxPrefillTokens)
+                           .withContext("buffers for " + std::to_string(maxPrefillTokens) +
+                                        " logit rows (--max-batch-prefill-tokens)"));
     cache_.reset();
     TG_RETURN_IF_ERROR(backend_.synchronize());
     const MemoryInfo mem = *backend_.memoryInfo();

@@ -34,7 +34,7 @@ int HostWorkers::defaultThreads() {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 1, 8);
 }
 
-void HostWorkers::drain(uint32_t generation, const std::function<void(size_t)>& fn, size_t n) {
+void HostWorkers::drain(uint32_t generation, const std::function<void(size_t)>* fn, size_t n) {
   const uint64_t tag = uint64_t{generation} << 32;
   uint64_t c = claim_.load(std::memory_order_acquire);
   while (true) {
@@ -42,7 +42,7 @@ void HostWorkers::drain(uint32_t generation, const std::function<void(size_t)>& 
     if ((c & ~uint64_t{0xffffffff}) != tag || (c & 0xffffffff) >= n) return;
     if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
     try {
-      fn(static_cast<size_t>(c & 0xffffffff));
+      (*fn)(static_cast<size_t>(c & 0xffffffff));  // alive: its forEach waits for this item
     } catch (...) {
       std::lock_guard lock(errorMu_);
       if (!error_) error_ = std::current_exception();
@@ -55,7 +55,15 @@ void HostWorkers::drain(uint32_t generation, const std::function<void(size_t)>& 
 
 void HostWorkers::forEach(size_t n, const std::function<void(size_t)>& fn) {
   if (workers_.empty() || n < 2 || n > 0xffffffff) {
-    for (size_t i = 0; i < n; ++i) fn(i);
+    std::exception_ptr error;
+    for (size_t i = 0; i < n; ++i) {
+      try {
+        fn(i);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
     return;
   }
   uint32_t generation = 0;
@@ -68,7 +76,7 @@ void HostWorkers::forEach(size_t n, const std::function<void(size_t)>& fn) {
     claim_.store(uint64_t{generation} << 32, std::memory_order_release);
   }
   wake_.notify_all();
-  drain(generation, fn, n);
+  drain(generation, &fn, n);
   // The last items may still run on workers: each is a few microseconds.
   while (done_.load(std::memory_order_acquire) < n) std::this_thread::yield();
   std::exception_ptr error;
@@ -93,7 +101,7 @@ void HostWorkers::loop() {
       job = job_;
       n = size_;
     }
-    drain(generation, *job, n);
+    drain(generation, job, n);  // claims nothing if that call has ended (job may be gone)
   }
 }
 

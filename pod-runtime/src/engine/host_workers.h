@@ -38,7 +38,7 @@ class HostWorkers {
  private:
   void loop();
   // Claims and runs items of job `generation` until none is left (or a later job started).
-  void drain(uint32_t generation, const std::function<void(size_t)>& fn, size_t n);
+  void drain(uint32_t generation, const std::function<void(size_t)>* fn, size_t n);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;

@@ -1,9 +1,11 @@
 #include "models/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "layers/forward_context.h"
 #include "layers/weight_loader.h"
+#include "textgen/base/log.h"
 #include "textgen/kernels/half.h"
 #include "textgen/runtime/rope.h"
 
@@ -248,6 +250,7 @@ Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, GraphShape s
   if (it == graphs_.end()) {
     // One eager forward first: GEMM plans are tuned (timing them, which no capture allows) and
     // modules loaded outside the capture. The graph then recomputes the same rows.
+    const auto start = std::chrono::steady_clock::now();
     TG_RETURN_IF_ERROR(enqueue(meta, cache, nullptr));
     TG_RETURN_IF_ERROR(backend_.beginCapture());
     const Status st = enqueue(meta, cache, nullptr);
@@ -257,6 +260,12 @@ Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, GraphShape s
                                       std::to_string(shape.rows) + " rows"));
     if (!graph.ok()) return graph.status();
     it = graphs_.emplace(shape, std::move(*graph)).first;
+    // Warmup captures the one-row graphs; a capture while serving (speculation's shapes, or
+    // after the buffers moved) costs its step this long.
+    spdlog::info("decode graph of {} x {} rows captured ({:.1f} ms on the host)", shape.bucket,
+                 shape.rows,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
   }
   return backend_.launch(*it->second);
 }

@@ -41,6 +41,9 @@ class ModelRunner final : public Model {
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override;
   int64_t speculativeHeads() const override { return medusa_ ? medusa_->heads() : 0; }
   std::vector<int64_t> graphBatchSizes() const override { return graphSizes_; }
+  Status reserveLogitRows(int64_t logitRows) override {
+    return reserve(std::max<int64_t>(ws_.rows, 1), logitRows);
+  }
   StatusOr<std::vector<uint32_t>> speculativeIds() override;
 
  private:
