@@ -1114,11 +1114,16 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
     TG_ASSIGN_OR_RETURN(
         cache_, KvCache::create(backend_, kv, needed, options_.blockSize, dtype, cacheDtype));
     TG_RETURN_IF_ERROR(runWarmupBatch());
-    // Logits for a step of up to max_batch_prefill_tokens rows or sequences, counted before the
-    // pool (a decode of more sequences than the largest graph no longer allocates them later).
-    TG_RETURN_IF_ERROR(model_.reserveLogitRows(maxPrefillTokens)
+    // Buffers for a step of up to max_batch_prefill_tokens logit rows (sequences, or prompt rows
+    // with their log-probabilities), and for a mixed step's rows (its prompt chunks end on block
+    // boundaries and its decode rows ride along: up to the largest graph's rows more), counted
+    // before the pool: a step past the largest graph no longer allocates them (and drops every
+    // captured graph) after the pool has taken the free memory.
+    const std::vector<int64_t> graphs = model_.graphBatchSizes();
+    const int64_t slack = std::max<int64_t>(graphs.empty() ? 0 : graphs.back(), options_.blockSize);
+    TG_RETURN_IF_ERROR(model_.reserveRows(int64_t{maxPrefillTokens} + slack, maxPrefillTokens)
                            .withContext("buffers for " + std::to_string(maxPrefillTokens) +
-                                        " logit rows (--max-batch-prefill-tokens)"));
+                                        " prompt tokens (--max-batch-prefill-tokens)"));
     cache_.reset();
     TG_RETURN_IF_ERROR(backend_.synchronize());
     const MemoryInfo mem = *backend_.memoryInfo();

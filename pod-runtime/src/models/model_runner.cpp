@@ -237,6 +237,7 @@ BatchMetadata::Layout ModelRunner::graphLayout(GraphShape shape, const KvCache& 
 // KV cache or the activation buffers change).
 Status ModelRunner::runGraph(const ForwardBatch& b, KvCache& cache, GraphShape shape) {
   if (cache.id() != graphCacheId_) {
+    if (!graphs_.empty()) spdlog::info("decode graphs dropped: a new KV cache");
     graphs_.clear();
     graphCacheId_ = cache.id();
   }
@@ -427,6 +428,10 @@ Status ModelRunner::reserve(int64_t rows, int64_t logitRows) {
     st = medusa_->reserve(backend_, config_, part_, dtype_, std::min(logitRows, medusaRowLimit()),
                           medusaMoved);
     moved = moved || medusaMoved;
+  }
+  if (moved && !graphs_.empty()) {
+    spdlog::info("decode graphs dropped: the activation buffers grew to {} rows, {} logit rows",
+                 ws_.rows, ws_.logitRows);
   }
   if (moved) graphs_.clear();  // their pointers move (even when an allocation failed)
   return st;

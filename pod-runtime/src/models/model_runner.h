@@ -41,8 +41,8 @@ class ModelRunner final : public Model {
   StatusOr<std::vector<float>> forward(const ForwardBatch& b, KvCache& cache) override;
   int64_t speculativeHeads() const override { return medusa_ ? medusa_->heads() : 0; }
   std::vector<int64_t> graphBatchSizes() const override { return graphSizes_; }
-  Status reserveLogitRows(int64_t logitRows) override {
-    return reserve(std::max<int64_t>(ws_.rows, 1), logitRows);
+  Status reserveRows(int64_t rows, int64_t logitRows) override {
+    return reserve(std::max(ws_.rows, rows), std::max(ws_.logitRows, logitRows));
   }
   StatusOr<std::vector<uint32_t>> speculativeIds() override;
 

@@ -128,11 +128,12 @@ class Model {
   virtual StatusOr<LogitsView> forwardLogits(const ForwardBatch& batch, KvCache& cache) = 0;
   // forwardLogits, then downloadLogits: [logitRows.size(), vocab] on the host (tests, benches).
   virtual StatusOr<std::vector<float>> forward(const ForwardBatch& batch, KvCache& cache) = 0;
-  // Buffers for forwards that want up to `logitRows` logit rows (a decode of that many sequences,
-  // or a prefill with its prompt's log-probabilities) allocated now: at Warmup, before the KV pool
-  // takes the free memory, so that no later step allocates them (or, by moving them, drops the
-  // captured graphs).
-  virtual Status reserveLogitRows(int64_t logitRows) {
+  // Buffers for forwards of up to `rows` rows that want up to `logitRows` logit rows (a decode of
+  // that many sequences, or a prefill with its prompt's log-probabilities) allocated now: at
+  // Warmup, before the KV pool takes the free memory, so that no later step allocates them (or, by
+  // moving them, drops the captured graphs).
+  virtual Status reserveRows(int64_t rows, int64_t logitRows) {
+    (void)rows;
     (void)logitRows;
     return okStatus();
   }
