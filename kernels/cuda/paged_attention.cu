@@ -80,21 +80,25 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // 1.4 TB/s on an H100.
 template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias, int kLanes = 32>
 __global__ void __launch_bounds__(kWarps * 32)
-    splitKernel(PagedAttentionParams p, int partition, int numSplits, int tilesPerKv,
-                int flashMinRows) {
+    splitKernel(PagedAttentionParams p, int numSplits, int tilesPerKv, int flashMinRows) {
   using C = Convert<T>;
   using K = CacheOf<T, kCache>;
   using E = typename K::Elem;
   cuda::waitForPrimary();
   cuda::allowDependents();
-  const int row = blockIdx.x, split = blockIdx.z;
+  // blockIdx.x: (row, tile of heads), the tiles of a row adjacent, so that the blocks running
+  // together read the neighbouring heads of the same cache slots (one slot's keys are contiguous
+  // over the KV heads); blockIdx.y: the split.
+  const int rowTiles = static_cast<int>(p.numKvHeads) * tilesPerKv;
+  const int row = static_cast<int>(blockIdx.x) / rowTiles, split = static_cast<int>(blockIdx.y);
+  const int tile = static_cast<int>(blockIdx.x) % rowTiles;
   constexpr int kGroups = 32 / kLanes;  // key groups of a warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int sub = lane % kLanes, keyGroup = lane / kLanes;
   const int hd = static_cast<int>(p.headDim);
   const int group = static_cast<int>(p.numHeads / p.numKvHeads);
-  const int kvh = static_cast<int>(blockIdx.y) / tilesPerKv;
-  const int head0 = kvh * group + (static_cast<int>(blockIdx.y) % tilesPerKv) * kHeads;
+  const int kvh = tile / tilesPerKv;
+  const int head0 = kvh * group + (tile % tilesPerKv) * kHeads;
   const int nHeads = min(kHeads, (kvh + 1) * group - head0);  // a group's last tile may be short
   const int s = sequenceOf(p.seqStarts, static_cast<int>(p.numSeqs), row);
   // A mixed batch: the tensor-core kernel takes the sequences of flashMinRows rows or more.
@@ -110,11 +114,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   } else if (p.slidingWindow > 0) {
     lo = max(0, pos - static_cast<int>(p.slidingWindow) + 1);
   }
-  // Splits holding this row's keys; with none (contextLens 0) the first writes zeros.
-  const int first = lo / partition, last = max(first, min((keyEnd - 1) / partition, numSplits - 1));
-  const int begin = max(lo, split * partition), end = min(keyEnd, (split + 1) * partition);
-  // Nothing here: the merge skips this split.
-  if (numSplits > 1 && begin >= end && split != first) return;
+  // The row's keys cut into at most numSplits parts of whole kMinPartition multiples, sized from
+  // its own keys alone (not the batch's or a graph's longest context): split i takes keys
+  // [lo + i * partition, ...). A row's sums so depend on its keys and numSplits only, whatever
+  // else runs beside it, eagerly or in a graph. With no keys (contextLens 0) split 0 writes zeros.
+  const int span = max(keyEnd - lo, 0);
+  int partition = max(span, 1);
+  if (numSplits > 1) {
+    partition = (span + numSplits - 1) / numSplits;
+    partition = max(kMinPartition, (partition + kMinPartition - 1) / kMinPartition * kMinPartition);
+  }
+  const int first = 0, last = span == 0 ? 0 : (span - 1) / partition;
+  if (split > last) return;  // nothing here: the merge skips this split
+  const int begin = lo + split * partition, end = min(keyEnd, begin + partition);
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   const int d0 = sub * kEpl;
@@ -359,10 +371,16 @@ auto splitKernelHeads(int heads) {
 }
 
 template <typename T, KvCacheDType kCache, Bias kBias>
-auto splitKernelFor(int64_t headDim, int heads, bool vectorLoads) {
+auto splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split) {
   // Heads of exactly 64, one a block (multi-head attention: T5, GPT-2-style models): four groups
   // of 8 lanes a warp, 8 elements a lane (kLanes above), when the cache allows their vector loads.
   if (headDim == 64 && heads == 1 && vectorLoads) return splitKernel<T, kCache, 8, 1, kBias, 8>;
+  // Heads of 128 whose keys are split (few rows: bound by the latency of each block's serial key
+  // loads, not bandwidth): two groups of 16 lanes, 16-byte loads, half the iterations. H100,
+  // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms; with more rows (no split) 32 lanes stay
+  // ahead (32 sequences: 7.74 against 7.79 ms).
+  if (split && headDim == 128 && heads == 1 && vectorLoads)
+    return splitKernel<T, kCache, 8, 1, kBias, 16>;
   return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)
          : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kBias>(heads)
          : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kBias>(heads)
@@ -372,12 +390,14 @@ auto splitKernelFor(int64_t headDim, int heads, bool vectorLoads) {
 template <typename T, KvCacheDType kCache>
 Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flashMinRows = 0) {
   // With (rows x heads) blocks too few to keep eight per SM busy (decode is bound by the loads
-  // in flight), split every context into partitions of kMinPartition keys: a block per split
-  // holding keys, so short and long contexts alike spread over the device even when maxContext is
-  // a graph's bound rather than the batch's. Fewer, larger partitions when the workspace is small.
-  // The shape (heads per block, splits) is chosen from the sequences, not the rows: a sequence's
-  // few rows (speculative decoding's verification, 1 + speculate rows) are then computed exactly
-  // as one decode row of it is, and verified tokens keep plain decoding's logits bit for bit.
+  // in flight), every row's keys are split among about enough blocks to reach that, each of
+  // at least kMinPartition keys (splitKernel sizes a row's parts from its own keys, so a decode
+  // graph, whose maxContext is the model's whole context, runs no empty blocks but those past a
+  // row's last part, which return at once). The shape (heads per block, splits) is chosen from the
+  // sequences, not the rows: a sequence's few rows (speculative decoding's verification, 1 +
+  // speculate rows) are then computed exactly as one decode row of it is, and verified tokens keep
+  // plain decoding's logits bit for bit. Nor does it depend on maxContext: a step runs the same
+  // sums eagerly and in a graph.
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   const int64_t group = p.numHeads / p.numKvHeads;
   // (Up to 8 rows a sequence; longer chunks keep sizing by rows, as splits help them little.)
@@ -385,12 +405,10 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target);
   const int64_t tilesPerKv = (group + heads - 1) / heads;
   const int64_t blocks = seqs * p.numKvHeads * tilesPerKv;
-  int64_t splits = blocks >= target ? 1 : (p.maxContext + kMinPartition - 1) / kMinPartition;
-  // No more splits than it takes to reach about twice the target: under a decode graph maxContext
-  // is the model's whole context, and a block per 64 keys of it for (rows x heads) just under the
-  // target (a tensor-parallel rank's share of the heads at batch 64) launched 64x the blocks,
-  // nearly all empty (attention took 1.6x longer on half the heads).
-  splits = std::min(splits, std::max<int64_t>(1, (2 * target + blocks - 1) / blocks));
+  // Split only under half the target, into about the target's blocks: at 32 sequences of 256
+  // keys (1024 blocks on an H100) splitting them in three cost more in merges than it gained
+  // (7.74 -> 8.11 ms a Llama-2-7B step), and aiming at twice the target gained nothing measurable.
+  int64_t splits = 2 * blocks >= target ? 1 : (target + blocks - 1) / blocks;
   // Partials and counters are per (row, query head).
   const int64_t rowHeads = p.rows * p.numHeads;
   const int64_t perSplit = rowHeads * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
@@ -401,16 +419,11 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   } else {
     splits = 1;
   }
-  if (splits < 1) splits = 1;
-  // Partitions of whole kMinPartition multiples: uncapped, every context is cut at the same keys
-  // (multiples of kMinPartition) whatever the batch's longest, so a row's sums do not depend on
-  // the other rows of its step.
-  int64_t partition = (p.maxContext + splits - 1) / splits;
-  partition = (partition + kMinPartition - 1) / kMinPartition * kMinPartition;
-  splits = (p.maxContext + partition - 1) / partition;
-  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.numKvHeads * tilesPerKv),
-                  static_cast<unsigned>(splits));
-  const int s = static_cast<int>(splits), part = static_cast<int>(partition);
+  splits = std::clamp<int64_t>(splits, 1, 65535);
+  const int64_t rowBlocks = p.rows * p.numKvHeads * tilesPerKv;
+  if (rowBlocks > INT32_MAX) return invalidArgumentError("paged_attention: too many rows x heads");
+  const dim3 grid(static_cast<unsigned>(rowBlocks), static_cast<unsigned>(splits));
+  const int s = static_cast<int>(splits);
   // The 8-lane groups load 8 cache elements at once: both caches aligned to that (every layer's
   // cache is an allocation of its own; a view at another offset takes the scalar loads).
   const auto alignedTo = [](const void* ptr, size_t bytes) {
@@ -418,11 +431,12 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   };
   const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
-  auto* kernel = p.alibiSlopes ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec)
-                 : p.relativeBias
-                     ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec)
-                     : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec);
-  return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, part, s,
+  const bool split = splits > 1;
+  auto* kernel =
+      p.alibiSlopes    ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec, split)
+      : p.relativeBias ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split)
+                       : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split);
+  return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, s,
                       static_cast<int>(tilesPerKv), flashMinRows);
 }
 

@@ -822,6 +822,9 @@ struct AttentionCase {
   // > 0: Falcon's ALiBi, bf16(slope * j) / this (PagedAttentionParams::alibiBf16Divisor).
   float alibiBf16Divisor = 0.0f;
   KvCacheDType cache = KvCacheDType::kAuto;  // fp8: the cache holds codes of random values
+  // > 0: maxContext as a decode graph passes it (the model's whole context, past every row's), and
+  // the output must equal, bit for bit, the same call with the batch's own longest context.
+  int64_t graphContext = 0;
 };
 
 std::string describe(const AttentionCase& c) {
@@ -920,8 +923,15 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
   ASSERT_TRUE(invokePagedAttention(p, nullptr).ok());
   testing::Tolerance tol = toleranceFor(dt);
   if (dt == DType::kF32) tol = {2e-5f, 2e-5f};  // fast exp (__expf) and a different sum order
-  EXPECT_TRUE(testing::allClose(decode(fromDevice(dOut, want.size()), dt), decode(want, dt), tol,
-                                c.heads * c.headDim));
+  const std::vector<uint8_t> got = fromDevice(dOut, want.size());
+  EXPECT_TRUE(testing::allClose(decode(got, dt), decode(want, dt), tol, c.heads * c.headDim));
+  if (c.graphContext > 0) {
+    ASSERT_GT(c.graphContext, maxContext);
+    p.maxContext = c.graphContext;
+    TG_ASSERT_CUDA(cudaMemset(dOut.get(), 0xff, dOut.bytes()));
+    ASSERT_TRUE(invokePagedAttention(p, nullptr).ok());
+    EXPECT_TRUE(fromDevice(dOut, want.size()) == got) << "maxContext " << c.graphContext;
+  }
 }
 
 TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
@@ -945,6 +955,19 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 6, 1, 32, 8, 0, 300, 1}, rng_);
     runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1}, rng_);
     runAttention({dt, 80, 16, 2, 64, 16, 50, 300, 1}, rng_);  // tiles, sliding window
+    // A decode graph's maxContext (the model's whole context) over short live contexts: each row's
+    // keys split by its own length, the same bits as an eager call (one sequence, eight, a large
+    // batch with GQA tiles, a sliding window, ALiBi, and contexts of zero to a few keys).
+    auto graph = [](AttentionCase c) {
+      c.graphContext = 4096;
+      return c;
+    };
+    runAttention(graph({dt, 1, 32, 32, 128, 16, 0, 200, 1}), rng_);
+    runAttention(graph({dt, 8, 32, 32, 128, 16, 0, 300, 1}), rng_);
+    runAttention(graph({dt, 32, 48, 1, 128, 16, 0, 500, 1}), rng_);
+    runAttention(graph({dt, 4, 8, 8, 64, 16, 100, 900, 1}), rng_);
+    runAttention(graph({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true}), rng_);
+    runAttention(graph({dt, 6, 8, 2, 128, 16, 0, 3, 1}), rng_);
   }
 }
 
