@@ -442,6 +442,16 @@ def speculation_corpus():
     write("speculation", seq(16, 63, list(range(40)) + list(range(20))), "copy")
 
 
+def cpu_limits_corpus():
+    """Byte 0: the reader (0 cpu.max, 1 cfs quota NL period, 2 /proc/self/cgroup), then the content
+    (cpu_limits_fuzz.cpp)."""
+    write("cpu_limits", b"\x00200000 100000\n", "v2_quota")
+    write("cpu_limits", b"\x00max 100000\n", "v2_max")
+    write("cpu_limits", b"\x01400000\n100000\n", "v1_quota")
+    write("cpu_limits", b"\x020::/kubepods/pod1/ctr\n", "self_v2")
+    write("cpu_limits", b"\x0212:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/x\n", "self_v1")
+
+
 # ---- docs_page: [method | no-files flag << 3][path] ----
 def docs_page_corpus():
     methods = ["GET", "HEAD", "POST", "PUT", "OPTIONS", "", "get", "DELETE"]
@@ -467,6 +477,7 @@ def main():
     router_routes_corpus()
     shard_rpc_corpus()
     speculation_corpus()
+    cpu_limits_corpus()
     docs_page_corpus()
     for t in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, t))

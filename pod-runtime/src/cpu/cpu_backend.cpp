@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "textgen/base/cpus.h"
 #include "textgen/runtime/backend.h"
 
 namespace textgen::runtime {
@@ -40,9 +41,7 @@ Status f32Only(kernels::DType dtype) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
-    openblas_set_num_threads(
-        threads > 0 ? threads
-                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    openblas_set_num_threads(threads > 0 ? threads : usableCpus());
   }
 
   const char* name() const override { return "cpu"; }

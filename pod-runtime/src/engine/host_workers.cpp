@@ -4,6 +4,7 @@
 #include <system_error>
 #include <utility>
 
+#include "textgen/base/cpus.h"
 #include "textgen/base/thread_name.h"
 
 namespace textgen::runtime {
@@ -31,7 +32,7 @@ HostWorkers::~HostWorkers() {
 }
 
 int HostWorkers::defaultThreads() {
-  return std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 1, 8);
+  return std::clamp(usableCpus() / 2, 1, 8);
 }
 
 void HostWorkers::drain(uint32_t generation, const std::function<void(size_t)>* fn, size_t n) {

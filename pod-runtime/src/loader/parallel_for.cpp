@@ -4,13 +4,14 @@
 #include <thread>
 #include <vector>
 
+#include "textgen/base/cpus.h"
+
 namespace textgen::runtime {
 
 void parallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain) {
   if (n <= 0) return;
   const int64_t threads =
-      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1,
-                          std::max<int64_t>(n / std::max<int64_t>(grain, 1), 1));
+      std::clamp<int64_t>(usableCpus(), 1, std::max<int64_t>(n / std::max<int64_t>(grain, 1), 1));
   if (threads <= 1) {
     fn(0, n);
     return;
