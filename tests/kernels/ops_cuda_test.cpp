@@ -793,7 +793,10 @@ TEST_F(OpsCudaTest, GemmMatchesReference) {
     // One row takes the gemv kernel in 16-bit dtypes, more take cuBLASLt.
     for (const Shape& s :
          {Shape{1, 64, 96}, Shape{3, 4096, 300}, Shape{7, 512, 1000}, Shape{8, 1000, 33},
-          Shape{9, 256, 128}, Shape{64, 1024, 384}, Shape{300, 256, 1024}}) {
+          Shape{9, 256, 128}, Shape{64, 1024, 384}, Shape{300, 256, 1024},
+          // One row on the gemv kernel: Llama's o and down projections, an odd count of outputs
+          // (a block past the end) and long rows.
+          Shape{1, 4096, 4096}, Shape{1, 11008, 4096}, Shape{1, 1000, 33}, Shape{1, 4104, 9000}}) {
       SCOPED_TRACE(std::string(dtypeName(dt)) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.in) + "x" + std::to_string(s.out));
       // Weights scaled as real ones are (outputs of unit scale).
@@ -809,6 +812,39 @@ TEST_F(OpsCudaTest, GemmMatchesReference) {
       if (dt == DType::kF32) tol = {2e-5f, 2e-5f};  // summation order over `in` terms
       EXPECT_TRUE(
           testing::allClose(decode(fromDevice(dy, want.size()), dt), decode(want, dt), tol, s.out));
+    }
+  }
+}
+
+// The gemv kernel on up to 8 rows (speculative decoding's verification rows): each row equals, bit
+// for bit, a one-row call on it.
+TEST_F(OpsCudaTest, GemvRowsEqualOneRowCalls) {
+  auto runner = GemmRunner::create(nullptr, 32u << 20);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  (*runner)->setGemvRows(8);
+  struct Shape {
+    int64_t rows, in, out;
+  };
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (const Shape& s : {Shape{5, 4096, 4096}, Shape{8, 11008, 300}, Shape{3, 1000, 9000},
+                           Shape{2, 4104, 4224}, Shape{8, 64, 33}}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.in) + "x" + std::to_string(s.out));
+      const size_t es = dtypeSize(dt);
+      const auto x = encode(randomValues(s.rows * s.in, rng_), dt);
+      const auto w =
+          encode(randomValues(s.out * s.in, rng_, 1.0f / std::sqrt(static_cast<float>(s.in))), dt);
+      auto dx = toDevice(x), dw = toDevice(w);
+      DeviceBuffer all(s.rows * s.out * es), one(s.out * es);
+      ASSERT_TRUE((*runner)->run({dx->get(), dw->get(), all.get(), s.rows, s.in, s.out, dt}).ok());
+      const std::vector<uint8_t> together = fromDevice(all, s.rows * s.out * es);
+      for (int64_t r = 0; r < s.rows; ++r) {
+        const void* xr = static_cast<const uint8_t*>(dx->get()) + r * s.in * es;
+        ASSERT_TRUE((*runner)->run({xr, dw->get(), one.get(), 1, s.in, s.out, dt}).ok());
+        const std::vector<uint8_t> alone = fromDevice(one, s.out * es);
+        EXPECT_TRUE(std::equal(alone.begin(), alone.end(), together.begin() + r * s.out * es))
+            << "row " << r;
+      }
     }
   }
 }
