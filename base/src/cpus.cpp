@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <thread>
@@ -49,10 +50,15 @@ void keepMin(std::optional<double>& best, std::optional<double> v) {
 }
 
 // `path` ("/a/b") and each ancestor ("/a", "/") under `root`, innermost first. A path with ".."
-// components is not followed (the kernel never writes one).
+// components (the kernel writes one for a group outside the reader's cgroup namespace) is not
+// followed: the root alone, which is the reader's own group then. Nothing for a malformed path.
 std::vector<std::string> dirsUp(const std::string& root, std::string_view path) {
   std::vector<std::string> out;
-  if (path.empty() || path.front() != '/' || path.find("/..") != std::string_view::npos) return out;
+  if (path.empty() || path.front() != '/') return out;
+  if (path.find("/..") != std::string_view::npos) {
+    out.push_back(root);
+    return out;
+  }
   std::string p(path);
   while (!p.empty() && p.back() == '/') p.pop_back();
   while (true) {
@@ -113,9 +119,7 @@ std::optional<double> cgroupCpuLimit(std::string_view procSelfCgroup,
     }
     if (!cpu) continue;
     for (const char* mount : {"/cpu,cpuacct", "/cpu", "/cpuacct,cpu"}) {
-      std::vector<std::string> dirs = dirsUp(cgroupRoot + mount, path);
-      if (dirs.empty()) dirs.push_back(cgroupRoot + mount);
-      for (const std::string& dir : dirs) {
+      for (const std::string& dir : dirsUp(cgroupRoot + mount, path)) {
         const auto q = readSmall(dir + "/cpu.cfs_quota_us");
         const auto p = readSmall(dir + "/cpu.cfs_period_us");
         if (q && p) keepMin(best, parseCgroupV1Quota(*q, *p));
@@ -125,20 +129,42 @@ std::optional<double> cgroupCpuLimit(std::string_view procSelfCgroup,
   return best;
 }
 
+namespace {
+
+// CPUs in the calling thread's affinity mask (the process's, as the first call comes before any
+// thread changes its own), with a mask large enough for the machine; 0 if unknown.
+int affinityCpus() {
+  for (int n = 1024; n <= (1 << 16); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) return 0;
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    const int rc = sched_getaffinity(0, bytes, set);
+    const int err = errno;
+    const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (rc == 0) return count;
+    if (err != EINVAL) return 0;  // EINVAL: the kernel's mask is larger; try a larger one
+  }
+  return 0;
+}
+
+}  // namespace
+
 int usableCpus() {
   static const int count = [] {
-    int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-      const int allowed = CPU_COUNT(&set);
-      if (allowed > 0) cpus = std::min(cpus, allowed);
-    }
+    double cpus = std::thread::hardware_concurrency();
+    const int allowed = affinityCpus();
+    if (allowed > 0 && (cpus <= 0 || allowed < cpus)) cpus = allowed;
     if (const auto self = readSmall("/proc/self/cgroup")) {
-      if (const auto limit = cgroupCpuLimit(*self, "/sys/fs/cgroup"))
-        cpus = std::min(cpus, std::max(1, static_cast<int>(std::ceil(*limit - 1e-9))));
+      if (const auto limit = cgroupCpuLimit(*self, "/sys/fs/cgroup")) {
+        const double quota = std::ceil(*limit - 1e-9);
+        cpus = cpus > 0 ? std::min(cpus, quota) : quota;
+      }
     }
-    return std::max(cpus, 1);
+    // Compared as doubles first: a quota of 2^44 microseconds a millisecond is "unlimited", not
+    // an int overflow.
+    return cpus >= 1 ? static_cast<int>(std::min(cpus, 1e6)) : 1;
   }();
   return count;
 }

@@ -396,8 +396,9 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // row's last part, which return at once). The shape (heads per block, splits) is chosen from the
   // sequences, not the rows: a sequence's few rows (speculative decoding's verification, 1 +
   // speculate rows) are then computed exactly as one decode row of it is, and verified tokens keep
-  // plain decoding's logits bit for bit. Nor does it depend on maxContext: a step runs the same
-  // sums eagerly and in a graph.
+  // plain decoding's logits bit for bit. Nor does it depend on maxContext (a graph's is the model's
+  // whole context); a graph's padded sequence count can still choose other splits than an eager
+  // call of fewer sequences.
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   const int64_t group = p.numHeads / p.numKvHeads;
   // (Up to 8 rows a sequence; longer chunks keep sizing by rows, as splits help them little.)

@@ -449,6 +449,7 @@ def cpu_limits_corpus():
     write("cpu_limits", b"\x00max 100000\n", "v2_max")
     write("cpu_limits", b"\x01400000\n100000\n", "v1_quota")
     write("cpu_limits", b"\x020::/kubepods/pod1/ctr\n", "self_v2")
+    write("cpu_limits", b"\x020::/../escape\n", "self_escape")
     write("cpu_limits", b"\x0212:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/x\n", "self_v1")
 
 

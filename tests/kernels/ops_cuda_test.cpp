@@ -992,8 +992,9 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1}, rng_);
     runAttention({dt, 80, 16, 2, 64, 16, 50, 300, 1}, rng_);  // tiles, sliding window
     // A decode graph's maxContext (the model's whole context) over short live contexts: each row's
-    // keys split by its own length, the same bits as an eager call (one sequence, eight, a large
-    // batch with GQA tiles, a sliding window, ALiBi, and contexts of zero to a few keys).
+    // keys split by its own length, the same bits as the call with the batch's own longest context
+    // (one sequence, eight, a large batch with GQA tiles, a sliding window, ALiBi, and contexts of
+    // one to four keys).
     auto graph = [](AttentionCase c) {
       c.graphContext = 4096;
       return c;

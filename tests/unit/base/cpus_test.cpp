@@ -91,11 +91,27 @@ TEST_F(CgroupTreeTest, V1PathNotVisibleFallsBackToTheMountRoot) {
 TEST_F(CgroupTreeTest, HostileContentIsIgnored) {
   write("cpu.max", "garbage\n");
   EXPECT_EQ(limit("0::/\n"), std::nullopt);
-  // Paths that would climb out of the cgroup root are not followed.
-  write("../escape/cpu.max", "100000 100000\n");
-  EXPECT_EQ(limit("0::/../escape\n"), std::nullopt);
-  for (const char* bad : {"no colons", "0:", "::", "0::", "0::relative", "x:cpu", "\n\n\n"})
+  // A valid quota at the root from here on: malformed lines must still read nothing.
+  write("cpu.max", "200000 100000\n");
+  for (const char* bad : {"no colons", "0:", "::", "0::", "0::relative", "x:cpu", "\n\n\n",
+                          "1:memory:/", "0:cpu:relative"})
     EXPECT_EQ(limit(bad), std::nullopt) << bad;
+  // A path that climbs out of the cgroup root (a group outside the reader's namespace) reads the
+  // root's quota, never the one beside it.
+  write("../escape/cpu.max", "100000 100000\n");
+  EXPECT_EQ(limit("0::/../escape\n"), 2.0);
+  EXPECT_EQ(limit("0::/a/../../escape\n"), 2.0);
+}
+
+TEST_F(CgroupTreeTest, V1MountRootWhenTheGroupIsOutsideTheNamespace) {
+  write("cpu,cpuacct/cpu.cfs_quota_us", "50000\n");
+  write("cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(limit("5:cpu,cpuacct:/../../host/group\n"), 0.5);
+}
+
+TEST(CpusTest, AHugeQuotaIsNoLimit) {
+  // The kernel accepts quotas up to about 2^44 us; per 1 ms that is far past any int.
+  EXPECT_GT(*parseCgroupV2CpuMax("17592186044415 1000"), 1e9);
 }
 
 TEST(CpusTest, UsableCpusIsWithinTheMachine) {

@@ -23,8 +23,9 @@ std::optional<double> parseCgroupV1Quota(std::string_view quotaUs, std::string_v
 // - The smallest quota, in CPUs, that applies to the process whose /proc/self/cgroup content is
 //   `procSelfCgroup`, under the cgroup file systems mounted at `cgroupRoot` (/sys/fs/cgroup):
 //   v2 ("0::/path"), each ancestor's cpu.max up to the root; v1 (a "cpu" controller line), the
-//   group's cfs files under cpu,cpuacct/ or cpu/, or those at the mount's root when the group's
-//   path is not visible there (a container without a cgroup namespace).
+//   cfs files of the group and its ancestors under cpu,cpuacct/ or cpu/ (so the mount's root when
+//   the group's path is not visible there: a container without a cgroup namespace). A path with
+//   ".." (a group outside the reader's namespace) reads the root only; a malformed one nothing.
 std::optional<double> cgroupCpuLimit(std::string_view procSelfCgroup,
                                      const std::string& cgroupRoot);
 
