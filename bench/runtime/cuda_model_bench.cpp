@@ -258,6 +258,7 @@ int main(int argc, char** argv) {
   kernels::KvCacheDType cacheDtype = kernels::KvCacheDType::kAuto;
   int64_t prompt = 128, steps = 32;
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32, 48, 64, 96, 128};  // the shard's default
+  std::vector<int64_t> batches{1, 8, 16, 32, 48, 64, 128, 256};      // the batch sweep's
   int64_t profileBatch = 0;    // > 0: a short prefill and a traced decode step of this batch
   int64_t profilePrefill = 0;  // > 0: traced prefills of this many rows, alone and after 2048
   bool gemv = true, hostLogits = false;
@@ -291,12 +292,13 @@ int main(int argc, char** argv) {
       gemv = false;
     } else if (a == "--no-pdl") {
       kernels::setProgrammaticLaunch(false);
-    } else if (a == "--cuda-graphs" && i + 1 < argc) {
-      graphs.clear();
+    } else if ((a == "--cuda-graphs" || a == "--batches") && i + 1 < argc) {
+      std::vector<int64_t>& list = a == "--batches" ? batches : graphs;
+      list.clear();
       for (const char* p = argv[++i]; *p;) {
         char* end = nullptr;
         const long v = std::strtol(p, &end, 10);
-        if (v > 0) graphs.push_back(v);
+        if (v > 0 && v <= 4096) list.push_back(v);
         p = *end == ',' ? end + 1 : end;
         if (end == p && *p) break;
       }
@@ -304,12 +306,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_cuda_model --model DIR [--dtype bfloat16|float16] "
                    "[--kv-cache-dtype fp8_e4m3fn|fp8_e5m2] [--prompt N] "
-                   "[--steps N] [--cuda-graphs 1,2,4,...|0] [--host-logits] [--no-gemv] [--no-pdl] "
+                   "[--steps N] [--batches 1,8,...] [--cuda-graphs 1,2,4,...|0] [--host-logits] "
+                   "[--no-gemv] [--no-pdl] "
                    "[--profile B] [--profile-prefill ROWS] [--quantize "
                    "bitsandbytes|bitsandbytes-nf4|bitsandbytes-fp4|eetq|"
                    "fp8]\n");
       return 2;
     }
+  }
+  if (batches.empty()) {
+    std::fprintf(stderr, "bench_cuda_model: --batches needs sizes from 1 to 4096\n");
+    return 2;
   }
   if (modelDir.empty()) {
     std::fprintf(stderr, "bench_cuda_model: --model DIR is required\n");
@@ -503,7 +510,7 @@ int main(int argc, char** argv) {
   std::printf("%6s %14s %16s %16s %16s\n", "batch", "prefill ms", "prefill tok/s", "decode ms/step",
               "decode tok/s");
   json sweep = json::array();
-  for (int64_t batch : {1, 8, 16, 32, 48, 64, 128, 256}) {
+  for (const int64_t batch : batches) {
     d.reset();
     if (!d.fits(prompt + steps + 8, batch)) {
       std::printf("%6ld  (KV pool too small)\n", static_cast<long>(batch));

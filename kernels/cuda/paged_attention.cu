@@ -78,7 +78,9 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // kLanes lanes, each walking its own keys with 16-byte loads and a kLanes-lane reduction, merged
 // at the end; one key a warp with two elements a lane read T5's multi-head cross-attention at about
 // 1.4 TB/s on an H100.
-template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias, int kLanes = 32>
+// kKeys: keys in flight per lane group.
+template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias, int kLanes = 32,
+          int kKeys = 4>
 __global__ void __launch_bounds__(kWarps * 32)
     splitKernel(PagedAttentionParams p, int numSplits, int tilesPerKv, int flashMinRows) {
   using C = Convert<T>;
@@ -153,7 +155,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const E* kBase = static_cast<const E*>(p.kCache) + kvh * p.headDim;
   const E* vBase = static_cast<const E*>(p.vCache) + kvh * p.headDim;
-  constexpr int kKeys = 4;  // keys in flight per lane group
   // The warp's iterations are uniform over its groups (their shuffles need every lane): group g
   // takes keys [jw + g * kKeys, jw + (g + 1) * kKeys) of the warp's run, masked past the end.
   for (int jw = begin + warp * kGroups * kKeys; jw < end; jw += kWarps * kGroups * kKeys) {
@@ -370,17 +371,38 @@ auto splitKernelHeads(int heads) {
   return splitKernel<T, kCache, kEpl, 1, kBias>;
 }
 
+using SplitKernel = void (*)(PagedAttentionParams, int, int, int);
+
+// Unsplit heads of 128 (decode batches of 24 sequences and up on an H100): two groups of 16 lanes
+// a warp with 16-byte loads and two keys each in flight, rather than 32 lanes with 8 bytes and four
+// keys: half the loads, reductions and slot look-ups per key. H100, Llama-2-7B shape, 128-token
+// prompts and 256 steps, ms a step: 24 sequences 7.62 -> 7.10, 48: 9.38 -> 8.46, 128: 14.39 ->
+// 13.13, 256: 23.24 -> 20.61. It takes 68 registers against 64 (7 blocks a multiprocessor, not
+// 8), so 32 sequences of 32 heads, one wave of the 32-lane kernel on 132 SMs and 1.1 of this one,
+// lose (7.77 -> 8.03 ms). Choosing by waves would make the kernel, and so the bits, differ between
+// an eager call and a graph padded to another sequence count: the choice depends on the split
+// alone. TEXTGEN_ATTN_LANES16=0 keeps 32 lanes (for comparison).
+bool lanes16On() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_LANES16");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
+// The kernel for a head size and tile.
 template <typename T, KvCacheDType kCache, Bias kBias>
-auto splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split) {
+SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split) {
   // Heads of exactly 64, one a block (multi-head attention: T5, GPT-2-style models): four groups
   // of 8 lanes a warp, 8 elements a lane (kLanes above), when the cache allows their vector loads.
   if (headDim == 64 && heads == 1 && vectorLoads) return splitKernel<T, kCache, 8, 1, kBias, 8>;
   // Heads of 128 whose keys are split (few rows: bound by the latency of each block's serial key
   // loads, not bandwidth): two groups of 16 lanes, 16-byte loads, half the iterations. H100,
-  // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms; with more rows (no split) 32 lanes stay
-  // ahead (32 sequences: 7.74 against 7.79 ms).
+  // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms.
   if (split && headDim == 128 && heads == 1 && vectorLoads)
     return splitKernel<T, kCache, 8, 1, kBias, 16>;
+  if (headDim == 128 && heads == 1 && vectorLoads && lanes16On())
+    return splitKernel<T, kCache, 8, 1, kBias, 16, 2>;
   return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)
          : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kBias>(heads)
          : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kBias>(heads)
@@ -433,7 +455,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
   const bool split = splits > 1;
-  auto* kernel =
+  const SplitKernel kernel =
       p.alibiSlopes    ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec, split)
       : p.relativeBias ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split)
                        : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split);

@@ -980,6 +980,10 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 6, 3, 80, 16, 0, 200, 1}, rng_);     // head size 80 (partial lanes)
     runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1}, rng_);       // tiny heads
     runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1}, rng_);  // a large decode batch
+    // Unsplit heads of 128 (two groups of 16 lanes a warp, two keys each in flight): 32 and 48
+    // sequences, a sliding window.
+    runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1}, rng_);
+    runAttention({dt, 48, 32, 32, 128, 16, 100, 300, 1}, rng_);
     // Groups of 8 or more query heads per KV head, as Falcon-7B (71 over one), StarCoder (48 over
     // one) and 20 over 2: with few rows one head a block; with rows x heads past 8 blocks per SM
     // (32 x 71, 32 x 48, 64 x 20, 80 x 16, 64 x 21: any GPU up to 160 SMs) tiles of 8 heads sharing
@@ -1085,6 +1089,7 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1, false, 0.0f, kv}, rng_);        // tiny heads
       runAttention({dt, 32, 71, 1, 64, 16, 0, 700, 1, false, 0.0f, kv}, rng_);    // tiles of 8
       runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1, false, 0.0f, kv}, rng_);    // head size 256
+      runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // unsplit, 128
       runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
       runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
     }
