@@ -3,6 +3,7 @@
 // once; 16-byte vectors where alignment allows.
 #include <algorithm>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "kv_cache.cuh"
 #include "textgen/kernels/bias_add.h"
@@ -16,6 +17,7 @@
 namespace textgen::kernels {
 namespace {
 
+using cuda::activate;
 using cuda::CacheOf;
 using cuda::Convert;
 using cuda::roundTo;
@@ -189,20 +191,6 @@ __global__ void kvWriteConvertKernel(KvWriteParams p) {
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
     kc[i] = K::store(k[i]);
     vc[i] = K::store(v[i]);
-  }
-}
-
-// act(x) in float; the CPU reference (kernels/cpu/gated_activation.cpp) has the same formulas.
-template <Activation A>
-__device__ __forceinline__ float activate(float x) {
-  if constexpr (A == Activation::kSilu) {
-    return x / (1.0f + expf(-x));
-  } else if constexpr (A == Activation::kGelu) {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-  } else if constexpr (A == Activation::kGeluTanh) {
-    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-  } else {
-    return x < 0.0f ? 0.0f : x;  // NaN passes through, as torch.relu
   }
 }
 

@@ -79,6 +79,18 @@ class LtRunner final : public GemmRunner {
     return okStatus();
   }
 
+  bool takesGated(const GemmParams& p) const override {
+    return gemvRows_ > 0 && p.out % 2 == 0 && gemvApplies(p, gemvRows_);
+  }
+
+  Status runGated(const GemmParams& p, Activation a) override {
+    TG_RETURN_IF_ERROR(validateGemm(p));
+    if (!takesGated(p))
+      return unimplementedError("gemm: a gated product only where the gemv kernel takes it");
+    if (p.rows == 0) return okStatus();
+    return invokeGemvGated(p, a, stream_);
+  }
+
   Status runFp8(const GemmParams& p, const float* scaleW, const float* scaleX) override {
     TG_RETURN_IF_ERROR(validateGemm(p));
     if (p.dtype == DType::kF32 || p.in % 16 != 0 || p.out % 16 != 0)

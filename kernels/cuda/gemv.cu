@@ -6,6 +6,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "gemv.h"
 
@@ -64,25 +65,34 @@ __device__ __forceinline__ void loadWeights(const uint4* __restrict__ wRow, int 
   }
 }
 
-// One block of kWarps warps computes kWarps / kSplit output rows, each row's dot product split over
-// kSplit warps (interleaved 512-byte pieces of the row), summed through shared memory in a fixed
-// order. Splitting shortens each warp's chain of dependent loads: with a whole row a warp (kSplit
-// 1), a 4096-wide row takes 4 rounds of loads and an 11008-wide one 11, and the kernel's last
-// blocks, alone on the GPU, stream at a fraction of the bandwidth for that long. With kSplit warps
-// a row, every load of a 4096-wide row is issued at once, before the dependency wait (launch.h), so
-// blocks launched early stream their weights while the kernel ahead ends.
-template <typename T, int kRows, int kSplit>
-__global__ void __launch_bounds__(kWarps * 32)
+// A block computes kBlockRows output rows (kWarps / kSplit; 2 where a gated row needs its pair),
+// each row's dot product split over kSplit warps (interleaved 512-byte pieces of the row), summed
+// through shared memory in a fixed order. Splitting shortens each warp's chain of dependent loads:
+// with a whole row a warp (kSplit 1), a 4096-wide row takes 4 rounds of loads and an 11008-wide one
+// 11, and the kernel's last blocks, alone on the GPU, stream at a fraction of the bandwidth for
+// that long. With 8 warps a row, every load of a 4096-wide row is issued at once, before the
+// dependency wait (launch.h), so blocks launched early stream their weights while the kernel ahead
+// ends.
+//
+// kGated: W is [gate; up] stacked ([2n, in]) and y [rows, n] = act(gate) * up. A block computes
+// kBlockRows / 2 pairs: row-groups [0, pairs) the gates of outputs j0.., the others their ups.
+// Each product is rounded to T, then the gated activation kernel's formula applies: bit for bit the
+// plain kernel followed by it (a row's sums do not depend on its neighbours).
+template <typename T, int kRows, int kSplit, bool kGated, Activation A>
+__global__ void __launch_bounds__(2 * kWarps * 32)
     gemvKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int rows,
                int in, int out, bool weightsFromPrimary) {
   static_assert(kWarps % kSplit == 0);
-  constexpr int kRowsPerBlock = kWarps / kSplit;
+  constexpr int kBlockRows = kGated && kWarps / kSplit < 2 ? 2 : kWarps / kSplit;
+  constexpr int kPairs = kBlockRows / 2;
   constexpr int kStride = 32 * kSplit;  // vectors between one lane's loads
   constexpr int kStep = kStride * kUnroll;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int part = warp % kSplit;
-  const int o = blockIdx.x * kRowsPerBlock + warp / kSplit;
-  const int vecs = o < out ? in / 8 : 0;
+  const int part = warp % kSplit, group = warp / kSplit;
+  const int n = kGated ? out / 2 : out;  // outputs
+  const int j = blockIdx.x * (kGated ? kPairs : kBlockRows) + (kGated ? group % kPairs : group);
+  const int o = kGated && group >= kPairs ? n + j : j;  // this row-group's row of W
+  const int vecs = j < n ? in / 8 : 0;
   const uint4* wRow = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(o) * in);
   const int first = part * 32 + lane;
   // The first weights are requested before waiting for the kernel that writes x: model weights
@@ -108,76 +118,102 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
   }
-  if constexpr (kSplit == 1) {
-    if (lane == 0 && o < out) {
+  using C = cuda::Convert<T>;
+  if constexpr (kSplit == 1 && !kGated) {
+    if (lane == 0 && j < n) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        if (r < rows) y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(acc[r]);
+        if (r < rows) y[static_cast<int64_t>(r) * n + j] = C::fromFloat(acc[r]);
     }
   } else {
-    __shared__ float partial[kWarps][kRows];
+    __shared__ float partial[kBlockRows * kSplit][kRows];
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) partial[warp][r] = acc[r];
     }
     __syncthreads();
-    // Lane r of each row's first warp sums row r's parts in order.
-    if (part == 0 && lane < kRows && lane < rows && o < out) {
-      float a = partial[warp][lane];
+    // Lane r of a row-group's first warp sums row r's parts in order (gated: the gates' groups,
+    // each also summing its pair's up).
+    const auto sum = [&](int w0, int r) {
+      float a = partial[w0][r];
 #pragma unroll
-      for (int s = 1; s < kSplit; ++s) a += partial[warp + s][lane];
-      y[static_cast<int64_t>(lane) * out + o] = cuda::Convert<T>::fromFloat(a);
+      for (int s = 1; s < kSplit; ++s) a += partial[w0 + s][r];
+      return a;
+    };
+    if (part != 0 || lane >= kRows || lane >= rows || j >= n) return;
+    const int64_t at = static_cast<int64_t>(lane) * n + j;
+    if constexpr (kGated) {
+      if (group >= kPairs) return;
+      const float gate = C::toFloat(C::fromFloat(sum(warp, lane)));
+      const float up = C::toFloat(C::fromFloat(sum(warp + kPairs * kSplit, lane)));
+      y[at] = C::fromFloat(cuda::roundTo<T>(cuda::activate<A>(gate)) * up);
+    } else {
+      y[at] = C::fromFloat(sum(warp, lane));
     }
   }
 }
 
-// Warps a row: the fewest that load a row in one round (kUnroll vectors a lane), at most kWarps.
-// It depends on the row's width alone, so every row count computes a row the same way (gemv.h).
-// TEXTGEN_GEMV_SPLIT=0 keeps one warp a row (for comparison).
+// Warps a row: the fewest that load it in at most 2 vectors a lane, at most kWarps (H100,
+// Llama-2-7B batch 1: 4 vectors a lane at 4096 wide gave 5.10 ms/token, 2 gave 5.04, one warp a
+// row 5.32). It depends on the row's width alone, so every row count computes a row the same way
+// (gemv.h). TEXTGEN_GEMV_SPLIT=N forces N warps a row (1, 2, 4, 8), for comparison.
 int splitFor(int64_t in) {
-  static const bool on = [] {
+  static const int forced = [] {
     const char* v = std::getenv("TEXTGEN_GEMV_SPLIT");
-    return !(v && std::string_view(v) == "0");
+    const int n = v ? std::atoi(v) : 0;
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
   }();
-  if (!on) return 1;
+  if (forced > 0) return forced;
   const int64_t vecs = in / 8;
   int split = 1;
-  while (split < kWarps && vecs > int64_t{32} * kUnroll * split) split *= 2;
+  while (split < kWarps && vecs > int64_t{64} * split) split *= 2;
   return split;
 }
 
-template <typename T, int kRows>
-Status launchRows(const GemmParams& p, cudaStream_t stream) {
-  const auto* x = static_cast<const T*>(p.x);
-  const auto* w = static_cast<const T*>(p.weight);
-  auto* y = static_cast<T*>(p.y);
-  const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
-            out = static_cast<int>(p.out);
-  const int split = splitFor(p.in);
-  const auto grid = [&](int perBlock) {
-    return dim3(static_cast<unsigned>((p.out + perBlock - 1) / perBlock));
-  };
-  switch (split) {
-    case 1:
-      return cuda::launch("gemv", gemvKernel<T, kRows, 1>, grid(kWarps), kWarps * 32, 0, stream, x,
-                          w, y, rows, in, out, p.weightsFromPrimary);
-    case 2:
-      return cuda::launch("gemv", gemvKernel<T, kRows, 2>, grid(kWarps / 2), kWarps * 32, 0, stream,
-                          x, w, y, rows, in, out, p.weightsFromPrimary);
-    case 4:
-      return cuda::launch("gemv", gemvKernel<T, kRows, 4>, grid(kWarps / 4), kWarps * 32, 0, stream,
-                          x, w, y, rows, in, out, p.weightsFromPrimary);
-    default:
-      return cuda::launch("gemv", gemvKernel<T, kRows, 8>, grid(1), kWarps * 32, 0, stream, x, w, y,
-                          rows, in, out, p.weightsFromPrimary);
+template <typename T, int kRows, int kSplit, bool kGated, Activation A>
+Status launchAs(const GemmParams& p, cudaStream_t stream) {
+  constexpr int kBlockRows = kGated && kWarps / kSplit < 2 ? 2 : kWarps / kSplit;
+  const int64_t outputs = kGated ? p.out / 2 : p.out;
+  const int64_t perBlock = kGated ? kBlockRows / 2 : kBlockRows;
+  const dim3 grid(static_cast<unsigned>((outputs + perBlock - 1) / perBlock));
+  return cuda::launch(kGated ? "gemv (gated)" : "gemv", gemvKernel<T, kRows, kSplit, kGated, A>,
+                      grid, kBlockRows * kSplit * 32, 0, stream, static_cast<const T*>(p.x),
+                      static_cast<const T*>(p.weight), static_cast<T*>(p.y),
+                      static_cast<int>(p.rows), static_cast<int>(p.in), static_cast<int>(p.out),
+                      p.weightsFromPrimary);
+}
+
+template <typename T, int kRows, bool kGated, Activation A>
+Status launchSplit(const GemmParams& p, cudaStream_t stream) {
+  switch (splitFor(p.in)) {
+    case 1: return launchAs<T, kRows, 1, kGated, A>(p, stream);
+    case 2: return launchAs<T, kRows, 2, kGated, A>(p, stream);
+    case 4: return launchAs<T, kRows, 4, kGated, A>(p, stream);
+    default: return launchAs<T, kRows, 8, kGated, A>(p, stream);
   }
+}
+
+template <typename T, bool kGated, Activation A>
+Status launchRows(const GemmParams& p, cudaStream_t stream) {
+  static_assert(kMaxGemvRows == 8);
+  if (p.rows == 1) return launchSplit<T, 1, kGated, A>(p, stream);
+  return launchSplit<T, 8, kGated, A>(p, stream);
 }
 
 template <typename T>
 Status launch(const GemmParams& p, cudaStream_t stream) {
-  static_assert(kMaxGemvRows == 8);
-  if (p.rows == 1) return launchRows<T, 1>(p, stream);
-  return launchRows<T, 8>(p, stream);
+  return launchRows<T, false, Activation::kSilu>(p, stream);
+}
+
+template <typename T>
+Status launchGated(const GemmParams& p, Activation a, cudaStream_t stream) {
+  switch (a) {
+    case Activation::kSilu: return launchRows<T, true, Activation::kSilu>(p, stream);
+    case Activation::kGelu: return launchRows<T, true, Activation::kGelu>(p, stream);
+    case Activation::kGeluTanh: return launchRows<T, true, Activation::kGeluTanh>(p, stream);
+    case Activation::kRelu: return launchRows<T, true, Activation::kRelu>(p, stream);
+  }
+  return invalidArgumentError("gemv: unknown activation");
 }
 
 }  // namespace
@@ -191,6 +227,12 @@ bool gemvApplies(const GemmParams& p, int64_t maxRows) {
 Status invokeGemv(const GemmParams& p, Stream stream) {
   if (p.dtype == DType::kF16) return launch<__half>(p, stream);
   return launch<__nv_bfloat16>(p, stream);
+}
+
+Status invokeGemvGated(const GemmParams& p, Activation a, Stream stream) {
+  if (p.out % 2 != 0) return invalidArgumentError("gemv (gated): an odd number of rows in W");
+  if (p.dtype == DType::kF16) return launchGated<__half>(p, a, stream);
+  return launchGated<__nv_bfloat16>(p, a, stream);
 }
 
 }  // namespace textgen::kernels

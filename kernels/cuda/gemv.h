@@ -1,6 +1,7 @@
 // The small-batch GEMM kernel GemmRunner uses for decode-sized problems (internal to kernels/).
 #pragma once
 
+#include "textgen/kernels/activation.h"
 #include "textgen/kernels/gemm.h"
 
 namespace textgen::kernels {
@@ -16,5 +17,8 @@ constexpr int64_t kMaxGemvRows = 8;
 // aligned.
 bool gemvApplies(const GemmParams& p, int64_t maxRows);
 Status invokeGemv(const GemmParams& p, Stream stream);
+// The same where W is [gate; up] stacked (p.out = 2n, even): y [rows, n] = act(x gateᵀ) * (x upᵀ),
+// bit for bit invokeGemv then the gated activation kernel (gated_activation.h).
+Status invokeGemvGated(const GemmParams& p, Activation a, Stream stream);
 
 }  // namespace textgen::kernels

@@ -36,7 +36,10 @@ using cuda::CacheOf;
 using cuda::Convert;
 
 constexpr int kWarps = 4;
-constexpr int kMinPartition = 64;  // fewest keys per split
+// Fewest keys per split (minPartition()). H100, Llama-2-7B batch-1 decode over 128-256 keys (2 to
+// 8 splits of 32 heads, each split one round of loads a warp): 32 gave 4.88 ms/token, 64 4.94,
+// 128 5.14; 8 and 32 sequences and 2048 keys unchanged.
+constexpr int kMinPartition = 32;
 // The split-K workspace starts with one arrival counter per (row, head) (zero at rest: the merging
 // block resets its own), then the partial results.
 constexpr size_t kCounterBytes = 1u << 20;
@@ -82,11 +85,14 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias, int kLanes = 32,
           int kKeys = 4>
 __global__ void __launch_bounds__(kWarps * 32)
-    splitKernel(PagedAttentionParams p, int numSplits, int tilesPerKv, int flashMinRows) {
+    splitKernel(PagedAttentionParams p, int numSplits, int tilesPerKv, int flashMinRows,
+                int minPartition, bool earlyKeys) {
   using C = Convert<T>;
   using K = CacheOf<T, kCache>;
   using E = typename K::Elem;
-  cuda::waitForPrimary();
+  // Before the dependency wait this kernel reads only the step's metadata (copied before its first
+  // kernel) and, below, keys written by earlier steps: those steps' kernels have completed (the
+  // step's metadata copy comes after them, and every kernel since waits for its primary).
   cuda::allowDependents();
   // blockIdx.x: (row, tile of heads), the tiles of a row adjacent, so that the blocks running
   // together read the neighbouring heads of the same cache slots (one slot's keys are contiguous
@@ -104,7 +110,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int nHeads = min(kHeads, (kvh + 1) * group - head0);  // a group's last tile may be short
   const int s = sequenceOf(p.seqStarts, static_cast<int>(p.numSeqs), row);
   // A mixed batch: the tensor-core kernel takes the sequences of flashMinRows rows or more.
-  if (flashMinRows > 0 && p.seqStarts[s + 1] - p.seqStarts[s] >= flashMinRows) return;
+  if (flashMinRows > 0 && p.seqStarts[s + 1] - p.seqStarts[s] >= flashMinRows) {
+    cuda::waitForPrimary();  // (a kernel completes only after its primary: launch.h)
+    return;
+  }
   const int pos = p.startPos[s] + (row - p.seqStarts[s]);
   // Keys [lo, keyEnd): causal up to the row's own position; else the sequence's whole context,
   // or contextLens[s] (cross-attention).
@@ -116,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   } else if (p.slidingWindow > 0) {
     lo = max(0, pos - static_cast<int>(p.slidingWindow) + 1);
   }
-  // The row's keys cut into at most numSplits parts of whole kMinPartition multiples, sized from
+  // The row's keys cut into at most numSplits parts of whole minPartition multiples, sized from
   // its own keys alone (not the batch's or a graph's longest context): split i takes keys
   // [lo + i * partition, ...). A row's sums so depend on its keys and numSplits only, whatever
   // else runs beside it, eagerly or in a graph. With no keys (contextLens 0) split 0 writes zeros.
@@ -124,14 +133,39 @@ __global__ void __launch_bounds__(kWarps * 32)
   int partition = max(span, 1);
   if (numSplits > 1) {
     partition = (span + numSplits - 1) / numSplits;
-    partition = max(kMinPartition, (partition + kMinPartition - 1) / kMinPartition * kMinPartition);
+    partition = max(minPartition, (partition + minPartition - 1) / minPartition * minPartition);
   }
   const int first = 0, last = span == 0 ? 0 : (span - 1) / partition;
-  if (split > last) return;  // nothing here: the merge skips this split
+  if (split > last) {  // nothing here: the merge skips this split
+    cuda::waitForPrimary();
+    return;
+  }
   const int begin = lo + split * partition, end = min(keyEnd, begin + partition);
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   const int d0 = sub * kEpl;
+  const E* kBase = static_cast<const E*>(p.kCache) + kvh * p.headDim;
+  const E* vBase = static_cast<const E*>(p.vCache) + kvh * p.headDim;
+  // The warp's first keys, where earlier steps wrote them (self-attention, before the row's
+  // sequence's first new position), are loaded before the wait: their latency then overlaps the
+  // kernel before this one (H100, Llama-2-7B batch-1 decode 5.00 -> 4.94 ms/token;
+  // TEXTGEN_ATTN_EARLY=0 turns it off, for comparison).
+  const int jwFirst = begin + warp * kGroups * kKeys;
+  using EV = cuda::Vec<E, kEpl>;
+  EV kEarly[kKeys], vEarly[kKeys];
+  bool early[kKeys];
+  const int written = earlyKeys && p.causal && !p.contextLens ? p.startPos[s] : 0;  // before: old
+#pragma unroll
+  for (int u = 0; u < kKeys; ++u) {
+    const int j = jwFirst + keyGroup * kKeys + u;
+    early[u] = kLanes < 32 && j < end && j < written;
+    if (early[u]) {
+      const int64_t off = slotOf(blocks, static_cast<int>(p.blockSize), j) * kvWidth + d0;
+      kEarly[u] = *reinterpret_cast<const EV*>(kBase + off);
+      vEarly[u] = *reinterpret_cast<const EV*>(vBase + off);
+    }
+  }
+  cuda::waitForPrimary();
   float slope[kHeads] = {};
   if constexpr (kBias == Bias::kAlibi) {
 #pragma unroll
@@ -153,8 +187,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     m[t] = -INFINITY;
     l[t] = 0.0f;
   }
-  const E* kBase = static_cast<const E*>(p.kCache) + kvh * p.headDim;
-  const E* vBase = static_cast<const E*>(p.vCache) + kvh * p.headDim;
   // The warp's iterations are uniform over its groups (their shuffles need every lane): group g
   // takes keys [jw + g * kKeys, jw + (g + 1) * kKeys) of the warp's run, masked past the end.
   for (int jw = begin + warp * kGroups * kKeys; jw < end; jw += kWarps * kGroups * kKeys) {
@@ -164,12 +196,16 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int u = 0; u < kKeys; ++u) {
       const int j = j0 + u;
+      const bool loaded = jw == jwFirst && early[u];
       const int64_t off =
-          (j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth + d0;
+          (j < end && !loaded ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth +
+          d0;
       if constexpr (kLanes < 32) {  // whole rows of kEpl: 16-byte (fp8: 8-byte) loads
-        using EV = cuda::Vec<E, kEpl>;
         EV ke{}, ve{};
-        if (j < end) {
+        if (loaded) {
+          ke = kEarly[u];
+          ve = vEarly[u];
+        } else if (j < end) {
           ke = *reinterpret_cast<const EV*>(kBase + off);
           ve = *reinterpret_cast<const EV*>(vBase + off);
         }
@@ -371,7 +407,7 @@ auto splitKernelHeads(int heads) {
   return splitKernel<T, kCache, kEpl, 1, kBias>;
 }
 
-using SplitKernel = void (*)(PagedAttentionParams, int, int, int);
+using SplitKernel = void (*)(PagedAttentionParams, int, int, int, int, bool);
 
 // Unsplit heads of 128 (decode batches of 24 sequences and up on an H100): two groups of 16 lanes
 // a warp with 16-byte loads and two keys each in flight, rather than 32 lanes with 8 bytes and four
@@ -382,6 +418,26 @@ using SplitKernel = void (*)(PagedAttentionParams, int, int, int);
 // lose (7.77 -> 8.03 ms). Choosing by waves would make the kernel, and so the bits, differ between
 // an eager call and a graph padded to another sequence count: the choice depends on the split
 // alone. TEXTGEN_ATTN_LANES16=0 keeps 32 lanes (for comparison).
+// Fewest keys a split takes: kMinPartition, or TEXTGEN_ATTN_PARTITION (16, 32, 64 or 128) for
+// comparison.
+int minPartition() {
+  static const int keys = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_PARTITION");
+    const int n = v ? std::atoi(v) : 0;
+    return n == 16 || n == 32 || n == 64 || n == 128 ? n : kMinPartition;
+  }();
+  return keys;
+}
+
+// TEXTGEN_ATTN_EARLY=0: no keys loaded before the dependency wait (for comparison).
+bool earlyKeysOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_EARLY");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 bool lanes16On() {
   static const bool on = [] {
     const char* v = std::getenv("TEXTGEN_ATTN_LANES16");
@@ -460,7 +516,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
       : p.relativeBias ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split)
                        : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, s,
-                      static_cast<int>(tilesPerKv), flashMinRows);
+                      static_cast<int>(tilesPerKv), flashMinRows, minPartition(), earlyKeysOn());
 }
 
 // ---- Tensor-core prefill ----

@@ -849,6 +849,79 @@ TEST_F(OpsCudaTest, GemvRowsEqualOneRowCalls) {
   }
 }
 
+// The gemv kernel's gated epilogue (the gated MLP's gate/up GEMM and activation in one kernel)
+// gives the bits of the gemv kernel followed by the gated activation kernel, on every row count the
+// gemv takes, and is refused where it does not take the shape.
+TEST_F(OpsCudaTest, GemvGatedEqualsGemvThenActivation) {
+  auto runner = GemmRunner::create(nullptr, 32u << 20);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  (*runner)->setGemvRows(8);
+  struct Shape {
+    int64_t rows, in, n;  // W is [2n, in]
+  };
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (Activation a :
+         {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh, Activation::kRelu}) {
+      // Widths taking 1, 2, 4 and 8 warps a row (64/512, 1000, 2048, 4096 and up); an odd n (a
+      // pair past the end); 1 to 8 rows.
+      for (const Shape& s :
+           {Shape{1, 4096, 1000}, Shape{3, 1000, 333}, Shape{8, 4104, 96}, Shape{1, 64, 17},
+            Shape{5, 11008, 40}, Shape{2, 256, 8}, Shape{1, 512, 129}, Shape{4, 2048, 65}}) {
+        SCOPED_TRACE(std::string(dtypeName(dt)) + " " + std::string(toString(a)) + " " +
+                     std::to_string(s.rows) + "x" + std::to_string(s.in) + "x" +
+                     std::to_string(s.n));
+        const size_t es = dtypeSize(dt);
+        const int64_t out = 2 * s.n;
+        const auto x = encode(randomValues(s.rows * s.in, rng_), dt);
+        // Outputs of about unit scale and either sign: every activation's range matters.
+        const auto w =
+            encode(randomValues(out * s.in, rng_, 2.0f / std::sqrt(static_cast<float>(s.in))), dt);
+        auto dx = toDevice(x), dw = toDevice(w);
+        DeviceBuffer gateUp(s.rows * out * es), twoKernels(s.rows * s.n * es),
+            oneKernel(s.rows * s.n * es);
+        const GemmParams p{dx->get(), dw->get(), gateUp.get(), s.rows, s.in, out, dt};
+        ASSERT_TRUE((*runner)->takesGated(p));
+        ASSERT_TRUE((*runner)->run(p).ok());
+        ASSERT_TRUE(invokeGatedActivation({.gateUp = gateUp.get(),
+                                           .out = twoKernels.get(),
+                                           .rows = s.rows,
+                                           .n = s.n,
+                                           .dtype = dt,
+                                           .activation = a},
+                                          nullptr)
+                        .ok());
+        GemmParams fused = p;
+        fused.y = oneKernel.get();
+        ASSERT_TRUE((*runner)->runGated(fused, a).ok());
+        const auto want = fromDevice(twoKernels, s.rows * s.n * es);
+        const auto got = fromDevice(oneKernel, s.rows * s.n * es);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()));
+      }
+    }
+  }
+  // Refused where the gemv kernel does not take the shape: more rows than it takes, an odd number
+  // of rows in W, float32, unaligned x.
+  const auto x = encode(randomValues(16 * 64, rng_), DType::kBF16);
+  const auto w = encode(randomValues(34 * 64, rng_), DType::kBF16);
+  auto dx = toDevice(x), dw = toDevice(w);
+  DeviceBuffer y(16 * 34 * 2);
+  const GemmParams ok{dx->get(), dw->get(), y.get(), 8, 64, 34, DType::kBF16};
+  EXPECT_TRUE((*runner)->takesGated(ok));
+  for (int c = 0; c < 4; ++c) {
+    SCOPED_TRACE(c);
+    GemmParams bad = ok;
+    switch (c) {
+      case 0: bad.rows = 9; break;
+      case 1: bad.out = 33; break;
+      case 2: bad.dtype = DType::kF32; break;
+      case 3: bad.x = static_cast<const uint8_t*>(dx->get()) + 2; break;
+    }
+    EXPECT_FALSE((*runner)->takesGated(bad));
+    EXPECT_EQ((*runner)->runGated(bad, Activation::kSilu).code(), StatusCode::kUnimplemented);
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 struct AttentionCase {
   DType dtype;
   int64_t numSeqs, heads, kvHeads, headDim, blockSize, window;

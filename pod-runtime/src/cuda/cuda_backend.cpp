@@ -185,6 +185,16 @@ class CudaBackend final : public Backend {
   Status gatedActivation(const kernels::GatedActivationParams& p) override {
     return kernels::invokeGatedActivation(p, stream_);
   }
+  Status gatedLinear(const Linear& w, const void* x, void* gateUp, void* y, int64_t rows,
+                     kernels::Activation a) override {
+    if (w.format == WeightFormat::kDense && !w.bias && !w.scales && !w.zeros && w.weight) {
+      const kernels::GemmParams p{x, w.weight->data(), y, rows, w.in, w.out, w.dtype};
+      if (gemm_->takesGated(p) &&
+          w.weight->bytes() >= static_cast<size_t>(w.in * w.out) * kernels::dtypeSize(w.dtype))
+        return gemm_->runGated(p, a);
+    }
+    return Backend::gatedLinear(w, x, gateUp, y, rows, a);
+  }
   Status argmax(const kernels::ArgmaxParams& p) override {
     return kernels::invokeArgmax(p, stream_);
   }

@@ -19,16 +19,10 @@ StatusOr<GatedMlp> GatedMlp::load(const WeightLoader& w, const Weights& names,
 }
 
 Status GatedMlp::forward(const ForwardContext& ctx, void* hs) const {
-  const int64_t rows = ctx.rows(), inter = ctx.partition.intermediate;
+  const int64_t rows = ctx.rows();
   void* gateUp = ctx.ws.gateUp->data();
   void* act = ctx.ws.act->data();
-  TG_RETURN_IF_ERROR(ctx.backend.linear(gateUp_, hs, gateUp, rows));
-  TG_RETURN_IF_ERROR(ctx.backend.gatedActivation({.gateUp = gateUp,
-                                                  .out = act,
-                                                  .rows = rows,
-                                                  .n = inter,
-                                                  .dtype = ctx.dtype,
-                                                  .activation = activation_}));
+  TG_RETURN_IF_ERROR(ctx.backend.gatedLinear(gateUp_, hs, gateUp, act, rows, activation_));
   return ctx.backend.linear(down_, act, hs, rows);
 }
 

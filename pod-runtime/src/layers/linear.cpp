@@ -19,6 +19,18 @@ Status Backend::linear(const Linear& w, const void* x, void* y, int64_t rows) {
   return biasAdd({.y = y, .bias = w.bias->data(), .rows = rows, .out = w.out, .dtype = w.dtype});
 }
 
+Status Backend::gatedLinear(const Linear& w, const void* x, void* gateUp, void* y, int64_t rows,
+                            kernels::Activation a) {
+  if (w.out % 2 != 0) return invalidArgumentError("gated linear: an odd number of outputs");
+  TG_RETURN_IF_ERROR(linear(w, x, gateUp, rows));
+  return gatedActivation({.gateUp = gateUp,
+                          .out = y,
+                          .rows = rows,
+                          .n = w.out / 2,
+                          .dtype = w.dtype,
+                          .activation = a});
+}
+
 Status Backend::dense(const Linear& w, const void* x, void* y, int64_t rows) {
   if (w.format != WeightFormat::kDense) {
     return unimplementedError(std::string(name()) + ": " + std::string(toString(w.format)) +

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "textgen/base/status_or.h"
+#include "textgen/kernels/activation.h"
 #include "textgen/kernels/gemm.h"
 
 namespace textgen::kernels {
@@ -23,6 +24,11 @@ class GemmRunner {
   // decoding's verification steps: 1 + speculate rows a sequence).
   virtual void setGemvRows(int64_t rows) = 0;
   virtual Status run(const GemmParams& p) = 0;
+  // Where run() would take the gemv kernel and W is [gate; up] stacked ([2n, in]): y [rows, n] =
+  // act(x gateᵀ) * (x upᵀ) in one kernel, bit for bit run() then the gated activation
+  // (gated_activation.h) on its output. runGated is UNIMPLEMENTED where takesGated is false.
+  virtual bool takesGated(const GemmParams& p) const = 0;
+  virtual Status runGated(const GemmParams& p, Activation a) = 0;
   // y[rows, out] = sx * sw * x8[rows, in] · w8[out, in]ᵀ with float8 e4m3 operands (cuBLASLt FP8,
   // sm_89 and later), y in p.dtype (float16 or bfloat16); the scales are device pointers to one
   // float each. in and out must be multiples of 16.

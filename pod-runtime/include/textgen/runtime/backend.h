@@ -128,6 +128,13 @@ class Backend {
   virtual Status attention(kernels::PagedAttentionParams p) = 0;
   // act(gate) * up of the gated MLP.
   virtual Status gatedActivation(const kernels::GatedActivationParams& p) = 0;
+  // The gated MLP's first layer and activation: y [rows, w.out / 2] = act(x gateᵀ) * (x upᵀ) for
+  // W = [gate; up] stacked. linear() into `gateUp` ([rows, w.out], scratch) then
+  // gatedActivation(), or, where the backend has one kernel for both (CUDA: the gemv kernel's
+  // gated epilogue, for decode rows of dense 16-bit weights without a bias), that kernel, with the
+  // same bits.
+  virtual Status gatedLinear(const Linear& w, const void* x, void* gateUp, void* y, int64_t rows,
+                             kernels::Activation a);
   virtual Status argmax(const kernels::ArgmaxParams& p) = 0;
   virtual Status sample(const kernels::SampleParams& p) = 0;
 
