@@ -3,7 +3,6 @@
 // bandwidth busy than a tiled GEMM does at this shape. x is re-read from L1/L2.
 #include <algorithm>
 #include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "activation.cuh"
@@ -78,12 +77,16 @@ __device__ __forceinline__ void loadWeights(const uint4* __restrict__ wRow, int 
 // kBlockRows / 2 pairs: row-groups [0, pairs) the gates of outputs j0.., the others their ups.
 // Each product is rounded to T, then the gated activation kernel's formula applies: bit for bit the
 // plain kernel followed by it (a row's sums do not depend on its neighbours).
+constexpr int blockRowsOf(int split, bool gated) {
+  return gated && kWarps / split < 2 ? 2 : kWarps / split;
+}
+
 template <typename T, int kRows, int kSplit, bool kGated, Activation A>
-__global__ void __launch_bounds__(2 * kWarps * 32)
+__global__ void __launch_bounds__(blockRowsOf(kSplit, kGated) * kSplit * 32)
     gemvKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int rows,
                int in, int out, bool weightsFromPrimary) {
   static_assert(kWarps % kSplit == 0);
-  constexpr int kBlockRows = kGated && kWarps / kSplit < 2 ? 2 : kWarps / kSplit;
+  constexpr int kBlockRows = blockRowsOf(kSplit, kGated);
   constexpr int kPairs = kBlockRows / 2;
   constexpr int kStride = 32 * kSplit;  // vectors between one lane's loads
   constexpr int kStep = kStride * kUnroll;
@@ -156,12 +159,12 @@ __global__ void __launch_bounds__(2 * kWarps * 32)
 // Warps a row: the fewest that load it in at most 2 vectors a lane, at most kWarps (H100,
 // Llama-2-7B batch 1: 4 vectors a lane at 4096 wide gave 5.10 ms/token, 2 gave 5.04, one warp a
 // row 5.32). It depends on the row's width alone, so every row count computes a row the same way
-// (gemv.h). TEXTGEN_GEMV_SPLIT=N forces N warps a row (1, 2, 4, 8), for comparison.
+// (gemv.h). TEXTGEN_GEMV_SPLIT=N forces N warps a row (1, 2, 4, 8; 0 as 1), for comparison.
 int splitFor(int64_t in) {
   static const int forced = [] {
     const char* v = std::getenv("TEXTGEN_GEMV_SPLIT");
-    const int n = v ? std::atoi(v) : 0;
-    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
+    const int n = v ? std::atoi(v) : -1;
+    return n == 0 ? 1 : n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
   }();
   if (forced > 0) return forced;
   const int64_t vecs = in / 8;
@@ -172,7 +175,7 @@ int splitFor(int64_t in) {
 
 template <typename T, int kRows, int kSplit, bool kGated, Activation A>
 Status launchAs(const GemmParams& p, cudaStream_t stream) {
-  constexpr int kBlockRows = kGated && kWarps / kSplit < 2 ? 2 : kWarps / kSplit;
+  constexpr int kBlockRows = blockRowsOf(kSplit, kGated);
   const int64_t outputs = kGated ? p.out / 2 : p.out;
   const int64_t perBlock = kGated ? kBlockRows / 2 : kBlockRows;
   const dim3 grid(static_cast<unsigned>((outputs + perBlock - 1) / perBlock));

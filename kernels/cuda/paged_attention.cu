@@ -81,9 +81,10 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // kLanes lanes, each walking its own keys with 16-byte loads and a kLanes-lane reduction, merged
 // at the end; one key a warp with two elements a lane read T5's multi-head cross-attention at about
 // 1.4 TB/s on an H100.
-// kKeys: keys in flight per lane group.
+// kKeys: keys in flight per lane group. kEarly: the first keys loaded before the dependency wait
+// (below; it costs registers, so only the split kernel of few rows has it).
 template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias, int kLanes = 32,
-          int kKeys = 4>
+          int kKeys = 4, bool kEarly = false>
 __global__ void __launch_bounds__(kWarps * 32)
     splitKernel(PagedAttentionParams p, int numSplits, int tilesPerKv, int flashMinRows,
                 int minPartition, bool earlyKeys) {
@@ -152,17 +153,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   // TEXTGEN_ATTN_EARLY=0 turns it off, for comparison).
   const int jwFirst = begin + warp * kGroups * kKeys;
   using EV = cuda::Vec<E, kEpl>;
-  EV kEarly[kKeys], vEarly[kKeys];
+  EV kPre[kKeys], vPre[kKeys];
   bool early[kKeys];
   const int written = earlyKeys && p.causal && !p.contextLens ? p.startPos[s] : 0;  // before: old
 #pragma unroll
   for (int u = 0; u < kKeys; ++u) {
     const int j = jwFirst + keyGroup * kKeys + u;
-    early[u] = kLanes < 32 && j < end && j < written;
+    early[u] = kEarly && kLanes < 32 && j < end && j < written;
     if (early[u]) {
       const int64_t off = slotOf(blocks, static_cast<int>(p.blockSize), j) * kvWidth + d0;
-      kEarly[u] = *reinterpret_cast<const EV*>(kBase + off);
-      vEarly[u] = *reinterpret_cast<const EV*>(vBase + off);
+      kPre[u] = *reinterpret_cast<const EV*>(kBase + off);
+      vPre[u] = *reinterpret_cast<const EV*>(vBase + off);
     }
   }
   cuda::waitForPrimary();
@@ -196,15 +197,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int u = 0; u < kKeys; ++u) {
       const int j = j0 + u;
-      const bool loaded = jw == jwFirst && early[u];
+      const bool loaded = kEarly && jw == jwFirst && early[u];
       const int64_t off =
           (j < end && !loaded ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth +
           d0;
       if constexpr (kLanes < 32) {  // whole rows of kEpl: 16-byte (fp8: 8-byte) loads
         EV ke{}, ve{};
         if (loaded) {
-          ke = kEarly[u];
-          ve = vEarly[u];
+          ke = kPre[u];
+          ve = vPre[u];
         } else if (j < end) {
           ke = *reinterpret_cast<const EV*>(kBase + off);
           ve = *reinterpret_cast<const EV*>(vBase + off);
@@ -454,9 +455,11 @@ SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool sp
   if (headDim == 64 && heads == 1 && vectorLoads) return splitKernel<T, kCache, 8, 1, kBias, 8>;
   // Heads of 128 whose keys are split (few rows: bound by the latency of each block's serial key
   // loads, not bandwidth): two groups of 16 lanes, 16-byte loads, half the iterations. H100,
-  // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms.
+  // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms. The first keys loaded before the wait
+  // (kEarly: 5.00 -> 4.94 ms; 8 sequences 6.31 -> 6.20), which costs registers the unsplit
+  // kernels below would pay in blocks a multiprocessor.
   if (split && headDim == 128 && heads == 1 && vectorLoads)
-    return splitKernel<T, kCache, 8, 1, kBias, 16>;
+    return splitKernel<T, kCache, 8, 1, kBias, 16, 4, true>;
   if (headDim == 128 && heads == 1 && vectorLoads && lanes16On())
     return splitKernel<T, kCache, 8, 1, kBias, 16, 2>;
   return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)

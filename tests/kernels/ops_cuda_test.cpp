@@ -796,7 +796,9 @@ TEST_F(OpsCudaTest, GemmMatchesReference) {
           Shape{9, 256, 128}, Shape{64, 1024, 384}, Shape{300, 256, 1024},
           // One row on the gemv kernel: Llama's o and down projections, an odd count of outputs
           // (a block past the end) and long rows.
-          Shape{1, 4096, 4096}, Shape{1, 11008, 4096}, Shape{1, 1000, 33}, Shape{1, 4104, 9000}}) {
+          Shape{1, 4096, 4096}, Shape{1, 11008, 4096}, Shape{1, 1000, 33}, Shape{1, 4104, 9000},
+          // Rows of 2048 (4 warps a row) and 1000 (2).
+          Shape{1, 2048, 300}, Shape{1, 1000, 700}}) {
       SCOPED_TRACE(std::string(dtypeName(dt)) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.in) + "x" + std::to_string(s.out));
       // Weights scaled as real ones are (outputs of unit scale).
@@ -827,7 +829,7 @@ TEST_F(OpsCudaTest, GemvRowsEqualOneRowCalls) {
   };
   for (DType dt : {DType::kF16, DType::kBF16}) {
     for (const Shape& s : {Shape{5, 4096, 4096}, Shape{8, 11008, 300}, Shape{3, 1000, 9000},
-                           Shape{2, 4104, 4224}, Shape{8, 64, 33}}) {
+                           Shape{2, 4104, 4224}, Shape{8, 64, 33}, Shape{6, 2048, 130}}) {
       SCOPED_TRACE(std::string(dtypeName(dt)) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.in) + "x" + std::to_string(s.out));
       const size_t es = dtypeSize(dt);
