@@ -11,6 +11,11 @@
 // for its signal of n+1, given only once it finished call n. The fused RMSNorm variant stages and
 // signals the same way with whole rows as block b's slice; every block of either kernel takes part
 // in every call, so the blocks' call numbers (and staging parity) never drift apart.
+// The Lamport protocol (all_reduce.h) needs no pairing of blocks: each element is its own signal,
+// so a block may push one part of the message and read another; only its per-block state (call
+// number, previous size) must advance in every call, which every block of both kernels does.
+#include <algorithm>
+
 #include "common.cuh"
 #include "textgen/kernels/all_reduce.h"
 
@@ -99,31 +104,149 @@ __device__ __forceinline__ void sumUnit(const OneShotAllReduceParams& p, size_t 
   }
 }
 
+// The Lamport protocol (all_reduce.h). Loads and stores of the exchanged data are volatile: a
+// reader's poll must reach memory each time, and a writer's 16-byte store must stay one store.
+__device__ __forceinline__ uint4 loadVolatile(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void storeVolatile(uint4* p, const uint4& v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ bool holdsEmpty(uint32_t w) {
+  return (w & 0xFFFFu) == 0x8000u || (w >> 16) == 0x8000u;
+}
+
+__device__ __forceinline__ bool holdsEmpty(const uint4& v) {
+  return holdsEmpty(v.x) || holdsEmpty(v.y) || holdsEmpty(v.z) || holdsEmpty(v.w);
+}
+
+// -0.0 (the empty pattern) sent as +0.0.
+__device__ __forceinline__ uint32_t sendable(uint32_t w) {
+  if ((w & 0xFFFFu) == 0x8000u) w &= 0xFFFF0000u;
+  if ((w >> 16) == 0x8000u) w &= 0x0000FFFFu;
+  return w;
+}
+
+__device__ __forceinline__ uint4* lamportSlot(const OneShotAllReduceParams& p, int owner,
+                                              int buffer, int slot) {
+  return reinterpret_cast<uint4*>(
+      static_cast<char*>(p.peers[owner]) +
+      LamportPeerLayout::slotOffset(p.capacityBytes, p.worldSize, buffer, slot));
+}
+
+struct LamportCall {
+  int buffer;         // this call's receiving buffer
+  int64_t prevUnits;  // 16-byte units per slot that the previous call filled
+};
+
+// Block b's call number and the previous call's size, read once by the block; block b's state is
+// advanced at once (the next call reads it only after this kernel completed).
+__device__ __forceinline__ LamportCall lamportBegin(const OneShotAllReduceParams& p, int b) {
+  __shared__ uint32_t state[2];
+  if (threadIdx.x == 0) {
+    state[0] = p.counters[b];
+    state[1] = p.counters[kAllReduceMaxBlocks + b];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    p.counters[b] = state[0] + 1;
+    p.counters[kAllReduceMaxBlocks + b] = static_cast<uint32_t>(p.count);
+  }
+  return {static_cast<int>(state[0] % 3), static_cast<int64_t>(state[1]) * 2 / 16};
+}
+
+// Unit i of my data into slot `rank` of this call's buffer on every rank (mine included).
+__device__ __forceinline__ void lamportPush(const OneShotAllReduceParams& p, const LamportCall& c,
+                                            int64_t i, uint4 v) {
+  v = make_uint4(sendable(v.x), sendable(v.y), sendable(v.z), sendable(v.w));
+  for (int r = 0; r < p.worldSize; ++r) storeVolatile(lamportSlot(p, r, c.buffer, p.rank) + i, v);
+}
+
+// Block b's share of refilling the previous call's buffer (here, after the pushes: it overlaps
+// the wait for the peers' data).
+__device__ __forceinline__ void lamportRefill(const OneShotAllReduceParams& p, const LamportCall& c,
+                                              int b) {
+  const int prev = (c.buffer + 2) % 3;
+  const int64_t total = c.prevUnits * p.worldSize;
+  const uint4 empty =
+      make_uint4(kLamportEmptyWord, kLamportEmptyWord, kLamportEmptyWord, kLamportEmptyWord);
+  for (int64_t j = static_cast<int64_t>(b) * blockDim.x + threadIdx.x; j < total;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int slot = static_cast<int>(j / c.prevUnits);
+    lamportSlot(p, p.rank, prev, slot)[j - slot * c.prevUnits] = empty;
+  }
+}
+
+// Unit i summed over every rank's slot in rank order, each polled until it arrived.
 template <typename T>
+__device__ __forceinline__ void lamportSumUnit(const OneShotAllReduceParams& p,
+                                               const LamportCall& c, int64_t i,
+                                               float (&acc)[Vec<T>::kN]) {
+#pragma unroll
+  for (int k = 0; k < Vec<T>::kN; ++k) acc[k] = 0.0f;
+  for (int r = 0; r < p.worldSize; ++r) {
+    const uint4* src = lamportSlot(p, p.rank, c.buffer, r) + i;
+    uint4 v = loadVolatile(src);
+    while (holdsEmpty(v)) v = loadVolatile(src);
+    Vec<T>::add(acc, v);
+  }
+}
+
+template <typename T, AllReduceProtocol P>
 __global__ void __launch_bounds__(kThreads) oneShotAllReduceKernel(OneShotAllReduceParams p) {
   cuda::waitForPrimary();
   cuda::allowDependents();  // as in the RMSNorm variant below
   using V = Vec<T>;
+  constexpr bool kLamport = P == AllReduceProtocol::kLamport;
   const int b = blockIdx.x;
-  const uint32_t call = nextCall(p, b);
-  const size_t half = (call & 1) * p.capacityBytes;
   const int64_t units = p.count * static_cast<int64_t>(sizeof(T)) / 16;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(b) * blockDim.x + threadIdx.x;
-
-  // 1. Stage my slice, then tell every peer; 2. wait for every peer's block b.
-  auto* mine = reinterpret_cast<uint4*>(static_cast<char*>(p.peers[p.rank]) + half);
   const auto* in = static_cast<const uint4*>(p.data);
-  for (int64_t i = first; i < units; i += stride) mine[i] = in[i];
-  exchangeSignals(p, b, call);
-  // 3. Sum in rank order.
   auto* out = static_cast<uint4*>(p.data);
-  for (int64_t i = first; i < units; i += stride) {
-    float acc[V::kN];
-    sumUnit<T>(p, half, i, acc);
-    out[i] = V::pack(acc);
+
+  if constexpr (kLamport) {
+    // 1. Push my slice to every rank; 2. refill the previous buffer; 3. poll and sum.
+    const LamportCall c = lamportBegin(p, b);
+    for (int64_t i = first; i < units; i += stride) lamportPush(p, c, i, in[i]);
+    lamportRefill(p, c, b);
+    for (int64_t i = first; i < units; i += stride) {
+      float acc[V::kN];
+      lamportSumUnit<T>(p, c, i, acc);
+      out[i] = V::pack(acc);
+    }
+  } else {
+    const uint32_t call = nextCall(p, b);
+    const size_t half = (call & 1) * p.capacityBytes;
+    // 1. Stage my slice, then tell every peer; 2. wait for every peer's block b.
+    auto* mine = reinterpret_cast<uint4*>(static_cast<char*>(p.peers[p.rank]) + half);
+    for (int64_t i = first; i < units; i += stride) mine[i] = in[i];
+    exchangeSignals(p, b, call);
+    // 3. Sum in rank order.
+    for (int64_t i = first; i < units; i += stride) {
+      float acc[V::kN];
+      sumUnit<T>(p, half, i, acc);
+      out[i] = V::pack(acc);
+    }
+    if (threadIdx.x == 0) p.counters[b] = call;
   }
-  if (threadIdx.x == 0) p.counters[b] = call;
+}
+
+__global__ void lamportResetKernel(uint4* region, int64_t units) {
+  const uint4 empty =
+      make_uint4(kLamportEmptyWord, kLamportEmptyWord, kLamportEmptyWord, kLamportEmptyWord);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < units;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    region[i] = empty;
 }
 
 // Sum over the block (every thread gets it); `scratch` holds one float per warp. The order is
@@ -147,28 +270,44 @@ constexpr int kMaxUnitsPerThread = static_cast<int>(kAllReduceRmsNormMaxUnits / 
 // The same staging and signals as oneShotAllReduceKernel, but block b owns whole rows (b, b +
 // grid, ...) so it can normalise them: every block takes part in every call, rows or not, so that
 // every block's call number, hence the staging parity, stays the same across blocks and calls.
-template <typename T>
+template <typename T, AllReduceProtocol P>
 __global__ void __launch_bounds__(kThreads)
     oneShotAllReduceRmsNormKernel(OneShotAllReduceRmsNormParams q) {
   using V = Vec<T>;
   using C = cuda::Convert<T>;
+  constexpr bool kLamport = P == AllReduceProtocol::kLamport;
   const OneShotAllReduceParams& p = q.allReduce;
+  // Weights no kernel writes: requested before the wait, they stream in while the GEMV ahead ends
+  // and while this kernel waits for its peers (memory is otherwise idle then).
+  if (q.prefetchBytes > 0 && threadIdx.x == 0)
+    cuda::prefetchL2Part(q.prefetch, q.prefetchBytes, blockIdx.x, gridDim.x);
   cuda::waitForPrimary();
   // The next kernel may start now (its blocks wait in waitForPrimary, but a GEMV requests its
   // weights meanwhile, so they stream while this kernel waits on NVLink).
   cuda::allowDependents();
   const int b = blockIdx.x;
-  const uint32_t call = nextCall(p, b);
-  const size_t half = (call & 1) * p.capacityBytes;
   const int64_t rowUnits = q.hidden * static_cast<int64_t>(sizeof(T)) / 16;
-
-  auto* mine = reinterpret_cast<uint4*>(static_cast<char*>(p.peers[p.rank]) + half);
   const auto* in = static_cast<const uint4*>(p.data);
-  for (int64_t row = b; row < q.rows; row += gridDim.x) {
-    for (int64_t u = threadIdx.x; u < rowUnits; u += kThreads)
-      mine[row * rowUnits + u] = in[row * rowUnits + u];
+  uint32_t call = 0;
+  size_t half = 0;
+  LamportCall lamport{};
+  if constexpr (kLamport) {
+    lamport = lamportBegin(p, b);
+    for (int64_t row = b; row < q.rows; row += gridDim.x) {
+      for (int64_t u = threadIdx.x; u < rowUnits; u += kThreads)
+        lamportPush(p, lamport, row * rowUnits + u, in[row * rowUnits + u]);
+    }
+    lamportRefill(p, lamport, b);
+  } else {
+    call = nextCall(p, b);
+    half = (call & 1) * p.capacityBytes;
+    auto* mine = reinterpret_cast<uint4*>(static_cast<char*>(p.peers[p.rank]) + half);
+    for (int64_t row = b; row < q.rows; row += gridDim.x) {
+      for (int64_t u = threadIdx.x; u < rowUnits; u += kThreads)
+        mine[row * rowUnits + u] = in[row * rowUnits + u];
+    }
+    exchangeSignals(p, b, call);
   }
-  exchangeSignals(p, b, call);
 
   __shared__ float scratch[kThreads / 32];
   const auto* residual = static_cast<const uint4*>(q.residual);
@@ -185,7 +324,11 @@ __global__ void __launch_bounds__(kThreads)
       if (u >= rowUnits) break;
       const int64_t i = row * rowUnits + u;
       float acc[V::kN];
-      sumUnit<T>(p, half, i, acc);
+      if constexpr (kLamport) {
+        lamportSumUnit<T>(p, lamport, i, acc);
+      } else {
+        sumUnit<T>(p, half, i, acc);
+      }
       uint4 s = V::pack(acc);  // the all-reduce's result, rounded
       if (residual) {
         const uint4 r = residual[i];
@@ -222,7 +365,9 @@ __global__ void __launch_bounds__(kThreads)
       output[row * rowUnits + u] = V::pack(o);
     }
   }
-  if (threadIdx.x == 0) p.counters[b] = call;
+  if constexpr (!kLamport) {
+    if (threadIdx.x == 0) p.counters[b] = call;
+  }
 }
 
 }  // namespace
@@ -240,7 +385,29 @@ Status validateOneShotAllReduce(const OneShotAllReduceParams& p) {
   if (!p.counters) return invalidArgumentError("one-shot all-reduce: counters required");
   if (p.blocks < 1 || p.blocks > kAllReduceMaxBlocks)
     return invalidArgumentError("one-shot all-reduce: 1 to 128 blocks");
+  if (p.protocol == AllReduceProtocol::kLamport &&
+      !lamportAllReduceTakes(p.count, p.dtype, p.capacityBytes))
+    return invalidArgumentError(
+        "one-shot all-reduce: the Lamport protocol takes 16-bit types within its slot");
+  if (p.protocol != AllReduceProtocol::kLamport && p.protocol != AllReduceProtocol::kFlags)
+    return invalidArgumentError("one-shot all-reduce: unknown protocol");
   return okStatus();
+}
+
+bool lamportAllReduceTakes(int64_t count, DType dtype, size_t slotBytes) {
+  return (dtype == DType::kF16 || dtype == DType::kBF16) && count >= 0 &&
+         static_cast<size_t>(count) * 2 <= slotBytes && count * 2 % 16 == 0 &&
+         count <= int64_t{0xFFFFFFFF};
+}
+
+Status invokeLamportReset(void* region, size_t bytes, Stream stream) {
+  if (!region || !cuda::aligned16(region) || bytes % 16 != 0)
+    return invalidArgumentError("Lamport reset: a 16-byte aligned region of 16-byte units");
+  if (bytes == 0) return okStatus();
+  const int64_t units = static_cast<int64_t>(bytes / 16);
+  const int blocks = static_cast<int>(std::min<int64_t>((units + 255) / 256, 1024));
+  return cuda::launch("lamport_reset", lamportResetKernel, blocks, 256, 0, stream,
+                      static_cast<uint4*>(region), units);
 }
 
 bool oneShotAllReduceRmsNormFits(int64_t rows, int64_t hidden, DType dtype, size_t capacityBytes,
@@ -280,32 +447,48 @@ Status validateOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& q) {
 Status invokeOneShotAllReduceRmsNorm(const OneShotAllReduceRmsNormParams& q, Stream stream) {
   TG_RETURN_IF_ERROR(validateOneShotAllReduceRmsNorm(q));
   constexpr auto name = "one_shot_all_reduce_rms_norm";
+  constexpr auto kFlags = AllReduceProtocol::kFlags;
+  constexpr auto kLamport = AllReduceProtocol::kLamport;
+  const int blocks = q.allReduce.blocks;
+  const bool lamport = q.allReduce.protocol == kLamport;  // validated: 16-bit types only
   switch (q.allReduce.dtype) {
     case DType::kF32:
-      return cuda::launch(name, oneShotAllReduceRmsNormKernel<float>, q.allReduce.blocks, kThreads,
-                          0, stream, q);
+      return cuda::launch(name, oneShotAllReduceRmsNormKernel<float, kFlags>, blocks, kThreads, 0,
+                          stream, q);
     case DType::kF16:
-      return cuda::launch(name, oneShotAllReduceRmsNormKernel<__half>, q.allReduce.blocks, kThreads,
-                          0, stream, q);
+      return cuda::launch(name,
+                          lamport ? oneShotAllReduceRmsNormKernel<__half, kLamport>
+                                  : oneShotAllReduceRmsNormKernel<__half, kFlags>,
+                          blocks, kThreads, 0, stream, q);
     case DType::kBF16:
-      return cuda::launch(name, oneShotAllReduceRmsNormKernel<__nv_bfloat16>, q.allReduce.blocks,
-                          kThreads, 0, stream, q);
+      return cuda::launch(name,
+                          lamport ? oneShotAllReduceRmsNormKernel<__nv_bfloat16, kLamport>
+                                  : oneShotAllReduceRmsNormKernel<__nv_bfloat16, kFlags>,
+                          blocks, kThreads, 0, stream, q);
   }
   return invalidArgumentError("one-shot all-reduce + RMSNorm: unsupported dtype");
 }
 
 Status invokeOneShotAllReduce(const OneShotAllReduceParams& p, Stream stream) {
   TG_RETURN_IF_ERROR(validateOneShotAllReduce(p));
+  constexpr auto name = "one_shot_all_reduce";
+  constexpr auto kFlags = AllReduceProtocol::kFlags;
+  constexpr auto kLamport = AllReduceProtocol::kLamport;
+  const bool lamport = p.protocol == kLamport;  // validated: 16-bit types only
   switch (p.dtype) {
     case DType::kF32:
-      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<float>, p.blocks, kThreads,
-                          0, stream, p);
+      return cuda::launch(name, oneShotAllReduceKernel<float, kFlags>, p.blocks, kThreads, 0,
+                          stream, p);
     case DType::kF16:
-      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<__half>, p.blocks, kThreads,
-                          0, stream, p);
+      return cuda::launch(name,
+                          lamport ? oneShotAllReduceKernel<__half, kLamport>
+                                  : oneShotAllReduceKernel<__half, kFlags>,
+                          p.blocks, kThreads, 0, stream, p);
     case DType::kBF16:
-      return cuda::launch("one_shot_all_reduce", oneShotAllReduceKernel<__nv_bfloat16>, p.blocks,
-                          kThreads, 0, stream, p);
+      return cuda::launch(name,
+                          lamport ? oneShotAllReduceKernel<__nv_bfloat16, kLamport>
+                                  : oneShotAllReduceKernel<__nv_bfloat16, kFlags>,
+                          p.blocks, kThreads, 0, stream, p);
   }
   return invalidArgumentError("one-shot all-reduce: unsupported dtype");
 }

@@ -65,6 +65,26 @@ __device__ __forceinline__ void waitForPrimary() {
 #endif
 }
 
+// Part `part` of `parts` of [base, base + bytes) requested into the L2 cache by one bulk prefetch
+// (sm_90's cp.async.bulk.prefetch; nothing on older GPUs), trimmed to whole 16-byte units. Call
+// from one thread per part.
+__device__ __forceinline__ void prefetchL2Part(const void* base, size_t bytes, int part,
+                                               int parts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(base) + 15) & ~uintptr_t{15};
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + bytes) & ~uintptr_t{15};
+  if (end <= start) return;
+  const size_t total = end - start;
+  const size_t chunk = ((total + parts - 1) / parts + 15) & ~size_t{15};
+  const size_t begin = chunk * static_cast<size_t>(part);
+  if (begin >= total) return;
+  const size_t n = total - begin < chunk ? total - begin : chunk;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(start + begin),
+               "r"(static_cast<uint32_t>(n))
+               : "memory");
+#endif
+}
+
 __device__ __forceinline__ void allowDependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -5,7 +5,10 @@
 // All-reduces of up to kOneShotBytes go through kernels' one-shot all-reduce over peer memory
 // (CUDA IPC between processes, peer access between threads of one process) when every rank can
 // map every other's buffer; the ranks agree on that at start-up (TEXTGEN_CUSTOM_ALL_REDUCE=0 turns
-// it off). NCCL takes everything else.
+// it off). Within that path, 16-bit messages of up to kLamportSlotBytes take the Lamport protocol
+// (all_reduce.h: one NVLink crossing, no flags), the rest the flags protocol;
+// TEXTGEN_ALL_REDUCE_PROTOCOL=flags (read on rank 0, used by all) keeps every message on flags.
+// NCCL takes everything else.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
@@ -31,6 +34,10 @@ cudaStream_t cudaBackendStream(Backend& backend);
 namespace {
 
 constexpr size_t kOneShotBytes = 8u << 20;
+// A Lamport slot: 64 rows of hidden 8192 in 16-bit types (the fused norm's batches up to its grid).
+constexpr size_t kLamportSlotBytes = 1u << 20;
+constexpr size_t kFlagsRegionBytes = kernels::AllReducePeerLayout::bytes(kOneShotBytes);
+static_assert(kFlagsRegionBytes % 16 == 0, "the Lamport region must stay 16-byte aligned");
 
 // What a rank tells its peers about its one-shot staging region.
 struct PeerRecord {
@@ -42,7 +49,8 @@ struct PeerRecord {
   char boot[40] = {};
   uint64_t pointer = 0;
   cudaIpcMemHandle_t handle{};
-  int32_t blocks = 0;  // the one-shot grid this rank would use (rank 0's is used by all)
+  int32_t blocks = 0;   // the one-shot grid this rank would use (rank 0's is used by all)
+  int32_t lamport = 0;  // whether this rank would use the Lamport protocol (rank 0's decides)
 };
 
 // The one-shot kernels' grid: TEXTGEN_ALL_REDUCE_BLOCKS (1 to 128; a tuning knob read on rank 0,
@@ -57,6 +65,15 @@ int32_t oneShotBlocks() {
     return kernels::kAllReduceDefaultBlocks;
   }
   return static_cast<int32_t>(n);
+}
+
+// TEXTGEN_ALL_REDUCE_PROTOCOL: lamport (the default) or flags; read on rank 0.
+bool lamportWanted() {
+  const char* v = std::getenv("TEXTGEN_ALL_REDUCE_PROTOCOL");
+  if (v == nullptr || *v == '\0' || std::string(v) == "lamport") return true;
+  if (std::string(v) == "flags") return false;
+  spdlog::warn("TEXTGEN_ALL_REDUCE_PROTOCOL={} ignored (lamport or flags)", v);
+  return true;
 }
 
 uint64_t processId() {
@@ -128,7 +145,11 @@ class NcclCommunicator final : public Communicator {
                                                     !(custom && std::string(custom) == "0")));
     spdlog::info("rank {}: all-reduce through {}", rank_,
                  oneShot_ ? "the one-shot peer-memory kernel up to 8 MiB (" +
-                                std::to_string(blocks_) + " blocks), NCCL above"
+                                std::to_string(blocks_) + " blocks; " +
+                                (lamport_ ? "Lamport protocol up to 1 MiB of 16-bit values, "
+                                            "flags above"
+                                          : "flags protocol") +
+                                "), NCCL above"
                           : std::string("NCCL"));
     return okStatus();
   }
@@ -143,11 +164,20 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(mine.boot, boot.data(), std::min(boot.size(), sizeof mine.boot - 1));
     cudaGetDevice(&mine.device);
     mine.blocks = oneShotBlocks();
-    const size_t bytes = kernels::AllReducePeerLayout::bytes(kOneShotBytes);
+    mine.lamport = lamportWanted() ? 1 : 0;
+    // The flags protocol's region, then the Lamport one (filled with its empty pattern before any
+    // peer learns where it is); the counters likewise.
+    const size_t lamportBytes = kernels::LamportPeerLayout::bytes(kLamportSlotBytes, world_);
+    const size_t bytes = kFlagsRegionBytes + lamportBytes;
+    const size_t counterBytes =
+        sizeof(uint32_t) * (kernels::kAllReduceMaxBlocks + kernels::kLamportCounterWords);
     if (wanted && cudaMalloc(&region_, bytes) == cudaSuccess &&
-        cudaMalloc(&counters_, sizeof(uint32_t) * kernels::kAllReduceMaxBlocks) == cudaSuccess &&
+        cudaMalloc(&counters_, counterBytes) == cudaSuccess &&
         cudaMemset(region_, 0, bytes) == cudaSuccess &&
-        cudaMemset(counters_, 0, sizeof(uint32_t) * kernels::kAllReduceMaxBlocks) == cudaSuccess &&
+        cudaMemset(counters_, 0, counterBytes) == cudaSuccess &&
+        kernels::invokeLamportReset(static_cast<char*>(region_) + kFlagsRegionBytes, lamportBytes,
+                                    nullptr)
+            .ok() &&
         cudaDeviceSynchronize() == cudaSuccess &&
         cudaIpcGetMemHandle(&mine.handle, region_) == cudaSuccess) {
       mine.ok = 1;
@@ -169,6 +199,7 @@ class NcclCommunicator final : public Communicator {
         blocks_ = peer.blocks >= 1 && peer.blocks <= kernels::kAllReduceMaxBlocks
                       ? peer.blocks
                       : kernels::kAllReduceDefaultBlocks;
+      if (r == 0) lamport_ = peer.lamport != 0;
       if (r == rank_) {
         peers_[r] = region_;
         continue;
@@ -225,6 +256,8 @@ class NcclCommunicator final : public Communicator {
   Status allReduceSum(void* data, int64_t count, kernels::DType dtype) override {
     TG_ASSIGN_OR_RETURN(ncclDataType_t t, ncclType(dtype));
     if (count == 0) return okStatus();
+    if (oneShot_ && lamport_ && kernels::lamportAllReduceTakes(count, dtype, kLamportSlotBytes))
+      return kernels::invokeOneShotAllReduce(lamportParams(data, count, dtype), stream_);
     if (oneShot_) {
       const kernels::OneShotAllReduceParams p = oneShotParams(data, count, dtype);
       // The path depends on the size alone, the same on every rank; an unaligned buffer there is
@@ -244,8 +277,16 @@ class NcclCommunicator final : public Communicator {
         !kernels::oneShotAllReduceRmsNormFits(n.numTokens, n.hiddenSize, n.dtype, kOneShotBytes,
                                               blocks_))
       return Communicator::allReduceRmsNorm(backend, n);
+    const int64_t count = n.numTokens * n.hiddenSize;
+    void* data = const_cast<void*>(n.input);
+    // The same shapes on every rank, so the same protocol (a row fits its slot if it fits at all).
+    const bool lamport = lamport_ &&
+                         kernels::lamportAllReduceTakes(count, n.dtype, kLamportSlotBytes) &&
+                         kernels::oneShotAllReduceRmsNormFits(n.numTokens, n.hiddenSize, n.dtype,
+                                                              kLamportSlotBytes, blocks_);
     kernels::OneShotAllReduceRmsNormParams q;
-    q.allReduce = oneShotParams(const_cast<void*>(n.input), n.numTokens * n.hiddenSize, n.dtype);
+    q.allReduce =
+        lamport ? lamportParams(data, count, n.dtype) : oneShotParams(data, count, n.dtype);
     q.residual = n.residual;
     q.residualOut = n.residualOut;
     q.output = n.output;
@@ -253,6 +294,8 @@ class NcclCommunicator final : public Communicator {
     q.rows = n.numTokens;
     q.hidden = n.hiddenSize;
     q.eps = n.eps;
+    q.prefetch = n.prefetch;
+    q.prefetchBytes = n.prefetch ? n.prefetchBytes : 0;
     return kernels::invokeOneShotAllReduceRmsNorm(q, stream_);
   }
 
@@ -288,6 +331,16 @@ class NcclCommunicator final : public Communicator {
     return p;
   }
 
+  kernels::OneShotAllReduceParams lamportParams(void* data, int64_t count,
+                                                kernels::DType dtype) const {
+    kernels::OneShotAllReduceParams p = oneShotParams(data, count, dtype);
+    for (int r = 0; r < world_; ++r) p.peers[r] = static_cast<char*>(peers_[r]) + kFlagsRegionBytes;
+    p.capacityBytes = kLamportSlotBytes;
+    p.counters = counters_ + kernels::kAllReduceMaxBlocks;
+    p.protocol = kernels::AllReduceProtocol::kLamport;
+    return p;
+  }
+
   // NCCL reports a failed peer or transport asynchronously; the stream would otherwise wait.
   void watch() {
     while (!stop_) {
@@ -316,6 +369,7 @@ class NcclCommunicator final : public Communicator {
   void* region_ = nullptr;
   uint32_t* counters_ = nullptr;
   int blocks_ = kernels::kAllReduceDefaultBlocks;  // rank 0's choice, the same on every rank
+  bool lamport_ = true;                            // likewise
   void* peers_[kernels::kAllReduceMaxRanks] = {};
   std::vector<void*> opened_;
   std::atomic<bool> stop_{false}, aborted_{false};

@@ -73,6 +73,7 @@ class Attention {
   // partial sum on several ranks). Writes this layer's keys and values for the batch's slots into
   // the cache.
   Status forward(const ForwardContext& ctx, int64_t layer, void* hs) const;
+  const Linear& firstLinear() const { return qkv_; }  // the first weights forward reads
 
   // The q, k and v parts of `names` in the checkpoint's layout, each with this rank's shard: their
   // slices stacked give [q; k; v] of this rank's heads.

@@ -25,6 +25,7 @@ class GatedMlp {
   // `hs` [rows, hidden], normalised, in; the MLP's output out (this rank's partial sum on several
   // ranks).
   Status forward(const ForwardContext& ctx, void* hs) const;
+  const Linear& firstLinear() const { return gateUp_; }  // the first weights forward reads
 
  private:
   Linear gateUp_;  // [2 * intermediate, hidden]: this rank's rows of each (column-parallel)

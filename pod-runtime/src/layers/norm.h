@@ -44,8 +44,11 @@ class Norm {
   // parallel embedding's output): summed over the ranks first, in the norm's kernel where the
   // communicator fuses them (RMSNorm), else by an all-reduce in place before it (LayerNorm).
   // Without a residual `input` holds the sum afterwards; with one, its contents are unspecified.
+  // `next`: the layer whose weights are read next (its first GEMV); where the reduction waits on
+  // its peers, the tail of those weights is requested into the L2 cache meanwhile
+  // (TEXTGEN_PREFETCH_NEXT_KB bytes at most).
   Status forwardReduced(const ForwardContext& ctx, void* input, void* residual, void* output,
-                        int64_t rows) const;
+                        int64_t rows, const Linear* next = nullptr) const;
 
   NormKind kind() const { return kind_; }
   bool hasBias() const { return bias_ != nullptr; }

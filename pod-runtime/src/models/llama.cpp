@@ -85,10 +85,11 @@ class LlamaGraph final : public ArchitectureGraph {
       // Layer 0 normalises the embedding; later layers first add the previous MLP output. Each
       // norm first sums its input over the ranks (the embedding's, attention's and MLP's outputs
       // are per-rank partial sums), fused where the communicator can.
-      TG_RETURN_IF_ERROR(
-          l.inputNorm.forwardReduced(ctx, i == 0 ? x : hs, i == 0 ? nullptr : x, hs, ctx.rows()));
+      TG_RETURN_IF_ERROR(l.inputNorm.forwardReduced(ctx, i == 0 ? x : hs, i == 0 ? nullptr : x, hs,
+                                                    ctx.rows(), &l.attention.firstLinear()));
       TG_RETURN_IF_ERROR(l.attention.forward(ctx, static_cast<int64_t>(i), hs));
-      TG_RETURN_IF_ERROR(l.postNorm.forwardReduced(ctx, hs, x, hs, ctx.rows()));
+      TG_RETURN_IF_ERROR(
+          l.postNorm.forwardReduced(ctx, hs, x, hs, ctx.rows(), &l.mlp.firstLinear()));
       TG_RETURN_IF_ERROR(l.mlp.forward(ctx, hs));
     }
     return head_.forward(ctx, hs, x);

@@ -38,6 +38,38 @@ struct AllReducePeerLayout {
   }
 };
 
+// Two protocols share the kernels' shape (block b of every rank, a fixed grid, counters on the
+// device so that graphs replay them):
+// - kFlags: each rank stages its data in its own region, signals every peer with a flag, waits for
+//   theirs, then reads every peer's staging over NVLink (two NVLink crossings and a system fence).
+// - kLamport (TensorRT-LLM's low-latency all-reduce): each rank writes its data straight into a
+//   slot of every peer's region, and readers poll their own memory until no 16-bit element of it
+//   holds the "empty" pattern (-0.0, 0x8000), so the data is its own signal (one NVLink crossing,
+//   no fence). Senders write a -0.0 element as +0.0 (the sum may then be +0.0 where the flags
+//   protocol gives -0.0; every rank still gets the same bits). Buffers rotate over three calls:
+//   call n receives in buffer n % 3 and refills buffer (n - 1) % 3 with the empty pattern (a peer
+//   is at most one call ahead, so it never writes the buffer being refilled). 16-bit types only.
+enum class AllReduceProtocol : int32_t { kFlags = 0, kLamport = 1 };
+
+// A rank's Lamport region: 3 buffers of worldSize slots of slotBytes (slot r holds rank r's data),
+// filled once with kLamportEmptyWord (invokeLamportReset) before any peer may write into it.
+struct LamportPeerLayout {
+  static constexpr size_t bytes(size_t slotBytes, int worldSize) {
+    return 3 * static_cast<size_t>(worldSize) * slotBytes;
+  }
+  static constexpr size_t slotOffset(size_t slotBytes, int worldSize, int buffer, int slot) {
+    return (static_cast<size_t>(buffer) * worldSize + slot) * slotBytes;
+  }
+};
+inline constexpr uint32_t kLamportEmptyWord = 0x80008000u;
+// The state a Lamport communicator keeps per block: [call number][previous call's count].
+inline constexpr size_t kLamportCounterWords = 2 * kAllReduceMaxBlocks;
+
+// Whether the Lamport protocol takes a message (from values every rank shares).
+bool lamportAllReduceTakes(int64_t count, DType dtype, size_t slotBytes);
+// Fills a Lamport region with the empty pattern (bytes a multiple of 16, 16-byte aligned).
+Status invokeLamportReset(void* region, size_t bytes, Stream stream);
+
 struct OneShotAllReduceParams {
   void* data = nullptr;  // in place: [count] of dtype, 16-byte aligned, count * size % 16 == 0
   int64_t count = 0;
@@ -50,6 +82,9 @@ struct OneShotAllReduceParams {
   // The grid: the same in every call of a communicator and on every rank (block b's counter and
   // flags pair up with block b's of each peer).
   int blocks = kAllReduceDefaultBlocks;
+  // kLamport: peers are LamportPeerLayout regions, capacityBytes is the slot size, counters hold
+  // kLamportCounterWords words.
+  AllReduceProtocol protocol = AllReduceProtocol::kFlags;
 };
 
 // INVALID_ARGUMENT for a message it cannot take (size, alignment, ranks); the caller then uses
@@ -81,6 +116,8 @@ struct OneShotAllReduceRmsNormParams {
   const void* weight = nullptr;      // [hidden]
   int64_t rows = 0, hidden = 0;
   float eps = 1e-6f;
+  const void* prefetch = nullptr;  // RmsNormParams' hint: each block asks for its share at once
+  size_t prefetchBytes = 0;
 };
 
 // Whether the fused kernel takes this shape (size, row width), from values every rank shares, so

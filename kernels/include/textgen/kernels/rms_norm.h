@@ -27,6 +27,12 @@ struct RmsNormParams {
   int64_t hiddenSize = 0;
   float eps = 1e-6f;
   DType dtype = DType::kF32;
+  // Optional hint: weights a later kernel reads and no kernel writes (the next GEMV's). A kernel
+  // that would leave memory idle while it waits (the fused all-reduce's wait for its peers) pulls
+  // these bytes into the L2 cache meanwhile. No effect on results; an unaligned start or length
+  // is trimmed to 16-byte units.
+  const void* prefetch = nullptr;
+  size_t prefetchBytes = 0;
 };
 
 // INVALID_ARGUMENT naming the first bad field, or OK.
