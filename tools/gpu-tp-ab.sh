@@ -8,6 +8,7 @@
 #   AB="TEXTGEN_ALL_REDUCE_PROTOCOL=flags TEXTGEN_ALL_REDUCE_BLOCKS=16" bash tools/gpu-tp-ab.sh
 #   FIXTURES='*llama_gqa_tp2*'   the fixture tests to run (those carried over); TESTS=0 skips tests
 #   BATCHES=64                   bench_tp's batches beside batch 1
+#   SHAPES="llama-2-7b llama-2-13b"  the shapes at BASE_TP (default 1,2)
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 [ -d .gpu/bin ] || tar xJf .gpu.txz
@@ -24,14 +25,18 @@ if [ "${TESTS:-1}" != 0 ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   echo "== tests: $(( $(date +%s) - t0 )) s"
 fi
-m=/tmp/llama-2-7b
-[ -f $m/model.safetensors.index.json ] ||
-  python3 tools/bench/make_random_model.py $m --shape llama-2-7b --dtype bfloat16 2>&1 | tail -1
 summary() { grep -E "batch-1|sequences|all-reduce|roofline|^ *tp|TP" "$1" | grep -v '^{' | head -30; }
-echo "== bench_tp --tp ${BASE_TP:-1,2} (defaults) at $(( $(date +%s) - t0 )) s"
-timeout "${BENCH_TIMEOUT:-200}" .gpu/bin/bench_tp --model $m --tp "${BASE_TP:-1,2}" --batches "${BATCHES:-64}" \
-  > "$OUT/bench_tp.base.log" 2>&1
-summary "$OUT/bench_tp.base.log"
+# SHAPES: the shapes measured at BASE_TP (the first is also the A/B's).
+for shape in ${SHAPES:-llama-2-7b}; do
+  m=/tmp/$shape
+  [ -f $m/model.safetensors.index.json ] ||
+    python3 tools/bench/make_random_model.py $m --shape $shape --dtype bfloat16 2>&1 | tail -1
+  echo "== $shape: bench_tp --tp ${BASE_TP:-1,2} (defaults) at $(( $(date +%s) - t0 )) s"
+  timeout "${BENCH_TIMEOUT:-200}" .gpu/bin/bench_tp --model $m --tp "${BASE_TP:-1,2}" \
+    --batches "${BATCHES:-64}" > "$OUT/bench_tp.$shape.log" 2>&1
+  summary "$OUT/bench_tp.$shape.log"
+done
+m=/tmp/$(echo ${SHAPES:-llama-2-7b} | cut -d' ' -f1)
 i=0
 for setting in ${AB:-}; do
   i=$((i + 1))

@@ -105,7 +105,8 @@ __device__ __forceinline__ void sumUnit(const OneShotAllReduceParams& p, size_t 
 }
 
 // The Lamport protocol (all_reduce.h). Loads and stores of the exchanged data are volatile: a
-// reader's poll must reach memory each time, and a writer's 16-byte store must stay one store.
+// reader's poll must reach memory each time. A 16-byte access may be split into 32-bit ones; a
+// reader accepts a unit only when none of its 16-bit halves is empty, so it never takes a torn one.
 __device__ __forceinline__ uint4 loadVolatile(const uint4* p) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -146,33 +147,76 @@ __device__ __forceinline__ uint4* lamportSlot(const OneShotAllReduceParams& p, i
 struct LamportCall {
   int buffer;         // this call's receiving buffer
   int64_t prevUnits;  // 16-byte units per slot that the previous call filled
+  uint32_t sequence;  // this call's number (wraps; compared between ranks for equality only)
 };
 
-// Block b's call number and the previous call's size, read once by the block; block b's state is
-// advanced at once (the next call reads it only after this kernel completed).
+// Block b's state for this call, read once by the block and advanced at once (the next call
+// reads it only after this kernel completed). The buffer index is kept modulo 3 rather than
+// derived from a call counter, which would repeat a buffer where it wraps (2^32 is not a
+// multiple of 3).
 __device__ __forceinline__ LamportCall lamportBegin(const OneShotAllReduceParams& p, int b) {
-  __shared__ uint32_t state[2];
-  if (threadIdx.x == 0) {
-    state[0] = p.counters[b];
-    state[1] = p.counters[kAllReduceMaxBlocks + b];
-  }
+  __shared__ uint32_t state[3];
+  if (threadIdx.x < 3) state[threadIdx.x] = p.counters[threadIdx.x * kAllReduceMaxBlocks + b];
   __syncthreads();
+  const int buffer = static_cast<int>(state[0] % 3);
   if (threadIdx.x == 0) {
-    p.counters[b] = state[0] + 1;
+    p.counters[b] = static_cast<uint32_t>((buffer + 1) % 3);
     p.counters[kAllReduceMaxBlocks + b] = static_cast<uint32_t>(p.count);
+    p.counters[2 * kAllReduceMaxBlocks + b] = state[2] + 1;
   }
-  return {static_cast<int>(state[0] % 3), static_cast<int64_t>(state[1]) * 2 / 16};
+  return {buffer, static_cast<int64_t>(state[1]) * 2 / 16, state[2]};
+}
+
+// A slot: its header in its first 16-byte unit, the data from byte kLamportHeaderBytes (so data
+// stays 128-byte aligned, in the same pages and lines as the header).
+__device__ __forceinline__ uint4* lamportData(const OneShotAllReduceParams& p, int owner,
+                                              int buffer, int slot) {
+  return lamportSlot(p, owner, buffer, slot) + kLamportHeaderBytes / 16;
+}
+
+// A call's header: the count and the sequence number in 15-bit halves (none of them is ever the
+// empty pattern).
+
+__device__ __forceinline__ uint4 lamportHeader(const OneShotAllReduceParams& p,
+                                               const LamportCall& c) {
+  const uint32_t n = static_cast<uint32_t>(p.count);
+  return make_uint4((n & 0x7FFFu) | (((n >> 15) & 0x7FFFu) << 16),
+                    (c.sequence & 0x7FFFu) | (((c.sequence >> 15) & 0x7FFFu) << 16),
+                    (n >> 30) | 0x00010000u, 0x00010001u);
 }
 
 // Unit i of my data into slot `rank` of this call's buffer on every rank (mine included).
 __device__ __forceinline__ void lamportPush(const OneShotAllReduceParams& p, const LamportCall& c,
                                             int64_t i, uint4 v) {
   v = make_uint4(sendable(v.x), sendable(v.y), sendable(v.z), sendable(v.w));
-  for (int r = 0; r < p.worldSize; ++r) storeVolatile(lamportSlot(p, r, c.buffer, p.rank) + i, v);
+  for (int r = 0; r < p.worldSize; ++r) storeVolatile(lamportData(p, r, c.buffer, p.rank) + i, v);
+}
+
+// Block 0 of every rank: my header into every rank's slot (with the data pushes); then, at the end
+// of the call (off the data's path: headers arrive with the data), in one thread, every rank's
+// header polled and compared with mine. A difference means the ranks are out of step (one missed a
+// call, or their sizes differ): trap, so the rank fails before anything reads this call's result.
+__device__ __forceinline__ void lamportPushHeader(const OneShotAllReduceParams& p,
+                                                  const LamportCall& c, int b) {
+  if (b == 0 && threadIdx.x < p.worldSize)
+    storeVolatile(lamportSlot(p, threadIdx.x, c.buffer, p.rank), lamportHeader(p, c));
+}
+
+__device__ __forceinline__ void lamportCheckHeaders(const OneShotAllReduceParams& p,
+                                                    const LamportCall& c, int b) {
+  if (b == 0 && threadIdx.x == 0) {
+    const uint4 mine = lamportHeader(p, c);
+    for (int r = 0; r < p.worldSize; ++r) {
+      const uint4* src = lamportSlot(p, p.rank, c.buffer, r);
+      uint4 v = loadVolatile(src);
+      while (holdsEmpty(v)) v = loadVolatile(src);
+      if (v.x != mine.x || v.y != mine.y || v.z != mine.z || v.w != mine.w) __trap();
+    }
+  }
 }
 
 // Block b's share of refilling the previous call's buffer (here, after the pushes: it overlaps
-// the wait for the peers' data).
+// the wait for the peers' data), headers included (block 0).
 __device__ __forceinline__ void lamportRefill(const OneShotAllReduceParams& p, const LamportCall& c,
                                               int b) {
   const int prev = (c.buffer + 2) % 3;
@@ -182,8 +226,9 @@ __device__ __forceinline__ void lamportRefill(const OneShotAllReduceParams& p, c
   for (int64_t j = static_cast<int64_t>(b) * blockDim.x + threadIdx.x; j < total;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int slot = static_cast<int>(j / c.prevUnits);
-    lamportSlot(p, p.rank, prev, slot)[j - slot * c.prevUnits] = empty;
+    lamportData(p, p.rank, prev, slot)[j - slot * c.prevUnits] = empty;
   }
+  if (b == 0 && threadIdx.x < p.worldSize) *lamportSlot(p, p.rank, prev, threadIdx.x) = empty;
 }
 
 // Unit i summed over every rank's slot in rank order, each polled until it arrived.
@@ -194,7 +239,7 @@ __device__ __forceinline__ void lamportSumUnit(const OneShotAllReduceParams& p,
 #pragma unroll
   for (int k = 0; k < Vec<T>::kN; ++k) acc[k] = 0.0f;
   for (int r = 0; r < p.worldSize; ++r) {
-    const uint4* src = lamportSlot(p, p.rank, c.buffer, r) + i;
+    const uint4* src = lamportData(p, p.rank, c.buffer, r) + i;
     uint4 v = loadVolatile(src);
     while (holdsEmpty(v)) v = loadVolatile(src);
     Vec<T>::add(acc, v);
@@ -218,12 +263,14 @@ __global__ void __launch_bounds__(kThreads) oneShotAllReduceKernel(OneShotAllRed
     // 1. Push my slice to every rank; 2. refill the previous buffer; 3. poll and sum.
     const LamportCall c = lamportBegin(p, b);
     for (int64_t i = first; i < units; i += stride) lamportPush(p, c, i, in[i]);
+    lamportPushHeader(p, c, b);
     lamportRefill(p, c, b);
     for (int64_t i = first; i < units; i += stride) {
       float acc[V::kN];
       lamportSumUnit<T>(p, c, i, acc);
       out[i] = V::pack(acc);
     }
+    lamportCheckHeaders(p, c, b);
   } else {
     const uint32_t call = nextCall(p, b);
     const size_t half = (call & 1) * p.capacityBytes;
@@ -242,6 +289,7 @@ __global__ void __launch_bounds__(kThreads) oneShotAllReduceKernel(OneShotAllRed
 }
 
 __global__ void lamportResetKernel(uint4* region, int64_t units) {
+  cuda::waitForPrimary();
   const uint4 empty =
       make_uint4(kLamportEmptyWord, kLamportEmptyWord, kLamportEmptyWord, kLamportEmptyWord);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < units;
@@ -297,6 +345,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t u = threadIdx.x; u < rowUnits; u += kThreads)
         lamportPush(p, lamport, row * rowUnits + u, in[row * rowUnits + u]);
     }
+    lamportPushHeader(p, lamport, b);
     lamportRefill(p, lamport, b);
   } else {
     call = nextCall(p, b);
@@ -365,7 +414,9 @@ __global__ void __launch_bounds__(kThreads)
       output[row * rowUnits + u] = V::pack(o);
     }
   }
-  if constexpr (!kLamport) {
+  if constexpr (kLamport) {
+    lamportCheckHeaders(p, lamport, b);
+  } else {
     if (threadIdx.x == 0) p.counters[b] = call;
   }
 }
@@ -395,9 +446,9 @@ Status validateOneShotAllReduce(const OneShotAllReduceParams& p) {
 }
 
 bool lamportAllReduceTakes(int64_t count, DType dtype, size_t slotBytes) {
-  return (dtype == DType::kF16 || dtype == DType::kBF16) && count >= 0 &&
-         static_cast<size_t>(count) * 2 <= slotBytes && count * 2 % 16 == 0 &&
-         count <= int64_t{0xFFFFFFFF};
+  return (dtype == DType::kF16 || dtype == DType::kBF16) && count >= 0 && slotBytes % 16 == 0 &&
+         slotBytes >= kLamportHeaderBytes &&
+         static_cast<size_t>(count) * 2 <= slotBytes - kLamportHeaderBytes && count * 2 % 16 == 0;
 }
 
 Status invokeLamportReset(void* region, size_t bytes, Stream stream) {

@@ -34,8 +34,9 @@ cudaStream_t cudaBackendStream(Backend& backend);
 namespace {
 
 constexpr size_t kOneShotBytes = 8u << 20;
-// A Lamport slot: 64 rows of hidden 8192 in 16-bit types (the fused norm's batches up to its grid).
-constexpr size_t kLamportSlotBytes = 1u << 20;
+// A Lamport slot: 64 rows of hidden 8192 in 16-bit types (the fused norm's batches up to its
+// grid), after the slot's header.
+constexpr size_t kLamportSlotBytes = (1u << 20) + kernels::kLamportHeaderBytes;
 constexpr size_t kFlagsRegionBytes = kernels::AllReducePeerLayout::bytes(kOneShotBytes);
 static_assert(kFlagsRegionBytes % 16 == 0, "the Lamport region must stay 16-byte aligned");
 

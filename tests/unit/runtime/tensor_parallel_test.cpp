@@ -434,8 +434,7 @@ TEST(Nccl, AllReduceEagerAndInGraphsGivesTheSumOnEveryRank) {
 
 // The Lamport protocol's edge cases: -0.0 (its "empty" pattern) in the data, sent as +0.0, must
 // neither stall a reader nor change a sum's value; sizes that grow and shrink between calls (each
-// call refills what the one before filled) and a graph that replays three different sizes, so the
-// rotation over three buffers comes round many times with different extents.
+// call refills what the one before filled), eagerly and back to back in a graph.
 TEST(Nccl, LamportAllReduceTakesNegativeZeroAndChangingSizes) {
   if (!haveRanks(2)) GTEST_SKIP() << "needs 2 GPUs";
   const int world = 2;
@@ -443,7 +442,7 @@ TEST(Nccl, LamportAllReduceTakesNegativeZeroAndChangingSizes) {
   onRanks(world, [&](int rank, Backend& backend, Communicator& comm) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(kernels::dtypeName(dt));
-      const int64_t maxCount = 64 * 8192;  // the whole 1 MiB slot
+      const int64_t maxCount = 64 * 8192;  // a whole slot (1 MiB and its header)
       auto buf = *backend.allocate(maxCount * 2);
       // Element i of rank r's data in call c: -0.0 on every rank at some elements, -0.0 on one
       // rank beside a value on the other at others, small multiples of 1/8 elsewhere.
@@ -473,29 +472,38 @@ TEST(Nccl, LamportAllReduceTakesNegativeZeroAndChangingSizes) {
         ASSERT_TRUE(comm.allReduceSum(buf->data(), sizes[k], dt).ok());
         check(sizes[k], static_cast<int>(k));
       }
-      // One graph of three all-reduces of different sizes, refilled and replayed 7 times: 21
-      // calls, so each buffer of the rotation takes each size in turn.
-      auto small = *backend.allocate(8 * 2), mid = *backend.allocate(4096 * 2);
+      // 30 all-reduces back to back in one graph (no host synchronisation between them, so a
+      // refill racing a peer's next push would show), each on its own buffer, sizes cycling
+      // through four values (four against the three buffers: every buffer takes every size, and
+      // shrinking calls follow growing ones), replayed three times with new data each time.
+      const std::vector<int64_t> cycle = {maxCount, 8, 4096, 64 * 4096};
+      constexpr int kCalls = 30;
+      std::vector<std::unique_ptr<Buffer>> bufs;
+      for (int k = 0; k < kCalls; ++k) bufs.push_back(*backend.allocate(cycle[k % 4] * 2));
       ASSERT_TRUE(backend.beginCapture().ok());
-      ASSERT_TRUE(comm.allReduceSum(buf->data(), maxCount, dt).ok());
-      ASSERT_TRUE(comm.allReduceSum(small->data(), 8, dt).ok());
-      ASSERT_TRUE(comm.allReduceSum(mid->data(), 4096, dt).ok());
+      for (int k = 0; k < kCalls; ++k)
+        ASSERT_TRUE(comm.allReduceSum(bufs[k]->data(), cycle[k % 4], dt).ok());
       auto graph = backend.endCapture();
       ASSERT_TRUE(graph.ok()) << graph.status();
-      for (int replay = 0; replay < 7; ++replay) {
-        SCOPED_TRACE("replay " + std::to_string(replay));
-        const int c = 100 + replay;
-        fill(maxCount, c);
-        std::vector<uint16_t> ones(4096, toHalf(rank == 0 ? -0.0f : 0.5f, dt));
-        ASSERT_TRUE(backend.upload(*small, ones.data(), 8 * 2).ok());
-        ASSERT_TRUE(backend.upload(*mid, ones.data(), 4096 * 2).ok());
+      for (int replay = 0; replay < 3; ++replay) {
+        auto callOf = [&](int k) { return 1000 + replay * kCalls + k; };
+        for (int k = 0; k < kCalls; ++k) {
+          std::vector<uint16_t> host(cycle[k % 4]);
+          for (size_t i = 0; i < host.size(); ++i)
+            host[i] = toHalf(value(rank, static_cast<int64_t>(i), callOf(k)), dt);
+          ASSERT_TRUE(backend.upload(*bufs[k], host.data(), host.size() * 2).ok());
+        }
         ASSERT_TRUE(backend.launch(**graph).ok());
-        check(maxCount, c);
-        std::vector<uint16_t> got(4096);
-        ASSERT_TRUE(backend.download(got.data(), *small, 8 * 2).ok());
-        for (int i = 0; i < 8; ++i) ASSERT_EQ(fromHalf(got[i], dt), 0.5f) << i;
-        ASSERT_TRUE(backend.download(got.data(), *mid, 4096 * 2).ok());
-        for (int i = 0; i < 4096; ++i) ASSERT_EQ(fromHalf(got[i], dt), 0.5f) << i;
+        for (int k = 0; k < kCalls; ++k) {
+          SCOPED_TRACE("replay " + std::to_string(replay) + " call " + std::to_string(k));
+          std::vector<uint16_t> host(cycle[k % 4]);
+          ASSERT_TRUE(backend.download(host.data(), *bufs[k], host.size() * 2).ok());
+          for (size_t i = 0; i < host.size(); ++i) {
+            float want = 0;
+            for (int r = 0; r < world; ++r) want += value(r, static_cast<int64_t>(i), callOf(k));
+            ASSERT_EQ(fromHalf(host[i], dt), want) << "element " << i;
+          }
+        }
       }
     }
   });

@@ -49,9 +49,13 @@ struct AllReducePeerLayout {
 //   protocol gives -0.0; every rank still gets the same bits). Buffers rotate over three calls:
 //   call n receives in buffer n % 3 and refills buffer (n - 1) % 3 with the empty pattern (a peer
 //   is at most one call ahead, so it never writes the buffer being refilled). 16-bit types only.
+//   A slot starts with a header (kLamportHeaderBytes, data after it): the call's element count and
+//   sequence number (never the empty pattern), which block 0 of each reader compares with its own,
+//   trapping on a difference (ranks out of step), as the flags protocol's signals carry the count.
 enum class AllReduceProtocol : int32_t { kFlags = 0, kLamport = 1 };
 
-// A rank's Lamport region: 3 buffers of worldSize slots of slotBytes (slot r holds rank r's data),
+// A rank's Lamport region: 3 buffers of worldSize slots of slotBytes (slot r holds rank r's data,
+// after its header; slotBytes a multiple of 128),
 // filled once with kLamportEmptyWord (invokeLamportReset) before any peer may write into it.
 struct LamportPeerLayout {
   static constexpr size_t bytes(size_t slotBytes, int worldSize) {
@@ -62,8 +66,10 @@ struct LamportPeerLayout {
   }
 };
 inline constexpr uint32_t kLamportEmptyWord = 0x80008000u;
-// The state a Lamport communicator keeps per block: [call number][previous call's count].
-inline constexpr size_t kLamportCounterWords = 2 * kAllReduceMaxBlocks;
+inline constexpr size_t kLamportHeaderBytes = 128;  // keeps a slot's data 128-byte aligned
+// The state a Lamport communicator keeps per block, zero-initialised: [this call's buffer, 0 to 2]
+// [previous call's count][sequence number].
+inline constexpr size_t kLamportCounterWords = 3 * kAllReduceMaxBlocks;
 
 // Whether the Lamport protocol takes a message (from values every rank shares).
 bool lamportAllReduceTakes(int64_t count, DType dtype, size_t slotBytes);
