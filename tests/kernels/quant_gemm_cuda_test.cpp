@@ -248,6 +248,11 @@ TEST_F(QuantGemmCudaTest, Fp8ActivationsMatchTheReference) {
       runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, rows, 512, 24, 512, false, true, true},
               rng_, *runner_);
     }
+    // Prefill-sized x (1.2M values: the vectorised absmax and quantization, several rounds of
+    // their grids), with one tensor scale (cuBLASLt's FP8 GEMM) and one per output (dequantize).
+    runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, 300, 4160, 96, 4160}, rng_, *runner_);
+    runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, 300, 4160, 40, 4160, false, false, true},
+            rng_, *runner_);
   }
 }
 
