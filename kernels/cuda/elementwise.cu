@@ -159,6 +159,87 @@ __global__ void ropeKvWriteKernel(RopeParams p, KvWriteParams kv, int headsPerBl
   }
 }
 
+// ropeKvWriteKernel eight elements a thread: a thread rotates pairs i..i+7 of one head with
+// 16-byte loads and stores (the same per-element arithmetic, so the same bits), and copies values
+// and unrotated key parts in vectors of eight. Where the layout allows (16-bit T; rotaryDim / 2,
+// headDim and the row strides multiples of 8; 16-byte aligned rows) for more than 256 rows: a
+// 512-token Llama-2-7B prefill's rope took 26 µs a layer on an H100 with one pair a thread, 11.7
+// this way (traced, waits included).
+template <typename T, KvCacheDType kCache>
+__global__ void ropeKvWriteVecKernel(RopeParams p, KvWriteParams kv, int headsPerBlock) {
+  using C = Convert<T>;
+  using K = CacheOf<T, kCache>;
+  using E = typename K::Elem;
+  using V = cuda::Vec<T, 8>;
+  using EV = cuda::Vec<E, 8>;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+  const int64_t r = blockIdx.x;
+  const int half = static_cast<int>(p.rotaryDim / 2), chunks = half / 8;
+  const int hd = static_cast<int>(p.headDim), nh = static_cast<int>(p.numHeads);
+  const int h0 = static_cast<int>(blockIdx.y) * headsPerBlock;
+  const int hEnd = min(static_cast<int>(p.numHeads + p.numKvHeads), h0 + headsPerBlock);
+  const auto pos = static_cast<float>(p.positions[r]);
+  const int32_t slot = kv.slots[r];
+  const bool write = slot >= 0 && slot < kv.numSlots;
+  const int64_t kvWidth = p.numKvHeads * p.headDim;
+  T* q = static_cast<T*>(p.q) + r * p.qRowStride;
+  T* k = static_cast<T*>(p.k) + r * p.kRowStride;
+  E* kc = static_cast<E*>(kv.kCache) + static_cast<int64_t>(slot) * kvWidth;
+  const float* freq = p.invFreq + r * half;
+  for (int idx = threadIdx.x; idx < (hEnd - h0) * chunks; idx += blockDim.x) {
+    const int h = h0 + idx / chunks, i0 = (idx % chunks) * 8;
+    const bool isKey = h >= nh;
+    T* head = isKey ? k + (h - nh) * hd : q + h * hd;
+    V a = *reinterpret_cast<const V*>(head + i0), b = *reinterpret_cast<const V*>(head + i0 + half);
+    const float4 f0 = *reinterpret_cast<const float4*>(freq + i0);
+    const float4 f1 = *reinterpret_cast<const float4*>(freq + i0 + 4);
+    const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float angle = pos * f[e];
+      const float c = roundTo<T>(cosf(angle) * p.attentionScaling);
+      const float sn = roundTo<T>(sinf(angle) * p.attentionScaling);
+      const float x1 = C::toFloat(a.v[e]), x2 = C::toFloat(b.v[e]);
+      a.v[e] = C::fromFloat(roundTo<T>(x1 * c) - roundTo<T>(x2 * sn));
+      b.v[e] = C::fromFloat(roundTo<T>(x2 * c) + roundTo<T>(x1 * sn));
+    }
+    *reinterpret_cast<V*>(head + i0) = a;
+    *reinterpret_cast<V*>(head + i0 + half) = b;
+    if (isKey && write) {
+      EV ea, eb;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        ea.v[e] = K::store(a.v[e]);
+        eb.v[e] = K::store(b.v[e]);
+      }
+      E* dst = kc + (h - nh) * hd;
+      *reinterpret_cast<EV*>(dst + i0) = ea;
+      *reinterpret_cast<EV*>(dst + i0 + half) = eb;
+    }
+  }
+  if (!write) return;
+  const int kFirst = max(h0, nh);
+  if (kFirst >= hEnd) return;
+  const T* v = static_cast<const T*>(kv.v) + r * kv.kvRowStride + (kFirst - nh) * hd;
+  E* vc = static_cast<E*>(kv.vCache) + static_cast<int64_t>(slot) * kvWidth + (kFirst - nh) * hd;
+  const T* kRest = k + (kFirst - nh) * hd;
+  E* kcRest = kc + (kFirst - nh) * hd;
+  for (int u = threadIdx.x; u < (hEnd - kFirst) * hd / 8; u += blockDim.x) {
+    const V vv = reinterpret_cast<const V*>(v)[u];
+    EV ev;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ev.v[e] = K::store(vv.v[e]);
+    reinterpret_cast<EV*>(vc)[u] = ev;
+    if ((u * 8) % hd >= p.rotaryDim) {
+      const V kk = reinterpret_cast<const V*>(kRest)[u];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ev.v[e] = K::store(kk.v[e]);
+      reinterpret_cast<EV*>(kcRest)[u] = ev;
+    }
+  }
+}
+
 template <typename U>
 __global__ void kvWriteKernel(const U* k, const U* v, int64_t rowStride, U* kCache, U* vCache,
                               const int32_t* slots, int64_t units, int64_t numSlots) {
@@ -295,6 +376,23 @@ template <typename T, KvCacheDType kCache>
 Status launchRopeKvWriteAs(const RopeKvWriteParams& p, cudaStream_t stream) {
   // Heads per block: about 256 rotary pairs.
   const int64_t half = p.rope.rotaryDim / 2, heads = p.rope.numHeads + p.rope.numKvHeads;
+  // Prefill-sized calls only: decode steps (up to 256 rows) keep one pair a thread, spread over
+  // more blocks (the bits are the same either way).
+  const bool vec = p.rope.rows > 256 && sizeof(T) == 2 && half % 8 == 0 && half > 0 &&
+                   p.rope.headDim % 8 == 0 && p.rope.qRowStride % 8 == 0 &&
+                   p.rope.kRowStride % 8 == 0 && p.kv.kvRowStride % 8 == 0 &&
+                   cuda::aligned16(p.rope.q) && cuda::aligned16(p.rope.k) &&
+                   cuda::aligned16(p.kv.v) && cuda::aligned16(p.rope.invFreq) &&
+                   cuda::aligned16(p.kv.kCache) && cuda::aligned16(p.kv.vCache);
+  if (vec) {
+    // Heads per block: about 256 threads of eight pairs each.
+    const int64_t perBlock = std::clamp<int64_t>(256 / (half / 8), 1, heads);
+    const dim3 grid(static_cast<unsigned>(p.rope.rows),
+                    static_cast<unsigned>((heads + perBlock - 1) / perBlock));
+    return cuda::launch("rope_kv_write", ropeKvWriteVecKernel<T, kCache>, grid,
+                        threadsFor(perBlock * (half / 8)), 0, stream, p.rope, p.kv,
+                        static_cast<int>(perBlock));
+  }
   const int64_t perBlock = std::clamp<int64_t>(256 / half, 1, heads);
   const dim3 grid(static_cast<unsigned>(p.rope.rows),
                   static_cast<unsigned>((heads + perBlock - 1) / perBlock));

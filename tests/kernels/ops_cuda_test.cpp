@@ -246,79 +246,160 @@ TEST_F(OpsCudaTest, FusedRopeKvWriteMatchesRopeThenKvWrite) {
   };
   for (DType dt : kDtypes) {
     // Blocks take groups of heads: all query, all key, both (6/3 at 64), one head (256).
-    for (const Shape& s : {Shape{32, 32, 128, 128}, Shape{8, 2, 64, 64}, Shape{4, 2, 80, 32},
-                           Shape{6, 3, 64, 64}, Shape{4, 4, 256, 256}}) {
-      SCOPED_TRACE(std::string(dtypeName(dt)) + " heads " + std::to_string(s.heads) + "/" +
-                   std::to_string(s.kvHeads) + " rotary " + std::to_string(s.rotaryDim));
-      const int64_t rows = 37, numSlots = 128, half = s.rotaryDim / 2,
-                    stride = (s.heads + 2 * s.kvHeads) * s.headDim, kvWidth = s.kvHeads * s.headDim;
-      const size_t es = dtypeSize(dt);
-      auto qkv = encode(randomValues(rows * stride, rng_), dt);
-      std::vector<int32_t> positions(rows), slots(numSlots);
-      for (auto& p : positions) p = static_cast<int32_t>(rng_() % 4096);
-      std::iota(slots.begin(), slots.end(), 0);
-      std::shuffle(slots.begin(), slots.end(), rng_);
-      slots.resize(rows);
-      slots[5] = -1;  // a padding row: nothing written
-      std::vector<float> invFreq(rows * half);
-      for (int64_t i = 0; i < rows * half; ++i)
-        invFreq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * (i % half)) / s.rotaryDim);
-      const size_t cacheBytes = numSlots * kvWidth * es;
-      std::vector<uint8_t> kWant(cacheBytes, 0), vWant(cacheBytes, 0);
-      auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq),
-           dSlots = toDevice(slots);
-      DeviceBuffer dk(cacheBytes), dv(cacheBytes);
-      TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
-      TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
-      // Reference: rope then kv_write on the host (the padding row skipped, as the device does).
-      RopeKvWriteParams p{.rope = {.q = qkv.data(),
-                                   .k = qkv.data() + s.heads * s.headDim * es,
-                                   .qRowStride = stride,
-                                   .kRowStride = stride,
-                                   .invFreq = invFreq.data(),
-                                   .positions = positions.data(),
+    // 37 rows: one rotary pair a thread (decode-sized); 300: eight a thread (prefill-sized).
+    for (const int64_t rows : {int64_t{37}, int64_t{300}})
+      for (const Shape& s : {Shape{32, 32, 128, 128}, Shape{8, 2, 64, 64}, Shape{4, 2, 80, 32},
+                             Shape{6, 3, 64, 64}, Shape{4, 4, 256, 256}}) {
+        SCOPED_TRACE(std::string(dtypeName(dt)) + " heads " + std::to_string(s.heads) + "/" +
+                     std::to_string(s.kvHeads) + " rotary " + std::to_string(s.rotaryDim) +
+                     " rows " + std::to_string(rows));
+        const int64_t numSlots = 512, half = s.rotaryDim / 2,
+                      stride = (s.heads + 2 * s.kvHeads) * s.headDim,
+                      kvWidth = s.kvHeads * s.headDim;
+        const size_t es = dtypeSize(dt);
+        auto qkv = encode(randomValues(rows * stride, rng_), dt);
+        std::vector<int32_t> positions(rows), slots(numSlots);
+        for (auto& p : positions) p = static_cast<int32_t>(rng_() % 4096);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), rng_);
+        slots.resize(rows);
+        slots[5] = -1;  // a padding row: nothing written
+        std::vector<float> invFreq(rows * half);
+        for (int64_t i = 0; i < rows * half; ++i)
+          invFreq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * (i % half)) / s.rotaryDim);
+        const size_t cacheBytes = numSlots * kvWidth * es;
+        std::vector<uint8_t> kWant(cacheBytes, 0), vWant(cacheBytes, 0);
+        auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq),
+             dSlots = toDevice(slots);
+        DeviceBuffer dk(cacheBytes), dv(cacheBytes);
+        TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
+        TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
+        // Reference: rope then kv_write on the host (the padding row skipped, as the device does).
+        RopeKvWriteParams p{.rope = {.q = qkv.data(),
+                                     .k = qkv.data() + s.heads * s.headDim * es,
+                                     .qRowStride = stride,
+                                     .kRowStride = stride,
+                                     .invFreq = invFreq.data(),
+                                     .positions = positions.data(),
+                                     .rows = rows,
+                                     .numHeads = s.heads,
+                                     .numKvHeads = s.kvHeads,
+                                     .headDim = s.headDim,
+                                     .rotaryDim = s.rotaryDim,
+                                     .dtype = dt},
+                            .kv = {.k = qkv.data() + s.heads * s.headDim * es,
+                                   .v = qkv.data() + (s.heads + s.kvHeads) * s.headDim * es,
+                                   .kvRowStride = stride,
+                                   .kCache = kWant.data(),
+                                   .vCache = vWant.data(),
+                                   .slots = slots.data(),
                                    .rows = rows,
-                                   .numHeads = s.heads,
                                    .numKvHeads = s.kvHeads,
                                    .headDim = s.headDim,
-                                   .rotaryDim = s.rotaryDim,
-                                   .dtype = dt},
-                          .kv = {.k = qkv.data() + s.heads * s.headDim * es,
-                                 .v = qkv.data() + (s.heads + s.kvHeads) * s.headDim * es,
-                                 .kvRowStride = stride,
-                                 .kCache = kWant.data(),
-                                 .vCache = vWant.data(),
-                                 .slots = slots.data(),
-                                 .rows = rows,
-                                 .numKvHeads = s.kvHeads,
-                                 .headDim = s.headDim,
-                                 .numSlots = numSlots,
-                                 .dtype = dt}};
-      ASSERT_TRUE(ropeReference(p.rope).ok());
-      for (int64_t r = 0; r < rows; ++r) {
-        if (slots[r] < 0) continue;
-        std::memcpy(kWant.data() + slots[r] * kvWidth * es,
-                    qkv.data() + (r * stride + s.heads * s.headDim) * es, kvWidth * es);
-        std::memcpy(vWant.data() + slots[r] * kvWidth * es,
-                    qkv.data() + (r * stride + (s.heads + s.kvHeads) * s.headDim) * es,
-                    kvWidth * es);
+                                   .numSlots = numSlots,
+                                   .dtype = dt}};
+        ASSERT_TRUE(ropeReference(p.rope).ok());
+        for (int64_t r = 0; r < rows; ++r) {
+          if (slots[r] < 0) continue;
+          std::memcpy(kWant.data() + slots[r] * kvWidth * es,
+                      qkv.data() + (r * stride + s.heads * s.headDim) * es, kvWidth * es);
+          std::memcpy(vWant.data() + slots[r] * kvWidth * es,
+                      qkv.data() + (r * stride + (s.heads + s.kvHeads) * s.headDim) * es,
+                      kvWidth * es);
+        }
+        RopeKvWriteParams d = p;
+        d.rope.q = dQkv->get();
+        d.rope.k = dQkv->as<uint8_t>(s.heads * s.headDim * es);
+        d.kv.k = d.rope.k;
+        d.kv.v = dQkv->as<uint8_t>((s.heads + s.kvHeads) * s.headDim * es);
+        d.rope.invFreq = dFreq->as<float>();
+        d.rope.positions = dPos->as<int32_t>();
+        d.kv.kCache = dk.get();
+        d.kv.vCache = dv.get();
+        d.kv.slots = dSlots->as<int32_t>();
+        ASSERT_TRUE(invokeRopeKvWrite(d, nullptr).ok());
+        EXPECT_TRUE(testing::allClose(decode(fromDevice(*dQkv, qkv.size()), dt), decode(qkv, dt),
+                                      toleranceFor(dt), stride));
+        EXPECT_TRUE(testing::allClose(decode(fromDevice(dk, cacheBytes), dt), decode(kWant, dt),
+                                      toleranceFor(dt), kvWidth));
+        EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
       }
-      RopeKvWriteParams d = p;
-      d.rope.q = dQkv->get();
-      d.rope.k = dQkv->as<uint8_t>(s.heads * s.headDim * es);
-      d.kv.k = d.rope.k;
-      d.kv.v = dQkv->as<uint8_t>((s.heads + s.kvHeads) * s.headDim * es);
-      d.rope.invFreq = dFreq->as<float>();
-      d.rope.positions = dPos->as<int32_t>();
-      d.kv.kCache = dk.get();
-      d.kv.vCache = dv.get();
-      d.kv.slots = dSlots->as<int32_t>();
-      ASSERT_TRUE(invokeRopeKvWrite(d, nullptr).ok());
-      EXPECT_TRUE(testing::allClose(decode(fromDevice(*dQkv, qkv.size()), dt), decode(qkv, dt),
-                                    toleranceFor(dt), stride));
-      EXPECT_TRUE(testing::allClose(decode(fromDevice(dk, cacheBytes), dt), decode(kWant, dt),
-                                    toleranceFor(dt), kvWidth));
-      EXPECT_EQ(fromDevice(dv, cacheBytes), vWant);
+  }
+}
+
+// More than 256 rows take the kernel of eight rotary pairs a thread, fewer the one of one pair a
+// thread: the same arithmetic per element, so a 300-row call must give the bits of the same rows
+// in two calls of 150 (q, k, and both caches, in every cache type).
+TEST_F(OpsCudaTest, RopeKvWriteOfPrefillRowsEqualsDecodeSizedCallsBitForBit) {
+  for (KvCacheDType cache : {KvCacheDType::kAuto, KvCacheDType::kFp8E4M3, KvCacheDType::kFp8E5M2}) {
+    for (DType dt : {DType::kF16, DType::kBF16}) {
+      for (const auto [heads, kvHeads, headDim, rotaryDim] :
+           {std::array<int64_t, 4>{32, 32, 128, 128}, std::array<int64_t, 4>{8, 2, 64, 64},
+            std::array<int64_t, 4>{4, 2, 80, 32}, std::array<int64_t, 4>{4, 4, 256, 256}}) {
+        SCOPED_TRACE(std::string(kvCacheDTypeName(cache)) + " " + std::string(dtypeName(dt)) +
+                     " heads " + std::to_string(heads) + "/" + std::to_string(kvHeads) +
+                     " rotary " + std::to_string(rotaryDim));
+        const int64_t rows = 300, numSlots = 512, half = rotaryDim / 2,
+                      stride = (heads + 2 * kvHeads) * headDim, kvWidth = kvHeads * headDim;
+        const size_t es = dtypeSize(dt), cacheEs = cache == KvCacheDType::kAuto ? es : 1;
+        const auto qkv = encode(randomValues(rows * stride, rng_, 4.0f), dt);
+        std::vector<int32_t> positions(rows), slots(numSlots);
+        for (auto& p : positions) p = static_cast<int32_t>(rng_() % 4096);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), rng_);
+        slots.resize(rows);
+        slots[7] = -1;  // a padding row
+        std::vector<float> invFreq(rows * half);
+        for (int64_t i = 0; i < rows * half; ++i)
+          invFreq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * (i % half)) / rotaryDim);
+        const size_t cacheBytes = numSlots * kvWidth * cacheEs;
+        // Run 0: one call of 300 rows; run 1: rows [0, 150) then [150, 300).
+        std::vector<uint8_t> outQkv[2], outK[2], outV[2];
+        for (int run = 0; run < 2; ++run) {
+          auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq),
+               dSlots = toDevice(slots);
+          DeviceBuffer dk(cacheBytes), dv(cacheBytes);
+          TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
+          TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
+          for (const auto& [first, n] :
+               run == 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, 300}}
+                        : std::vector<std::pair<int64_t, int64_t>>{{0, 150}, {150, 150}}) {
+            uint8_t* base = dQkv->as<uint8_t>(first * stride * es);
+            RopeKvWriteParams d{.rope = {.q = base,
+                                         .k = base + heads * headDim * es,
+                                         .qRowStride = stride,
+                                         .kRowStride = stride,
+                                         .invFreq = dFreq->as<float>() + first * half,
+                                         .positions = dPos->as<int32_t>() + first,
+                                         .rows = n,
+                                         .numHeads = heads,
+                                         .numKvHeads = kvHeads,
+                                         .headDim = headDim,
+                                         .rotaryDim = rotaryDim,
+                                         .dtype = dt},
+                                .kv = {.k = base + heads * headDim * es,
+                                       .v = base + (heads + kvHeads) * headDim * es,
+                                       .kvRowStride = stride,
+                                       .kCache = dk.get(),
+                                       .vCache = dv.get(),
+                                       .slots = dSlots->as<int32_t>() + first,
+                                       .rows = n,
+                                       .numKvHeads = kvHeads,
+                                       .headDim = headDim,
+                                       .numSlots = numSlots,
+                                       .dtype = dt,
+                                       .cacheDtype = cache}};
+            ASSERT_TRUE(invokeRopeKvWrite(d, nullptr).ok());
+          }
+          outQkv[run] = fromDevice(*dQkv, qkv.size());
+          outK[run] = fromDevice(dk, cacheBytes);
+          outV[run] = fromDevice(dv, cacheBytes);
+        }
+        EXPECT_NE(outQkv[0], qkv);  // rotated at all
+        EXPECT_EQ(outQkv[0], outQkv[1]);
+        EXPECT_EQ(outK[0], outK[1]);
+        EXPECT_EQ(outV[0], outV[1]);
+      }
     }
   }
 }
@@ -328,87 +409,89 @@ TEST_F(OpsCudaTest, FusedRopeKvWriteMatchesRopeThenKvWrite) {
 TEST_F(OpsCudaTest, FusedRopeKvWriteFp8CacheStoresTheCodesOfTheRotatedKeys) {
   for (KvCacheDType cache : kFp8Caches) {
     for (DType dt : kDtypes) {
-      // Whole and partial rotary, heads split over blocks and not.
-      for (const auto [heads, kvHeads, headDim, rotaryDim] :
-           {std::array<int64_t, 4>{8, 2, 64, 64}, std::array<int64_t, 4>{4, 2, 80, 32},
-            std::array<int64_t, 4>{4, 4, 256, 256}}) {
-        SCOPED_TRACE(std::string(kvCacheDTypeName(cache)) + " " + std::string(dtypeName(dt)) +
-                     " heads " + std::to_string(heads) + "/" + std::to_string(kvHeads) +
-                     " rotary " + std::to_string(rotaryDim));
-        const int64_t rows = 21, numSlots = 64, half = rotaryDim / 2,
-                      stride = (heads + 2 * kvHeads) * headDim, kvWidth = kvHeads * headDim;
-        const size_t es = dtypeSize(dt);
-        const auto qkv = encode(randomValues(rows * stride, rng_, 4.0f), dt);
-        std::vector<int32_t> positions(rows), slots(numSlots);
-        for (auto& p : positions) p = static_cast<int32_t>(rng_() % 4096);
-        std::iota(slots.begin(), slots.end(), 0);
-        std::shuffle(slots.begin(), slots.end(), rng_);
-        slots.resize(rows);
-        slots[2] = -1;  // a padding row: nothing written
-        std::vector<float> invFreq(rows * half);
-        for (int64_t i = 0; i < rows * half; ++i)
-          invFreq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * (i % half)) / rotaryDim);
-        auto rotated = qkv;  // the host's rotation, for the device's k rows
-        RopeParams hostRope{.q = rotated.data(),
-                            .k = rotated.data() + heads * headDim * es,
-                            .qRowStride = stride,
-                            .kRowStride = stride,
-                            .invFreq = invFreq.data(),
-                            .positions = positions.data(),
-                            .rows = rows,
-                            .numHeads = heads,
-                            .numKvHeads = kvHeads,
-                            .headDim = headDim,
-                            .rotaryDim = rotaryDim,
-                            .dtype = dt};
-        ASSERT_TRUE(ropeReference(hostRope).ok());
-        const size_t cacheBytes = numSlots * kvWidth;
-        auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq),
-             dSlots = toDevice(slots);
-        DeviceBuffer dk(cacheBytes), dv(cacheBytes);
-        TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
-        TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
-        RopeKvWriteParams d{.rope = hostRope,
-                            .kv = {.kvRowStride = stride,
-                                   .kCache = dk.get(),
-                                   .vCache = dv.get(),
-                                   .slots = dSlots->as<int32_t>(),
-                                   .rows = rows,
-                                   .numKvHeads = kvHeads,
-                                   .headDim = headDim,
-                                   .numSlots = numSlots,
-                                   .dtype = dt,
-                                   .cacheDtype = cache}};
-        d.rope.q = dQkv->get();
-        d.rope.k = dQkv->as<uint8_t>(heads * headDim * es);
-        d.rope.invFreq = dFreq->as<float>();
-        d.rope.positions = dPos->as<int32_t>();
-        d.kv.k = d.rope.k;
-        d.kv.v = dQkv->as<uint8_t>((heads + kvHeads) * headDim * es);
-        ASSERT_TRUE(invokeRopeKvWrite(d, nullptr).ok());
-        const auto deviceQkv = fromDevice(*dQkv, qkv.size());
-        EXPECT_TRUE(testing::allClose(decode(deviceQkv, dt), decode(rotated, dt), toleranceFor(dt),
-                                      stride));
-        const std::vector<float> rows32 = decode(deviceQkv, dt);
-        const auto kc = fromDevice(dk, cacheBytes), vc = fromDevice(dv, cacheBytes);
-        std::vector<bool> written(numSlots, false);
-        for (int64_t r = 0; r < rows; ++r) {
-          if (slots[r] < 0) continue;
-          written[slots[r]] = true;
-          for (int64_t i = 0; i < kvWidth; ++i) {
-            const float k = rows32[r * stride + heads * headDim + i];
-            const float v = rows32[r * stride + (heads + kvHeads) * headDim + i];
-            ASSERT_EQ(kc[slots[r] * kvWidth + i], fp8Code(cache, k)) << "row " << r << " " << i;
-            ASSERT_EQ(vc[slots[r] * kvWidth + i], fp8Code(cache, v)) << "row " << r << " " << i;
+      // Whole and partial rotary, heads split over blocks and not (decode-sized: the prefill-sized
+      // kernel is checked against this one bit for bit below).
+      for (const int64_t rows : {int64_t{21}})
+        for (const auto [heads, kvHeads, headDim, rotaryDim] :
+             {std::array<int64_t, 4>{8, 2, 64, 64}, std::array<int64_t, 4>{4, 2, 80, 32},
+              std::array<int64_t, 4>{4, 4, 256, 256}}) {
+          SCOPED_TRACE(std::string(kvCacheDTypeName(cache)) + " " + std::string(dtypeName(dt)) +
+                       " heads " + std::to_string(heads) + "/" + std::to_string(kvHeads) +
+                       " rotary " + std::to_string(rotaryDim));
+          const int64_t numSlots = 64, half = rotaryDim / 2,
+                        stride = (heads + 2 * kvHeads) * headDim, kvWidth = kvHeads * headDim;
+          const size_t es = dtypeSize(dt);
+          const auto qkv = encode(randomValues(rows * stride, rng_, 4.0f), dt);
+          std::vector<int32_t> positions(rows), slots(numSlots);
+          for (auto& p : positions) p = static_cast<int32_t>(rng_() % 4096);
+          std::iota(slots.begin(), slots.end(), 0);
+          std::shuffle(slots.begin(), slots.end(), rng_);
+          slots.resize(rows);
+          slots[2] = -1;  // a padding row: nothing written
+          std::vector<float> invFreq(rows * half);
+          for (int64_t i = 0; i < rows * half; ++i)
+            invFreq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * (i % half)) / rotaryDim);
+          auto rotated = qkv;  // the host's rotation, for the device's k rows
+          RopeParams hostRope{.q = rotated.data(),
+                              .k = rotated.data() + heads * headDim * es,
+                              .qRowStride = stride,
+                              .kRowStride = stride,
+                              .invFreq = invFreq.data(),
+                              .positions = positions.data(),
+                              .rows = rows,
+                              .numHeads = heads,
+                              .numKvHeads = kvHeads,
+                              .headDim = headDim,
+                              .rotaryDim = rotaryDim,
+                              .dtype = dt};
+          ASSERT_TRUE(ropeReference(hostRope).ok());
+          const size_t cacheBytes = numSlots * kvWidth;
+          auto dQkv = toDevice(qkv), dPos = toDevice(positions), dFreq = toDevice(invFreq),
+               dSlots = toDevice(slots);
+          DeviceBuffer dk(cacheBytes), dv(cacheBytes);
+          TG_ASSERT_CUDA(cudaMemset(dk.get(), 0, cacheBytes));
+          TG_ASSERT_CUDA(cudaMemset(dv.get(), 0, cacheBytes));
+          RopeKvWriteParams d{.rope = hostRope,
+                              .kv = {.kvRowStride = stride,
+                                     .kCache = dk.get(),
+                                     .vCache = dv.get(),
+                                     .slots = dSlots->as<int32_t>(),
+                                     .rows = rows,
+                                     .numKvHeads = kvHeads,
+                                     .headDim = headDim,
+                                     .numSlots = numSlots,
+                                     .dtype = dt,
+                                     .cacheDtype = cache}};
+          d.rope.q = dQkv->get();
+          d.rope.k = dQkv->as<uint8_t>(heads * headDim * es);
+          d.rope.invFreq = dFreq->as<float>();
+          d.rope.positions = dPos->as<int32_t>();
+          d.kv.k = d.rope.k;
+          d.kv.v = dQkv->as<uint8_t>((heads + kvHeads) * headDim * es);
+          ASSERT_TRUE(invokeRopeKvWrite(d, nullptr).ok());
+          const auto deviceQkv = fromDevice(*dQkv, qkv.size());
+          EXPECT_TRUE(testing::allClose(decode(deviceQkv, dt), decode(rotated, dt),
+                                        toleranceFor(dt), stride));
+          const std::vector<float> rows32 = decode(deviceQkv, dt);
+          const auto kc = fromDevice(dk, cacheBytes), vc = fromDevice(dv, cacheBytes);
+          std::vector<bool> written(numSlots, false);
+          for (int64_t r = 0; r < rows; ++r) {
+            if (slots[r] < 0) continue;
+            written[slots[r]] = true;
+            for (int64_t i = 0; i < kvWidth; ++i) {
+              const float k = rows32[r * stride + heads * headDim + i];
+              const float v = rows32[r * stride + (heads + kvHeads) * headDim + i];
+              ASSERT_EQ(kc[slots[r] * kvWidth + i], fp8Code(cache, k)) << "row " << r << " " << i;
+              ASSERT_EQ(vc[slots[r] * kvWidth + i], fp8Code(cache, v)) << "row " << r << " " << i;
+            }
+          }
+          for (int64_t s = 0; s < numSlots; ++s) {
+            for (int64_t i = 0; !written[s] && i < kvWidth; ++i) {
+              ASSERT_EQ(kc[s * kvWidth + i], 0) << "slot " << s;
+              ASSERT_EQ(vc[s * kvWidth + i], 0) << "slot " << s;
+            }
           }
         }
-        for (int64_t s = 0; s < numSlots; ++s) {
-          for (int64_t i = 0; !written[s] && i < kvWidth; ++i) {
-            ASSERT_EQ(kc[s * kvWidth + i], 0) << "slot " << s;
-            ASSERT_EQ(vc[s * kvWidth + i], 0) << "slot " << s;
-          }
-        }
-      }
     }
   }
 }
