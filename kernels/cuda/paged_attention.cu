@@ -9,6 +9,9 @@
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
 //    T5's encoder (no causal mask) and decoder prompts (causal) with the relative bias run here
 //    too: each key tile's 127 relative positions take their bias from a table built per tile.
+//  - mmaFlashKernel: the same tiles, splits and partials for the common case (a cache of T, no
+//    bias) in flash-attention-2's form: mma.sync with everything of a warp's 16 rows in registers,
+//    K/V tiles in two cp.async stages.
 // Both are templated on the bias (Bias: none, ALiBi's or T5's relative bias): it joins the scores
 // only in the instantiations launched with one, so the kernels without it are the same code as
 // before. Cross-attention (contextLens) takes the split kernel alone (its rows are decode rows);
@@ -26,6 +29,7 @@
 
 #include "common.cuh"
 #include "kv_cache.cuh"
+#include "mma.cuh"
 #include "textgen/kernels/paged_attention.h"
 #include "textgen/kernels/relative_position.h"
 
@@ -447,6 +451,17 @@ bool lanes16On() {
   return on;
 }
 
+// Blocks (a percentage of the target) under which decode rows' keys are split: 50, or
+// TEXTGEN_ATTN_SPLIT_BELOW (1 to 400), for comparison.
+int64_t splitBelowPercent() {
+  static const int64_t percent = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_SPLIT_BELOW");
+    const int n = v ? std::atoi(v) : 0;
+    return n >= 1 && n <= 400 ? n : 50;
+  }();
+  return percent;
+}
+
 // The kernel for a head size and tile.
 template <typename T, KvCacheDType kCache, Bias kBias>
 SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split) {
@@ -490,7 +505,8 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // Split only under half the target, into about the target's blocks: at 32 sequences of 256
   // keys (1024 blocks on an H100) splitting them in three cost more in merges than it gained
   // (7.74 -> 8.11 ms a Llama-2-7B step), and aiming at twice the target gained nothing measurable.
-  int64_t splits = 2 * blocks >= target ? 1 : (target + blocks - 1) / blocks;
+  int64_t splits =
+      blocks * 100 >= target * splitBelowPercent() ? 1 : (target + blocks - 1) / blocks;
   // Partials and counters are per (row, query head).
   const int64_t rowHeads = p.rows * p.numHeads;
   const int64_t perSplit = rowHeads * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
@@ -544,6 +560,74 @@ struct FlashSmem {
   static constexpr size_t kBias = kSlots + sizeof(int64_t) * kTileKeys;
   static constexpr size_t kBytes = kBias + sizeof(float) * (kTileRows + kTileKeys);
 };
+
+// The end of a tensor-core tile: its unnormalised output O (float rows oPitch apart in shared
+// memory) and each row's max (sM) and sum (sL) become the tile's output rows (one split), or this
+// split's partials in the workspace, the last split of the (tile, head) to finish merging them
+// all. sW: numSplits * kTileRows floats of shared scratch; sL is overwritten by the merge.
+template <typename T, int kD>
+__device__ void flashFinish(const PagedAttentionParams& p, const float* sO, int oPitch,
+                            const float* sM, float* sL, float* sW, int rowBegin, int numRows,
+                            int head, int numSplits) {
+  using C = Convert<T>;
+  T* out = static_cast<T*>(p.out);
+  if (numSplits == 1) {
+    for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
+      const int r = i / kD, d = i % kD;
+      const float l = sL[r];
+      out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + d] =
+          C::fromFloat(l > 0.0f ? sO[r * oPitch + d] / l : 0.0f);
+    }
+    return;
+  }
+  // Partials of this (tile, head, split): [max per row | sum per row | unnormalised O per row].
+  constexpr int kPartial = kTileRows * (kD + 2);
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * p.numHeads + head;
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kCounterBytes) +
+                    unit * numSplits * kPartial;
+  float* mine = partials + static_cast<int64_t>(blockIdx.z) * kPartial;
+  for (int r = threadIdx.x; r < numRows; r += blockDim.x) {
+    mine[r] = sM[r];
+    mine[kTileRows + r] = sL[r];
+  }
+  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x)
+    mine[2 * kTileRows + i] = sO[(i / kD) * oPitch + i % kD];
+  // The last split of this (tile, head) to finish merges them all, then resets the counter.
+  __threadfence();
+  __syncthreads();
+  __shared__ bool isLast;
+  unsigned int* counter = static_cast<unsigned int*>(p.workspace) + unit;
+  if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(numSplits - 1);
+  __syncthreads();
+  if (!isLast) return;
+  __threadfence();
+  // Each split's weight per row, exp(m_split - m_max), in sW ([split][row]).
+  for (int r = threadIdx.x; r < numRows; r += blockDim.x) {
+    float mMax = -INFINITY;
+    for (int sp = 0; sp < numSplits; ++sp) mMax = fmaxf(mMax, __ldcg(partials + sp * kPartial + r));
+    float lSum = 0.0f;
+    for (int sp = 0; sp < numSplits; ++sp) {
+      const float m = __ldcg(partials + sp * kPartial + r);
+      const float w = m == -INFINITY ? 0.0f : __expf(m - mMax);
+      sW[sp * kTileRows + r] = w;
+      lSum += w * __ldcg(partials + sp * kPartial + kTileRows + r);
+    }
+    sL[r] = lSum;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
+    const int r = i / kD;
+    float o = 0.0f;
+    for (int sp = 0; sp < numSplits; ++sp) {
+      const float w = sW[sp * kTileRows + r];
+      if (w != 0.0f) o += w * __ldcg(partials + sp * kPartial + 2 * kTileRows + i);
+    }
+    const float l = sL[r];
+    out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + i % kD] =
+        C::fromFloat(l > 0.0f ? o / l : 0.0f);
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
 
 // With numSplits > 1 (a grid of (tiles, heads) under a wave, over a long context: a prompt's tail
 // after a cached prefix) each tile's keys are shared among numSplits blocks (blockIdx.z), each
@@ -753,63 +837,234 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();  // every warp is done with sK and sV
   }
 
-  T* out = static_cast<T*>(p.out);
-  if (numSplits == 1) {
-    for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
-      const int r = i / kD, d = i % kD;
-      const float l = sL[r];
-      out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + d] =
-          C::fromFloat(l > 0.0f ? sO[r * L::kOp + d] / l : 0.0f);
+  flashFinish<T, kD>(p, sO, L::kOp, sM, sL, sS, rowBegin, numRows, head, numSplits);
+}
+
+// The tensor-core kernel of the common case (a cache of T, no bias) in flash-attention-2's form:
+// each warp keeps its 16 query rows' Q fragments, scores, probabilities and output accumulators
+// in registers (mma.sync m16n8k16; the scores' accumulator fragments are the probabilities' A
+// fragments once rounded to T), and the block's K and V tiles come in two shared-memory stages by
+// cp.async, the next tile's loads in flight while this one is multiplied. The tiling, the splits
+// and their partials are flashKernel's, and so are the arithmetic's roundings (P rounded to T for
+// P·V, the sums of its unrounded terms); only the order of some float sums differs. Blocks take
+// their sequence's tiles from the last (a causal prompt's heaviest: the most keys) to the first.
+template <typename T, int kD>
+struct MmaFlashSmem {
+  // Row pitch (elements) of Q, K and V: 16 bytes past a multiple of 128, so that the eight rows an
+  // ldmatrix reads fall in distinct bank groups.
+  static constexpr int kPitch = kD + 8;
+  static constexpr int kTileElems = kTileKeys * kPitch;  // one K or V tile
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kKv = kQ + sizeof(T) * kTileRows * kPitch;  // [stage][K, V]
+  static constexpr size_t kStats = kKv + sizeof(T) * 4 * kTileElems;  // m, l per row
+  static constexpr size_t kBytes = kStats + sizeof(float) * 2 * kTileRows;
+  // After the last tile the stages hold O (float rows kOPitch apart), then the merge's weights.
+  static constexpr int kOPitch = kD + 4;
+  static constexpr size_t kO = kKv;
+  static constexpr size_t kW = kO + sizeof(float) * kTileRows * kOPitch;
+  static_assert(kW + sizeof(float) * 32 * kTileRows <= kStats, "flashSplits allows 32 splits");
+};
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    mmaFlashKernel(PagedAttentionParams p, int tilesPerSeq, int numSplits, int minRows) {
+  using L = MmaFlashSmem<T, kD>;
+  static_assert(kWarps * 16 == kTileRows && kTileKeys == 64 && kD % 16 == 0);
+  constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem + L::kQ);
+  T* sKv = reinterpret_cast<T*>(smem + L::kKv);
+  float* sM = reinterpret_cast<float*>(smem + L::kStats);
+  float* sL = sM + kTileRows;
+  cuda::waitForPrimary();
+  cuda::allowDependents();
+
+  const int s = blockIdx.x / tilesPerSeq, head = blockIdx.y;
+  const int tile = tilesPerSeq - 1 - static_cast<int>(blockIdx.x) % tilesPerSeq;
+  const int seqRows = p.seqStarts[s + 1] - p.seqStarts[s];
+  if (seqRows < minRows) return;  // a mixed batch's decode rows: the split-K kernel's
+  const int rowBegin = p.seqStarts[s] + tile * kTileRows;
+  const int numRows = min(kTileRows, seqRows - tile * kTileRows);
+  if (numRows <= 0) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int firstPos = p.startPos[s] + tile * kTileRows, lastPos = firstPos + numRows - 1;
+  const int keyLast = p.causal ? lastPos : p.startPos[s] + seqRows - 1;
+  const int window = static_cast<int>(p.slidingWindow);
+  const int kvBegin = window > 0 ? max(0, firstPos - window + 1) : 0;
+  const int kvh = head / static_cast<int>(p.numHeads / p.numKvHeads);
+  const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
+  const int64_t kvWidth = p.numKvHeads * kD;
+  const T* kCache = static_cast<const T*>(p.kCache) + kvh * kD;
+  const T* vCache = static_cast<const T*>(p.vCache) + kvh * kD;
+
+  // Q (rows past the sequence zero), then the first K/V tile: two groups of copies.
+  for (int i = threadIdx.x; i < kTileRows * kChunks; i += blockDim.x) {
+    const int r = i / kChunks, c = i % kChunks;
+    const T* src = static_cast<const T*>(p.q) + (rowBegin + min(r, numRows - 1)) * p.qRowStride +
+                   head * kD + c * 8;
+    cuda::cpAsync16(sQ + r * L::kPitch + c * 8, src, r < numRows);
+  }
+  cuda::cpAsyncCommit();
+  // Keys outside [kvBegin, keyLast] (no row of the tile sees them) are zeros.
+  const auto loadKv = [&](int kvStart, int stage) {
+    T* sK = sKv + stage * 2 * L::kTileElems;
+    T* sV = sK + L::kTileElems;
+    for (int i = threadIdx.x; i < kTileKeys * kChunks; i += blockDim.x) {
+      const int c = i / kChunks, v = i % kChunks, j = kvStart + c;
+      const bool ok = j >= kvBegin && j <= keyLast;
+      const int64_t at =
+          (ok ? slotOf(blocks, static_cast<int>(p.blockSize), j) : 0) * kvWidth + v * 8;
+      cuda::cpAsync16(sK + c * L::kPitch + v * 8, kCache + at, ok);
+      cuda::cpAsync16(sV + c * L::kPitch + v * 8, vCache + at, ok);
     }
-    return;
-  }
-  // Partials of this (tile, head, split): [max per row | sum per row | unnormalised O per row].
-  constexpr int kPartial = kTileRows * (kD + 2);
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * p.numHeads + head;
-  float* partials = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kCounterBytes) +
-                    unit * numSplits * kPartial;
-  float* mine = partials + static_cast<int64_t>(blockIdx.z) * kPartial;
-  for (int r = threadIdx.x; r < numRows; r += blockDim.x) {
-    mine[r] = sM[r];
-    mine[kTileRows + r] = sL[r];
-  }
-  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x)
-    mine[2 * kTileRows + i] = sO[(i / kD) * L::kOp + i % kD];
-  // The last split of this (tile, head) to finish merges them all, then resets the counter.
-  __threadfence();
+  };
+  // This block's run of key tiles: an even share of the tile's own range.
+  const int kvTile0 = kvBegin / kTileKeys, kvTiles = keyLast / kTileKeys + 1 - kvTile0;
+  const int perSplit = (kvTiles + numSplits - 1) / numSplits;
+  const int myFirst = kvTile0 + static_cast<int>(blockIdx.z) * perSplit;
+  const int myEnd = min(kvTile0 + kvTiles, myFirst + perSplit);
+  if (myFirst < myEnd) loadKv(myFirst * kTileKeys, 0);
+  cuda::cpAsyncCommit();
+  cuda::cpAsyncWait<1>();
   __syncthreads();
-  __shared__ bool isLast;
-  unsigned int* counter = static_cast<unsigned int*>(p.workspace) + unit;
-  if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(numSplits - 1);
-  __syncthreads();
-  if (!isLast) return;
-  __threadfence();
-  // Each split's weight per row, exp(m_split - m_max), in sS ([split][row]; numSplits <= kSp).
-  for (int r = threadIdx.x; r < numRows; r += blockDim.x) {
-    float mMax = -INFINITY;
-    for (int sp = 0; sp < numSplits; ++sp) mMax = fmaxf(mMax, __ldcg(partials + sp * kPartial + r));
-    float lSum = 0.0f;
-    for (int sp = 0; sp < numSplits; ++sp) {
-      const float m = __ldcg(partials + sp * kPartial + r);
-      const float w = m == -INFINITY ? 0.0f : __expf(m - mMax);
-      sS[sp * kTileRows + r] = w;
-      lSum += w * __ldcg(partials + sp * kPartial + kTileRows + r);
+  uint32_t qf[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    cuda::ldmatrixX4(qf[kk], sQ + (warp * 16 + lane % 16) * L::kPitch + kk * 16 + lane / 16 * 8);
+
+  // This thread's rows: a = warp * 16 + lane / 4 and b = a + 8; its columns of an n8 block
+  // 2 (lane % 4) and the next. The keys each row sees: [lo, hi].
+  const int quad = lane % 4;
+  const int posA = firstPos + warp * 16 + lane / 4, posB = posA + 8;
+  const int hiA = p.causal ? posA : keyLast, hiB = p.causal ? posB : keyLast;
+  const int loA = window > 0 ? max(0, posA - window + 1) : 0;
+  const int loB = window > 0 ? max(0, posB - window + 1) : 0;
+  // Keys every row of the warp sees: tiles inside need no mask.
+  const int warpPos = firstPos + warp * 16;
+  const int warpLo = window > 0 ? max(0, warpPos + 15 - window + 1) : 0;
+  const int warpHi = p.causal ? warpPos : keyLast;
+  float o[kD / 8][4] = {};
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
+  int stage = 0;
+  for (int kt = myFirst; kt < myEnd; ++kt, stage ^= 1) {
+    const int kvStart = kt * kTileKeys;
+    if (kt + 1 < myEnd) loadKv(kvStart + kTileKeys, stage ^ 1);
+    cuda::cpAsyncCommit();
+    cuda::cpAsyncWait<1>();
+    __syncthreads();
+    const T* sK = sKv + stage * 2 * L::kTileElems;
+    const T* sV = sK + L::kTileElems;
+
+    // S = Q·Kᵀ: n8 blocks of keys, two a 16-key ldmatrix.
+    float sc[kTileKeys / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+#pragma unroll
+      for (int nb = 0; nb < kTileKeys / 16; ++nb) {
+        uint32_t b[4];
+        cuda::ldmatrixX4(
+            b, sK + (nb * 16 + lane % 8 + lane / 16 * 8) * L::kPitch + kk * 16 + lane / 8 % 2 * 8);
+        cuda::mmaK16<T>(sc[2 * nb], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
+        cuda::mmaK16<T>(sc[2 * nb + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[2], b[3]);
+      }
     }
-    sL[r] = lSum;
+
+    // Online softmax; a row's four lanes (a quad) hold its 64 scores.
+    const bool whole = kvStart >= warpLo && kvStart + kTileKeys - 1 <= warpHi;
+    float mxA = -INFINITY, mxB = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < kTileKeys / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = kvStart + nb * 8 + 2 * quad + e;
+        float va = sc[nb][e] * p.scale, vb = sc[nb][2 + e] * p.scale;
+        if (!whole) {
+          if (j < loA || j > hiA) va = -INFINITY;
+          if (j < loB || j > hiB) vb = -INFINITY;
+        }
+        sc[nb][e] = va;
+        sc[nb][2 + e] = vb;
+        mxA = fmaxf(mxA, va);
+        mxB = fmaxf(mxB, vb);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) {
+      mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, off));
+      mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, off));
+    }
+    const float newA = fmaxf(mA, mxA), newB = fmaxf(mB, mxB);
+    const float useA = newA == -INFINITY ? 0.0f : newA, useB = newB == -INFINITY ? 0.0f : newB;
+    const float alphaA = mA == -INFINITY ? 0.0f : __expf(mA - useA);
+    const float alphaB = mB == -INFINITY ? 0.0f : __expf(mB - useB);
+    mA = newA;
+    mB = newB;
+    float sumA = 0.0f, sumB = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < kTileKeys / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sc[nb][e] = __expf(sc[nb][e] - useA);
+        sc[nb][2 + e] = __expf(sc[nb][2 + e] - useB);
+        sumA += sc[nb][e];
+        sumB += sc[nb][2 + e];
+      }
+    }
+    lA = lA * alphaA + sumA;
+    lB = lB * alphaB + sumB;
+#pragma unroll
+    for (int nd = 0; nd < kD / 8; ++nd) {
+      o[nd][0] *= alphaA;
+      o[nd][1] *= alphaA;
+      o[nd][2] *= alphaB;
+      o[nd][3] *= alphaB;
+    }
+
+    // O += P·V: P's A fragments from the score blocks, V's B fragments by transposed ldmatrix.
+#pragma unroll
+    for (int kc = 0; kc < kTileKeys / 16; ++kc) {
+      const uint32_t a0 = cuda::pack2<T>(sc[2 * kc][0], sc[2 * kc][1]);
+      const uint32_t a1 = cuda::pack2<T>(sc[2 * kc][2], sc[2 * kc][3]);
+      const uint32_t a2 = cuda::pack2<T>(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
+      const uint32_t a3 = cuda::pack2<T>(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
+#pragma unroll
+      for (int nd = 0; nd < kD / 16; ++nd) {
+        uint32_t b[4];
+        cuda::ldmatrixX4<true>(
+            b, sV + (kc * 16 + lane % 8 + lane / 8 % 2 * 8) * L::kPitch + nd * 16 + lane / 16 * 8);
+        cuda::mmaK16<T>(o[2 * nd], a0, a1, a2, a3, b[0], b[1]);
+        cuda::mmaK16<T>(o[2 * nd + 1], a0, a1, a2, a3, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is loaded again
+  }
+  cuda::cpAsyncWait<0>();
+
+  // A row's sum over its quad; O, m and l to shared memory for flashFinish.
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) {
+    lA += __shfl_xor_sync(0xffffffffu, lA, off);
+    lB += __shfl_xor_sync(0xffffffffu, lB, off);
+  }
+  float* sO = reinterpret_cast<float*>(smem + L::kO);
+  const int rA = warp * 16 + lane / 4;
+#pragma unroll
+  for (int nd = 0; nd < kD / 8; ++nd) {
+    const int col = nd * 8 + 2 * quad;
+    sO[rA * L::kOPitch + col] = o[nd][0];
+    sO[rA * L::kOPitch + col + 1] = o[nd][1];
+    sO[(rA + 8) * L::kOPitch + col] = o[nd][2];
+    sO[(rA + 8) * L::kOPitch + col + 1] = o[nd][3];
+  }
+  if (quad == 0) {
+    sM[rA] = mA;
+    sM[rA + 8] = mB;
+    sL[rA] = lA;
+    sL[rA + 8] = lB;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
-    const int r = i / kD;
-    float o = 0.0f;
-    for (int sp = 0; sp < numSplits; ++sp) {
-      const float w = sS[sp * kTileRows + r];
-      if (w != 0.0f) o += w * __ldcg(partials + sp * kPartial + 2 * kTileRows + i);
-    }
-    const float l = sL[r];
-    out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + i % kD] =
-        C::fromFloat(l > 0.0f ? o / l : 0.0f);
-  }
-  if (threadIdx.x == 0) *counter = 0;
+  flashFinish<T, kD>(p, sO, L::kOPitch, sM, sL, reinterpret_cast<float*>(smem + L::kW), rowBegin,
+                     numRows, head, numSplits);
 }
 
 // Key splits for the tensor-core kernel: 1 while its (tile, head) blocks fill the device; else
@@ -830,6 +1085,15 @@ int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDi
   splits =
       std::min<int64_t>(splits, static_cast<int64_t>(p.workspaceBytes - kCounterBytes) / perSplit);
   return std::clamp<int64_t>(splits, 1, 32);
+}
+
+// TEXTGEN_FLASH_MMA=0: every prompt tile on flashKernel (WMMA), for comparison.
+bool mmaFlashOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_FLASH_MMA");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
 }
 
 template <typename T, KvCacheDType kCache, int kD, Bias kBias>
@@ -855,6 +1119,25 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minR
   const int64_t splits = flashSplits(p, p.numSeqs * tilesPerSeq * p.numHeads, kD);
   const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq), static_cast<unsigned>(p.numHeads),
                   static_cast<unsigned>(splits));
+  if constexpr (kCache == KvCacheDType::kAuto && kBias == Bias::kNone) {
+    if (mmaFlashOn()) {
+      using M = MmaFlashSmem<T, kD>;
+      static std::atomic<uint64_t> mmaOptedIn{0};
+      if (!(mmaOptedIn.load(std::memory_order_acquire) & bit)) {
+        const cudaError_t attr =
+            cudaFuncSetAttribute(mmaFlashKernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(M::kBytes));
+        if (attr != cudaSuccess) {
+          return internalError(std::string("paged_attention: shared memory opt-in failed: ") +
+                               cudaGetErrorString(attr));
+        }
+        mmaOptedIn.fetch_or(bit, std::memory_order_release);
+      }
+      return cuda::launch("paged_attention (flash mma)", mmaFlashKernel<T, kD>, grid, kWarps * 32,
+                          M::kBytes, stream, p, static_cast<int>(tilesPerSeq),
+                          static_cast<int>(splits), minRows);
+    }
+  }
   return cuda::launch("paged_attention (flash)", flashKernel<T, kCache, kD, kBias>, grid,
                       kWarps * 32, L::kBytes, stream, p, static_cast<int>(tilesPerSeq),
                       static_cast<int>(splits), minRows);

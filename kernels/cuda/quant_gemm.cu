@@ -25,10 +25,17 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "mma.cuh"
 #include "quant_gemm_impl.h"
 
 namespace textgen::kernels {
 namespace {
+
+using cuda::cpAsync16;
+using cuda::cpAsync4;
+using cuda::cpAsyncCommit;
+using cuda::cpAsyncWait;
+using cuda::mmaK16;
 
 constexpr int kWarps = 8;
 constexpr int kUnroll = 4;
@@ -334,22 +341,8 @@ constexpr uint32_t kMagic = std::is_same_v<T, __half> ? 0x64006400u : 0x43004300
 template <typename T>
 constexpr float kMagicValue = std::is_same_v<T, __half> ? 1024.0f : 128.0f;
 
-// d += A · B, m16n8k16, fp32 accumulation: A = 16 outputs' weights (a0/a2 rows g, a1/a3 rows
-// g + 8), B = 8 rows of x.
-template <typename T>
-__device__ __forceinline__ void mmaK16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// mmaK16 (mma.cuh): d += A · B, m16n8k16; here A = 16 outputs' weights (a0/a2 rows g, a1/a3
+// rows g + 8), B = 8 rows of x.
 
 // d += A · B, m16n8k32 on e4m3 codes (sm_89 on), the same roles.
 __device__ __forceinline__ void mmaE4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -616,24 +609,6 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
 // two chunks. Each warp decodes its vectors as the GEMV does and runs kTiles n8 tiles of x on each
 // decoded fragment; the kKS parts' sums are added through shared memory at the end.
 constexpr int kTileWarps = 8;
-
-__device__ __forceinline__ void cpAsync16(void* smem, const void* gmem, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cpAsync4(void* smem, const void* gmem, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(ok ? 4 : 0));
-}
-__device__ __forceinline__ void cpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int kPending>
-__device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 // Where 16-byte chunk q of row r of x sits in its shared row: XOR-swizzled so that the eight lanes
 // of a quarter warp (rows g = 0, 1; c = 0..3) read eight different bank groups.
