@@ -24,6 +24,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_gemm_impl.h"
@@ -457,14 +458,34 @@ struct MmaStage {
 // weight fragment). kW8A8: x holds e4m3 codes and *xScale their scale, W is fp8 with one scale per
 // output (groups == 1; kTiles 1). kScaleAfter (integer codes, groups a multiple of a step): the
 // mmas take q - zero, and each step's fp32 sums are scaled once per output.
-template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter, int kWarps, int kTiles>
+// kGated (kTiles 1): W is [gate; up] stacked ([2n, in]) and y [rows, n] = act(gate) * up. A block
+// computes 8 outputs: its m16 tile's rows g are the gates of outputs j0 + g, its rows g + 8 their
+// ups, each product rounded to T and then the gated activation kernel's formula: bit for bit the
+// plain GEMV followed by that kernel.
+template <Activation A>
+__device__ __forceinline__ float activateAs(float v) {
+  return cuda::activate<A>(v);
+}
+
+__device__ __forceinline__ float activateBy(Activation a, float v) {
+  switch (a) {
+    case Activation::kGelu: return activateAs<Activation::kGelu>(v);
+    case Activation::kGeluTanh: return activateAs<Activation::kGeluTanh>(v);
+    case Activation::kRelu: return activateAs<Activation::kRelu>(v);
+    default: return activateAs<Activation::kSilu>(v);
+  }
+}
+
+template <typename T, QuantCode C, bool kW8A8, bool kScaleAfter, int kWarps, int kTiles,
+          bool kGated = false>
 __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
                                                : kWarps == kMmaWarps ? 3
                                                                      : 2)
     quantMmaGemvKernel(const uint8_t* __restrict__ x, const uint8_t* __restrict__ packed,
                        const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
                        const float* __restrict__ xScale, T* __restrict__ y, int rows, int in,
-                       int out, int groupSize) {
+                       int out, int groupSize, Activation act) {
+  static_assert(!kGated || kTiles == 1);
   constexpr int kVec = kCodesPerVec<C>;  // codes of a lane's 16-byte vector
   constexpr int kStep = 4 * kVec;        // inputs of one step (the four lanes of a row)
   constexpr bool kTable = C == QuantCode::kNf4 || C == QuantCode::kFp4;
@@ -477,18 +498,19 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
       lut[i] = floatsToPair<T>(table[i & 15], table[i >> 4]);
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int o0 = blockIdx.x * kMmaOuts;
+  const int o0 = blockIdx.x * (kGated ? kMmaOuts / 2 : kMmaOuts);
+  const int nOut = kGated ? out / 2 : out;  // outputs
   const int steps = (in + kStep - 1) / kStep, groups = in / groupSize;
   const int64_t rowBytes = static_cast<int64_t>(in) * quantBits(C) / 8;
-  // Rows of the lane's weight vectors (t = 0, 1: output o0 + 8t + g), clamped inside the matrix
-  // (the sums of outputs past `out` are computed and dropped).
+  // Rows of the lane's weight vectors (t = 0, 1: output o0 + 8t + g; gated: gate and up of output
+  // o0 + g), clamped inside the matrix (the sums of outputs past the end are computed and dropped).
   int64_t wRow[2];
   bool rowOk[2];
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
-    const int o = o0 + 8 * t + g;
-    rowOk[t] = o < out;
-    wRow[t] = static_cast<int64_t>(min(o, out - 1));
+    const int o = kGated ? o0 + g : o0 + 8 * t + g;
+    rowOk[t] = o < nOut;
+    wRow[t] = static_cast<int64_t>(min(o, nOut - 1)) + (kGated && t == 1 ? nOut : 0);
   }
   auto load = [&](int s, MmaStage& st) {
     const int k0 = s * kStep + c * kVec;
@@ -589,14 +611,36 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
 #pragma unroll
     for (int e = 0; e < 4; ++e) partial[warp][g + 8 * (e / 2)][8 * n + 2 * c + e % 2] = acc[n][e];
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kMmaOuts * 8 * kTiles; idx += kWarps * 32) {
-    const int oi = idx / (8 * kTiles), r = idx % (8 * kTiles), o = o0 + oi;
-    if (r >= rows || o >= out) continue;
-    float sum = 0.0f;
+  using Cv = cuda::Convert<T>;
+  if constexpr (kGated) {
+    for (int idx = threadIdx.x; idx < kMmaOuts / 2 * 8; idx += kWarps * 32) {
+      const int oi = idx / 8, r = idx % 8, o = o0 + oi;
+      if (r >= rows || o >= nOut) continue;
+      float gate = 0.0f, up = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += partial[w][oi][r];
-    if constexpr (kW8A8) sum *= *xScale * scales[o];
-    y[static_cast<int64_t>(r) * out + o] = cuda::Convert<T>::fromFloat(sum);
+      for (int w = 0; w < kWarps; ++w) {
+        gate += partial[w][oi][r];
+        up += partial[w][oi + 8][r];
+      }
+      if constexpr (kW8A8) {
+        gate *= *xScale * scales[o];
+        up *= *xScale * scales[nOut + o];
+      }
+      gate = Cv::toFloat(Cv::fromFloat(gate));
+      up = Cv::toFloat(Cv::fromFloat(up));
+      y[static_cast<int64_t>(r) * nOut + o] =
+          Cv::fromFloat(cuda::roundTo<T>(activateBy(act, gate)) * up);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kMmaOuts * 8 * kTiles; idx += kWarps * 32) {
+      const int oi = idx / (8 * kTiles), r = idx % (8 * kTiles), o = o0 + oi;
+      if (r >= rows || o >= out) continue;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += partial[w][oi][r];
+      if constexpr (kW8A8) sum *= *xScale * scales[o];
+      y[static_cast<int64_t>(r) * out + o] = Cv::fromFloat(sum);
+    }
   }
 }
 
@@ -1315,18 +1359,22 @@ Status gemvByCode(const QuantGemmParams& p, const XT* x, cudaStream_t stream) {
   return invalidArgumentError("quant gemm: unknown code");
 }
 
-template <typename T, int kWarps, int kTiles>
+// gated: [gate; up] stacked, act(gate) * up (kTiles 1 only).
+template <typename T, int kWarps, int kTiles, bool kGated = false>
 Status mmaGemvWith(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
-                   cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.out + kMmaOuts - 1) / kMmaOuts));
+                   cudaStream_t stream, Activation act = Activation::kSilu) {
+  const int64_t outputs = kGated ? p.out / 2 : p.out;
+  constexpr int kPerBlock = kGated ? kMmaOuts / 2 : kMmaOuts;
+  const dim3 grid(static_cast<unsigned>((outputs + kPerBlock - 1) / kPerBlock));
   const auto* packed = static_cast<const uint8_t*>(p.w.packed);
   auto* y = static_cast<T*>(p.y);
   const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
             out = static_cast<int>(p.out), gs = static_cast<int>(p.w.groupSize);
 #define TG_MMA(C, W8A8, AFTER)                                                                   \
-  return cuda::launch("quant mma gemv", quantMmaGemvKernel<T, C, W8A8, AFTER, kWarps, kTiles>,   \
-                      grid, kWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, \
-                      rows, in, out, gs)
+  return cuda::launch(kGated ? "quant mma gemv (gated)" : "quant mma gemv",                      \
+                      quantMmaGemvKernel<T, C, W8A8, AFTER, kWarps, kTiles, kGated>, grid,       \
+                      kWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, rows, \
+                      in, out, gs, act)
   if constexpr (kTiles == 1)
     if (w8a8) TG_MMA(QuantCode::kFp8E4M3, true, false);
   // Integer codes whose groups hold whole steps (4 vectors) scale the fp32 sums.
@@ -1416,9 +1464,10 @@ Status tileByShape(const QuantGemmParams& p, const T* x, cudaStream_t stream) {
   return tileByCode<T, 2, kTiles>(p, x, stream);
 }
 
+// gated: y = act(gate) * up of [gate; up] stacked (up to 8 rows; quantGemmGatedTakes).
 template <typename T>
 Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, bool w8a8,
-               cudaStream_t stream) {
+               cudaStream_t stream, const Activation* gated = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     return internalError("quant gemm: the tensor-core GEMV takes 16-bit dtypes");
   } else {
@@ -1426,6 +1475,11 @@ Status mmaGemv(const QuantGemmParams& p, const uint8_t* x, const float* xScale, 
     // it a third idle, so their blocks take 12 warps (2 to a multiprocessor).
     const int64_t tiles = (p.out + kMmaOuts - 1) / kMmaOuts;
     const bool few = tiles <= 2 * static_cast<int64_t>(deviceSms());
+    if (gated) {
+      if (p.rows > 8) return internalError("quant gemm (gated): more than 8 rows");
+      return few ? mmaGemvWith<T, kMmaWarpsFew, 1, true>(p, x, xScale, w8a8, stream, *gated)
+                 : mmaGemvWith<T, kMmaWarps, 1, true>(p, x, xScale, w8a8, stream, *gated);
+    }
     if (w8a8 || p.rows <= 8)
       return few ? mmaGemvWith<T, kMmaWarpsFew, 1>(p, x, xScale, w8a8, stream)
                  : mmaGemvWith<T, kMmaWarps, 1>(p, x, xScale, w8a8, stream);
@@ -1470,16 +1524,19 @@ Status dequantize(const QuantGemmParams& p, T* dense, cudaStream_t stream) {
                       packed, p.w.scales, p.w.zeros, p.w.perm, dense, in, out, gs);
 }
 
+// gated (quantGemmGatedTakes): the tensor-core GEMV with the gated activation in its epilogue.
 template <typename T>
-Status run(const QuantGemmParams& p, char* ws, const QuantGemmCallbacks& gemm,
-           cudaStream_t stream) {
+Status run(const QuantGemmParams& p, char* ws, const QuantGemmCallbacks& gemm, cudaStream_t stream,
+           const Activation* gated = nullptr) {
   const Layout l = layoutOf(p);
   char* xqBytes = ws + l.scalars + l.flags;
   const MmaPath mma = mmaPathOf(p);
+  if (gated && (mma == MmaPath::kNo || p.rows > 8))
+    return internalError("quant gemm (gated): not a tensor-core GEMV's shape");
   if (mma == MmaPath::kW8A8) {
     auto* xq = reinterpret_cast<uint8_t*>(xqBytes);
     TG_RETURN_IF_ERROR((activations<T, uint8_t>(p, ws, l, xq, stream)));
-    return mmaGemv<T>(p, xq, reinterpret_cast<const float*>(ws) + 4, true, stream);
+    return mmaGemv<T>(p, xq, reinterpret_cast<const float*>(ws) + 4, true, stream, gated);
   }
   if (mma == MmaPath::k16Bit) {
     const auto* x = static_cast<const uint8_t*>(p.x);
@@ -1490,7 +1547,7 @@ Status run(const QuantGemmParams& p, char* ws, const QuantGemmCallbacks& gemm,
                                       static_cast<const T*>(p.x), p.w.perm, p.rows, p.in, xg));
       x = reinterpret_cast<const uint8_t*>(xg);
     }
-    return mmaGemv<T>(p, x, nullptr, false, stream);
+    return mmaGemv<T>(p, x, nullptr, false, stream, gated);
   }
   if (gemvTakes(p)) {
     if (p.w.act == ActQuant::kNone) return gemvByCode<T, T>(p, static_cast<const T*>(p.x), stream);
@@ -1529,6 +1586,24 @@ Status invokeQuantGemmWith(const QuantGemmParams& p, void* workspace, size_t wor
     return internalError("quant gemm: the workspace is too small");
   auto* ws = static_cast<char*>(workspace);
   TG_DISPATCH_DTYPE(p.dtype, run, p, ws, gemm, stream);
+}
+
+bool quantGemmGatedTakes(const QuantGemmParams& p) {
+  return p.rows >= 1 && p.rows <= 8 && p.out % 2 == 0 && mmaPathOf(p) != MmaPath::kNo;
+}
+
+Status invokeQuantGemmGatedWith(const QuantGemmParams& p, Activation a, void* workspace,
+                                size_t workspaceBytes, const QuantGemmCallbacks& gemm,
+                                Stream stream) {
+  TG_RETURN_IF_ERROR(validateQuantGemm(p));
+  if (!quantGemmGatedTakes(p))
+    return invalidArgumentError(
+        "quant gemm (gated): 1 to 8 rows, an even number of outputs, a tensor-core GEMV's layout");
+  if (workspaceBytes < quantGemmWorkspaceBytes(p))
+    return internalError("quant gemm: the workspace is too small");
+  auto* ws = static_cast<char*>(workspace);
+  const Activation* gated = &a;
+  TG_DISPATCH_DTYPE(p.dtype, run, p, ws, gemm, stream, gated);
 }
 
 }  // namespace textgen::kernels

@@ -16,5 +16,8 @@ struct QuantGemmCallbacks {
 
 Status invokeQuantGemmWith(const QuantGemmParams& p, void* workspace, size_t workspaceBytes,
                            const QuantGemmCallbacks& gemm, Stream stream);
+Status invokeQuantGemmGatedWith(const QuantGemmParams& p, Activation a, void* workspace,
+                                size_t workspaceBytes, const QuantGemmCallbacks& gemm,
+                                Stream stream);
 
 }  // namespace textgen::kernels

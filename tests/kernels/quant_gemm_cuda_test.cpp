@@ -19,6 +19,7 @@
 #include "kernels/device_buffer.h"
 #include "support/tolerance.h"
 #include "textgen/kernels/fp8.h"
+#include "textgen/kernels/gated_activation.h"
 #include "textgen/kernels/gemm_runner.h"
 #include "textgen/kernels/quant_gemm.h"
 
@@ -69,7 +70,10 @@ std::string describe(const Case& c) {
          (c.fp8PerOutputScales ? " per-output" : "");
 }
 
-void runCase(const Case& c, std::mt19937& rng, GemmRunner& runner) {
+// gated: W is also taken as [gate; up] stacked (c.out = 2n), and invokeQuantGemmGated must give
+// the bits of invokeQuantGemm followed by invokeGatedActivation (where quantGemmGatedTakes it).
+void runCase(const Case& c, std::mt19937& rng, GemmRunner& runner,
+             const Activation* gated = nullptr) {
   SCOPED_TRACE(describe(c));
   const int bits = quantBits(c.code);
   const int64_t groups = c.in / c.groupSize;
@@ -178,6 +182,30 @@ void runCase(const Case& c, std::mt19937& rng, GemmRunner& runner) {
     tol.rtol *= 2;
   }
   EXPECT_TRUE(testing::allClose(decode(got, c.dtype), decode(want, c.dtype), tol, c.out));
+  if (!gated) return;
+  ASSERT_TRUE(quantGemmGatedTakes(p));
+  const int64_t n = c.out / 2;
+  const size_t actBytes = static_cast<size_t>(c.rows * n) * dtypeSize(c.dtype);
+  DeviceBuffer dAct(actBytes), dFused(actBytes);
+  ASSERT_TRUE(invokeGatedActivation({.gateUp = dy.get(),
+                                     .out = dAct.get(),
+                                     .rows = c.rows,
+                                     .n = n,
+                                     .dtype = c.dtype,
+                                     .activation = *gated},
+                                    nullptr)
+                  .ok());
+  QuantGemmParams pg = p;
+  pg.y = dFused.get();
+  const Status sg = invokeQuantGemmGated(pg, *gated, ws.get(), ws.bytes(), runner, nullptr);
+  ASSERT_TRUE(sg.ok()) << sg;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> wantAct(actBytes), gotAct(actBytes);
+  ASSERT_EQ(cudaMemcpy(wantAct.data(), dAct.get(), actBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(gotAct.data(), dFused.get(), actBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t differ = 0;
+  for (size_t i = 0; i < actBytes; ++i) differ += wantAct[i] != gotAct[i];
+  EXPECT_EQ(differ, 0) << "bytes of the fused gated GEMV that differ from GEMV + activation";
 }
 
 TEST_F(QuantGemmCudaTest, WeightOnlyCodesMatchTheReference) {
@@ -231,6 +259,34 @@ TEST_F(QuantGemmCudaTest, GroupsTheGemvDoesNotTakeFallBackToTheGemm) {
       runCase({QuantCode::kUint4, ActQuant::kNone, dt, rows, 688, 64, 16}, rng_, *runner_);
       runCase({QuantCode::kNf4, ActQuant::kNone, dt, rows, 40, 24, 40}, rng_, *runner_);
     }
+}
+
+TEST_F(QuantGemmCudaTest, GatedGemvEqualsTheGemvThenTheActivation) {
+  // Every code on the tensor-core GEMV (blocks of 12 warps, and of 8 at 8464 outputs), rows 1 to
+  // 8, outputs not a multiple of 16, each activation; fp8 W8A8 (one tensor scale, and per output);
+  // an act-order permutation.
+  const Activation acts[] = {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh,
+                             Activation::kRelu};
+  int i = 0;
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (QuantCode code : {QuantCode::kUint4, QuantCode::kUint8, QuantCode::kNf4, QuantCode::kFp4,
+                           QuantCode::kFp8E4M3}) {
+      for (int64_t rows : {1, 3, 8}) {
+        const Activation* a = &acts[i++ % 4];
+        runCase({code, ActQuant::kNone, dt, rows, 512, 96, 128}, rng_, *runner_, a);
+        runCase({code, ActQuant::kNone, dt, rows, 4160, 36, 64}, rng_, *runner_, a);
+      }
+      runCase({code, ActQuant::kNone, dt, 2, 512, 8464, 128}, rng_, *runner_, &acts[0]);
+    }
+    for (int64_t rows : {1, 5, 8}) {
+      runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, rows, 512, 96, 512}, rng_, *runner_,
+              &acts[0]);
+      runCase({QuantCode::kFp8E4M3, ActQuant::kFp8, dt, rows, 512, 24, 512, false, false, true},
+              rng_, *runner_, &acts[1]);
+      runCase({QuantCode::kUint4, ActQuant::kNone, dt, rows, 512, 72, 128, true}, rng_, *runner_,
+              &acts[0]);
+    }
+  }
 }
 
 TEST_F(QuantGemmCudaTest, LlmInt8DecompositionMatchesTheReference) {

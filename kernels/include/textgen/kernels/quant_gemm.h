@@ -28,6 +28,7 @@
 #include <string_view>
 
 #include "textgen/base/status.h"
+#include "textgen/kernels/activation.h"
 #include "textgen/kernels/dtype.h"
 #include "textgen/kernels/stream.h"
 
@@ -110,5 +111,13 @@ class GemmRunner;
 size_t quantGemmWorkspaceBytes(const QuantGemmParams& p);
 Status invokeQuantGemm(const QuantGemmParams& p, void* workspace, size_t workspaceBytes,
                        GemmRunner& gemm, Stream stream);
+// A gated projection ([gate; up] stacked: p.out = 2n) with its activation in the GEMV's epilogue:
+// y [rows, n] = act(gate) * up, each product rounded to the dtype first, bit for bit
+// invokeQuantGemm followed by invokeGatedActivation. Decode-sized batches on the tensor-core GEMV
+// only (up to 8 rows); quantGemmGatedTakes says whether p is one. Same workspace as
+// invokeQuantGemm.
+bool quantGemmGatedTakes(const QuantGemmParams& p);
+Status invokeQuantGemmGated(const QuantGemmParams& p, Activation a, void* workspace,
+                            size_t workspaceBytes, GemmRunner& gemm, Stream stream);
 
 }  // namespace textgen::kernels
