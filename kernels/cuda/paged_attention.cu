@@ -89,7 +89,8 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
 // (below; it costs registers, so only the split kernel of few rows has it).
 // kPipe (16-byte loads, no kEarly): each iteration requests the next one's keys and values
 // before computing on its own, so a warp's loads stay in flight through its arithmetic (the same
-// sums in the same order: the bits do not change).
+// sums in the same order as without kPipe at the same kKeys; a kernel of another kKeys gives
+// groups other keys, so its low bits differ).
 template <typename T, KvCacheDType kCache, int kEpl, int kHeads, Bias kBias, int kLanes = 32,
           int kKeys = 4, bool kEarly = false, bool kPipe = false>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -458,19 +459,21 @@ auto splitKernelHeads(int heads) {
 using SplitKernel = void (*)(PagedAttentionParams, int, int, int, int, bool);
 
 // Unsplit heads of 128 (decode batches of 24 sequences and up on an H100): two groups of 16 lanes
-// a warp with 16-byte loads and two keys each in flight, rather than 32 lanes with 8 bytes and four
-// keys: half the loads, reductions and slot look-ups per key. H100, Llama-2-7B shape, 128-token
-// prompts and 256 steps, ms a step: 24 sequences 7.62 -> 7.10, 48: 9.38 -> 8.46, 128: 14.39 ->
-// 13.13, 256: 23.24 -> 20.61. It takes 68 registers against 64 (7 blocks a multiprocessor, not
-// 8), so 32 sequences of 32 heads, one wave of the 32-lane kernel on 132 SMs and 1.1 of this one,
-// lose (7.77 -> 8.03 ms). Choosing by waves would make the kernel, and so the bits, differ between
-// an eager call and a graph padded to another sequence count: the choice depends on the split
-// alone. TEXTGEN_ATTN_LANES16=0 keeps 32 lanes (for comparison).
+// a warp with 16-byte loads (until the change below, two keys each in flight), rather than 32
+// lanes with 8 bytes and four keys: half the loads, reductions and slot look-ups per key. H100,
+// Llama-2-7B shape, 128-token prompts and 256 steps, ms a step: 24 sequences 7.62 -> 7.10, 48:
+// 9.38 -> 8.46, 128: 14.39 -> 13.13, 256: 23.24 -> 20.61. It took 68 registers against 64 (7
+// blocks a multiprocessor, not 8), so 32 sequences of 32 heads, one wave of the 32-lane kernel on
+// 132 SMs and 1.1 of this one, lost (7.77 -> 8.03 ms). Choosing by waves would make the kernel,
+// and so the bits, differ between an eager call and a graph padded to another sequence count: the
+// choice depends on the split alone. TEXTGEN_ATTN_LANES16=0 keeps 32 lanes (for comparison).
+//
 // Now each 16-lane group takes one key an iteration and requests the next iteration's key and
 // value before computing on its own (kPipe): 64 registers, 8 blocks a multiprocessor again, and
 // loads in flight through the arithmetic. H100, 512-token prompts, 64 steps, ms a step: 32
-// sequences 10.28 -> 8.93, 64: 13.44 -> 12.29, 48: 11.12 -> 11.28, 16 (split) unchanged. Two
-// keys a group pipelined took 88 registers (5 blocks): 32 sequences 10.0, 48 12.1, 64 14.3.
+// sequences 10.28 -> 8.93, 64: 13.44 -> 12.29, 48: 11.12 -> 11.28, 16 (split) unchanged. Two keys
+// a group pipelined took 88 registers (5 blocks): 32 sequences 10.0, 48 12.1, 64 14.3.
+//
 // Fewest keys a split takes: kMinPartition, or TEXTGEN_ATTN_PARTITION (16, 32, 64 or 128) for
 // comparison.
 int minPartition() {

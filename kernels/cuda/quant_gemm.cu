@@ -1596,6 +1596,7 @@ Status invokeQuantGemmGatedWith(const QuantGemmParams& p, Activation a, void* wo
                                 size_t workspaceBytes, const QuantGemmCallbacks& gemm,
                                 Stream stream) {
   TG_RETURN_IF_ERROR(validateQuantGemm(p));
+  if (p.rows == 0) return okStatus();
   if (!quantGemmGatedTakes(p))
     return invalidArgumentError(
         "quant gemm (gated): 1 to 8 rows, an even number of outputs, a tensor-core GEMV's layout");
