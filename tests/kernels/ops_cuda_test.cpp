@@ -1207,6 +1207,10 @@ TEST_F(OpsCudaTest, PagedAttentionAlibiDecodeSplitK) {
     runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1, true}, rng_);   // a large decode batch
     runAttention({dt, 2, 21, 1, 64, 16, 0, 500, 1, true},
                  rng_);  // tiles of 8, 8, 5: each its slopes
+    // Unsplit heads of 128 (32 x 32 blocks: the kernel that requests the next key ahead), BLOOM's
+    // slopes and Falcon's.
+    runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1, true}, rng_);
+    runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1, true, 11.3137085f}, rng_);
   }
 }
 
