@@ -1,10 +1,8 @@
 // Single-thread encode throughput of textgen's tokenizer on a file of documents (one JSON string
 // per line), per fixture family; with --hf RESULTS.json (from
 // tools/reference/tokenizer_bench_hf.py, same documents, same machine) it prints Hugging Face's
-// numbers beside ours. The heap is set up as textgen-router's (tuneMallocForServing) unless
-// --default-malloc. Prints a table and one JSON line. Usage:
+// numbers beside ours. Prints a table and one JSON line. Usage:
 //   bench_tokenizer --fixtures DIR --docs DOCS.jsonl [--hf HF.json] [--families a,b,...]
-//                   [--default-malloc]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "textgen/base/malloc_tuning.h"
 #include "textgen/tokenizer/tokenizer.h"
 
 namespace {
@@ -34,8 +31,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 int usage() {
   std::fprintf(
       stderr,
-      "usage: bench_tokenizer --fixtures DIR --docs DOCS.jsonl [--hf HF.json] [--families a,b]\n"
-      "                       [--default-malloc]\n");
+      "usage: bench_tokenizer --fixtures DIR --docs DOCS.jsonl [--hf HF.json] [--families a,b]\n");
   return 2;
 }
 
@@ -43,7 +39,6 @@ int usage() {
 
 int main(int argc, char** argv) {
   std::string fixtures, docsPath, hfPath;
-  bool servingMalloc = true;
   std::vector<std::string> families{"gpt2",      "llama2",    "mistral",
                                     "llama3",    "t5",        "unigram-byte-fallback",
                                     "wordlevel", "bpe-suffix"};
@@ -57,14 +52,11 @@ int main(int argc, char** argv) {
       hfPath = argv[++i];
     } else if (!std::strcmp(argv[i], "--families") && more) {
       families = split(argv[++i], ',');
-    } else if (!std::strcmp(argv[i], "--default-malloc")) {
-      servingMalloc = false;
     } else {
       return usage();
     }
   }
   if (fixtures.empty() || docsPath.empty()) return usage();
-  if (servingMalloc) textgen::tuneMallocForServing();
   std::vector<std::string> docs;
   {
     std::ifstream in(docsPath);
@@ -87,8 +79,7 @@ int main(int argc, char** argv) {
     hf = json::parse(in);
   }
 
-  std::printf("encode, single thread, %zu documents, %.2f MB, %s heap\n", docs.size(), bytes / 1e6,
-              servingMalloc ? "the router's" : "glibc's default");
+  std::printf("encode, single thread, %zu documents, %.2f MB\n", docs.size(), bytes / 1e6);
   std::printf("%-22s %10s %12s %10s %12s %8s\n", "family", "MB/s", "Mtokens/s", "HF MB/s",
               "HF Mtok/s", "vs HF");
   json results = json::array();
@@ -128,11 +119,8 @@ int main(int argc, char** argv) {
     }
     results.push_back(row);
   }
-  json line{{"bench", "tokenizer_encode"},
-            {"bytes", bytes},
-            {"docs", docs.size()},
-            {"malloc", servingMalloc ? "serving" : "default"},
-            {"results", results}};
+  json line{
+      {"bench", "tokenizer_encode"}, {"bytes", bytes}, {"docs", docs.size()}, {"results", results}};
   if (hf.contains("tokenizers")) line["hf_tokenizers"] = hf["tokenizers"];
   std::printf("%s\n", line.dump().c_str());
   return 0;

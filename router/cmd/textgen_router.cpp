@@ -17,7 +17,6 @@
 #include "../src/app/docs_page.h"
 #include "../src/chat/chat_template.h"
 #include "textgen/base/log.h"
-#include "textgen/base/malloc_tuning.h"
 #include "textgen/base/version.h"
 #include "textgen/router/router_app.h"
 #include "textgen/tracing/tracing.h"
@@ -508,6 +507,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  textgen::tuneMallocForServing();
   return run(argc, argv);
 }

@@ -1,8 +1,8 @@
 // Models: BPE, Unigram, WordLevel.
-#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <queue>
 #include <shared_mutex>
 
 #include "components.h"
@@ -73,20 +73,14 @@ class BpeModel final : public Model {
         return okStatus();
       }
     }
-    // The symbols in this thread's scratch: a long piece (a whole prompt, for tokenizers with no
-    // pre-tokenizer) would otherwise take fresh pages of memory on every call.
-    thread_local std::vector<Symbol> word;
-    word.clear();
-    const Status merged = mergeWord(piece, word);
-    if (merged.ok()) {
-      if (cacheable) {
-        std::unique_lock lock(cacheMutex_);
-        if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(piece), word);
-      }
-      emit(word, out);
+    std::vector<Symbol> word;
+    TG_RETURN_IF_ERROR(mergeWord(piece, word));
+    if (cacheable) {
+      std::unique_lock lock(cacheMutex_);
+      if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(piece), word);
     }
-    releaseIfLarge(word);
-    return merged;
+    emit(word, out);
+    return okStatus();
   }
 
   std::optional<uint32_t> tokenToId(std::string_view token) const override {
@@ -97,12 +91,6 @@ class BpeModel final : public Model {
 
  private:
   static constexpr size_t kMaxCachedLength = 256;
-  // Scratch kept between calls up to 1 MiB a thread; a larger one (a prompt of a few hundred
-  // thousand bytes) is freed after its call.
-  template <typename V>
-  static void releaseIfLarge(std::vector<V>& v) {
-    if (v.capacity() * sizeof(V) > (size_t{1} << 20)) v = {};
-  }
   static constexpr size_t kCacheCapacity = 10000;
 
   struct Symbol {
@@ -113,7 +101,6 @@ class BpeModel final : public Model {
   };
 
   void emit(const std::vector<Symbol>& word, std::vector<Token>& out) const {
-    out.reserve(out.size() + word.size());
     uint32_t offset = 0;
     for (const Symbol& s : word) {
       const std::string* value = reverse_.get(s.id);
@@ -190,22 +177,14 @@ class BpeModel final : public Model {
         return rank != o.rank ? rank > o.rank : pos > o.pos;
       }
     };
-    // A min-heap in this thread's scratch (as the symbols: no fresh memory a call).
-    thread_local std::vector<Candidate> queue;
-    queue.clear();
-    auto push = [&](Candidate c) {
-      queue.push_back(c);
-      std::push_heap(queue.begin(), queue.end(), std::greater<>());
-    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
     for (size_t i = 0; i + 1 < word.size(); ++i) {
       if (auto m = findMerge(word[i].id, word[i + 1].id))
-        queue.push_back({m->rank, static_cast<int>(i), m->newId});
+        queue.push({m->rank, static_cast<int>(i), m->newId});
     }
-    std::make_heap(queue.begin(), queue.end(), std::greater<>());
     while (!queue.empty()) {
-      std::pop_heap(queue.begin(), queue.end(), std::greater<>());
-      const Candidate top = queue.back();
-      queue.pop_back();
+      const Candidate top = queue.top();
+      queue.pop();
       Symbol& left = word[top.pos];
       if (left.len == 0 || left.next == -1) continue;
       const int nextPos = left.next;
@@ -219,13 +198,13 @@ class BpeModel final : public Model {
       if (right.next >= 0) word[right.next].prev = top.pos;
       if (left.prev >= 0) {
         if (auto pm = findMerge(word[left.prev].id, left.id))
-          push({pm->rank, left.prev, pm->newId});
+          queue.push({pm->rank, left.prev, pm->newId});
       }
       if (left.next >= 0) {
-        if (auto nm = findMerge(left.id, word[left.next].id)) push({nm->rank, top.pos, nm->newId});
+        if (auto nm = findMerge(left.id, word[left.next].id))
+          queue.push({nm->rank, top.pos, nm->newId});
       }
     }
-    releaseIfLarge(queue);
     std::erase_if(word, [](const Symbol& s) { return s.len == 0; });
   }
 

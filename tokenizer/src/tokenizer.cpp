@@ -258,20 +258,15 @@ StatusOr<Encoding> Tokenizer::encode(std::string_view text, bool addSpecialToken
   const Impl& t = *impl_;
   PreTokenizedString pre = t.added.extractAndNormalize(t.normalizer.get(), text);
   if (t.preTokenizer) t.preTokenizer->preTokenize(pre);
-  // Every piece's tokens first, then the encoding's arrays sized once (a long prompt would grow
-  // them a dozen times over).
-  size_t count = 0;
+  Encoding e;
+  std::vector<Token> tokens;
   for (Split& split : pre.splits) {
     if (!split.tokens) {
-      std::vector<Token> tokens;
+      tokens.clear();
       TG_RETURN_IF_ERROR(t.model->tokenize(split.normalized.get(), tokens));
       split.tokens = std::move(tokens);
+      tokens = {};
     }
-    count += split.tokens->size();
-  }
-  Encoding e;
-  e.reserve(count + (t.postProcessor ? 8 : 0));
-  for (Split& split : pre.splits) {
     const auto shift = static_cast<uint32_t>(split.normalized.originalShift());
     for (Token& tok : *split.tokens) {
       Offsets o = tok.offsets;

@@ -20,13 +20,6 @@ struct Encoding {
   // Keeps the last `maxTokens` tokens (TGI's `truncate`: the end of a prompt matters most).
   void truncateLeft(size_t maxTokens);
 
-  void reserve(size_t n) {
-    ids.reserve(n);
-    tokens.reserve(n);
-    offsets.reserve(n);
-    specialTokensMask.reserve(n);
-  }
-
   void append(uint32_t id, std::string token, std::pair<uint32_t, uint32_t> offset, bool special) {
     ids.push_back(id);
     tokens.push_back(std::move(token));
