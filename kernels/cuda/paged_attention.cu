@@ -523,9 +523,19 @@ int64_t splitBelowPercent() {
   return percent;
 }
 
-// The kernel for a head size and tile.
+// TEXTGEN_ATTN_TAIL_SPLIT=0: decode blocks a little over one wave stay unsplit (for comparison).
+bool tailSplitOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_TAIL_SPLIT");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
+// The kernel for a head size and tile. tail: keys split in two to fill a partial second wave
+// (launchSplit), which the pipelined kernel of many rows runs better than the split kernel of few.
 template <typename T, KvCacheDType kCache, Bias kBias>
-SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split) {
+SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split, bool tail) {
   // Heads of exactly 64, one a block (multi-head attention: T5, GPT-2-style models): four groups
   // of 8 lanes a warp, 8 elements a lane (kLanes above), when the cache allows their vector loads.
   if (headDim == 64 && heads == 1 && vectorLoads) return splitKernel<T, kCache, 8, 1, kBias, 8>;
@@ -534,7 +544,7 @@ SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool sp
   // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms. The first keys loaded before the wait
   // (kEarly: 5.00 -> 4.94 ms; 8 sequences 6.31 -> 6.20), which costs registers the unsplit
   // kernels below would pay in blocks a multiprocessor.
-  if (split && headDim == 128 && heads == 1 && vectorLoads)
+  if (split && !tail && headDim == 128 && heads == 1 && vectorLoads)
     return splitKernel<T, kCache, 8, 1, kBias, 16, 4, true>;
   if (headDim == 128 && heads == 1 && vectorLoads && lanes16On())
     return pipeOn() ? splitKernel<T, kCache, 8, 1, kBias, 16, 1, false, true>
@@ -569,6 +579,16 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // (7.74 -> 8.11 ms a Llama-2-7B step), and aiming at twice the target gained nothing measurable.
   int64_t splits =
       blocks * 100 >= target * splitBelowPercent() ? 1 : (target + blocks - 1) / blocks;
+  // Blocks past one wave of the target, up to one and a half (heads of 128, one a block): the
+  // second wave's few blocks, each walking a whole context alone, took about as long as the first
+  // wave (H100, Llama-2-7B shape, 512-token prompts: 32 sequences decoded in 8.9-9.0 ms a step,
+  // 36 in 10.7-10.75). Keys split in two on the same pipelined kernel make every block half as
+  // long: 36 sequences 10.17-10.21 ms, 40 10.41-10.45 (10.86-10.90), 48 10.88-10.99
+  // (11.20-11.23). Past 1.5 waves (64 sequences, 1.94) it cost more than it gained (12.29 ->
+  // 12.73), and the split kernel of few rows was slower than no split at all (36: 12.0 ms).
+  const bool tail = splits == 1 && blocks > target && 2 * blocks <= 3 * target &&
+                    p.headDim == 128 && heads == 1 && tailSplitOn();
+  if (tail) splits = 2;
   // Partials and counters are per (row, query head).
   const int64_t rowHeads = p.rows * p.numHeads;
   const int64_t perSplit = rowHeads * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
@@ -593,9 +613,10 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
   const bool split = splits > 1;
   const SplitKernel kernel =
-      p.alibiSlopes    ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec, split)
-      : p.relativeBias ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split)
-                       : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split);
+      p.alibiSlopes ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec, split, tail)
+      : p.relativeBias
+          ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split, tail)
+          : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split, tail);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, s,
                       static_cast<int>(tilesPerKv), flashMinRows, minPartition(), earlyKeysOn());
 }

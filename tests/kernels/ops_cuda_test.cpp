@@ -1142,6 +1142,12 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     // sequences, a sliding window.
     runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1}, rng_);
     runAttention({dt, 48, 32, 32, 128, 16, 100, 300, 1}, rng_);
+    // Blocks a little past one wave (up to 1.5 x 8 a multiprocessor: 33-49 sequences of 32 heads
+    // on an H100's 132) split each row's keys in two on the same kernel: 40 and 48 sequences
+    // there (the window above too), and as a decode graph runs them.
+    runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1}, rng_);
+    runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 4096},
+                 rng_);
     // Groups of 8 or more query heads per KV head, as Falcon-7B (71 over one), StarCoder (48 over
     // one) and 20 over 2: with few rows one head a block; with rows x heads past 8 blocks per SM
     // (32 x 71, 32 x 48, 64 x 20, 80 x 16, 64 x 21: any GPU up to 160 SMs) tiles of 8 heads sharing
@@ -1211,6 +1217,7 @@ TEST_F(OpsCudaTest, PagedAttentionAlibiDecodeSplitK) {
     // slopes and Falcon's.
     runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1, true}, rng_);
     runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1, true, 11.3137085f}, rng_);
+    runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1, true}, rng_);  // keys split in two (H100)
   }
 }
 
@@ -1251,7 +1258,7 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1, false, 0.0f, kv}, rng_);        // tiny heads
       runAttention({dt, 32, 71, 1, 64, 16, 0, 700, 1, false, 0.0f, kv}, rng_);    // tiles of 8
       runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1, false, 0.0f, kv}, rng_);    // head size 256
-      runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // unsplit, 128
+      runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // 2 splits, 128
       runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
       runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
     }
