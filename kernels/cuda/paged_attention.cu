@@ -466,7 +466,9 @@ using SplitKernel = void (*)(PagedAttentionParams, int, int, int, int, bool);
 // blocks a multiprocessor, not 8), so 32 sequences of 32 heads, one wave of the 32-lane kernel on
 // 132 SMs and 1.1 of this one, lost (7.77 -> 8.03 ms). Choosing by waves would make the kernel,
 // and so the bits, differ between an eager call and a graph padded to another sequence count: the
-// choice depends on the split alone. TEXTGEN_ATTN_LANES16=0 keeps 32 lanes (for comparison).
+// choice depends on the split alone. (launchSplit's split of a partial second wave in two is
+// chosen by waves; an eager call and a graph padded across the band's edge differ in it.)
+// TEXTGEN_ATTN_LANES16=0 keeps 32 lanes (for comparison).
 //
 // Now each 16-lane group takes one key an iteration and requests the next iteration's key and
 // value before computing on its own (kPipe): 64 registers, 8 blocks a multiprocessor again, and
@@ -566,7 +568,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // speculate rows) are then computed exactly as one decode row of it is, and verified tokens keep
   // plain decoding's logits bit for bit. Nor does it depend on maxContext (a graph's is the model's
   // whole context); a graph's padded sequence count can still choose other splits than an eager
-  // call of fewer sequences.
+  // call of fewer sequences (below half the target, and across the partial second wave's edges).
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   const int64_t group = p.numHeads / p.numKvHeads;
   // (Up to 8 rows a sequence; longer chunks keep sizing by rows, as splits help them little.)
@@ -586,8 +588,17 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // long: 36 sequences 10.17-10.21 ms, 40 10.41-10.45 (10.86-10.90), 48 10.88-10.99
   // (11.20-11.23). Past 1.5 waves (64 sequences, 1.94) it cost more than it gained (12.29 ->
   // 12.73), and the split kernel of few rows was slower than no split at all (36: 12.0 ms).
+  // The 8-lane groups load 8 cache elements at once: both caches aligned to that (every layer's
+  // cache is an allocation of its own; a view at another offset takes the scalar loads).
+  const auto alignedTo = [](const void* ptr, size_t bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+  };
+  const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
+  const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
+  // Only on the kernel it was measured with (the 16-lane pipelined one).
   const bool tail = splits == 1 && blocks > target && 2 * blocks <= 3 * target &&
-                    p.headDim == 128 && heads == 1 && tailSplitOn();
+                    p.headDim == 128 && heads == 1 && vec && lanes16On() && pipeOn() &&
+                    tailSplitOn();
   if (tail) splits = 2;
   // Partials and counters are per (row, query head).
   const int64_t rowHeads = p.rows * p.numHeads;
@@ -604,13 +615,6 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   if (rowBlocks > INT32_MAX) return invalidArgumentError("paged_attention: too many rows x heads");
   const dim3 grid(static_cast<unsigned>(rowBlocks), static_cast<unsigned>(splits));
   const int s = static_cast<int>(splits);
-  // The 8-lane groups load 8 cache elements at once: both caches aligned to that (every layer's
-  // cache is an allocation of its own; a view at another offset takes the scalar loads).
-  const auto alignedTo = [](const void* ptr, size_t bytes) {
-    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-  };
-  const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
-  const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
   const bool split = splits > 1;
   const SplitKernel kernel =
       p.alibiSlopes ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec, split, tail)

@@ -1139,12 +1139,13 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1}, rng_);       // tiny heads
     runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1}, rng_);  // a large decode batch
     // Unsplit heads of 128 (two groups of 16 lanes a warp, two keys each in flight): 32 and 48
-    // sequences, a sliding window.
+    // sequences (48 split in two on an H100, below), a sliding window.
     runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1}, rng_);
     runAttention({dt, 48, 32, 32, 128, 16, 100, 300, 1}, rng_);
     // Blocks a little past one wave (up to 1.5 x 8 a multiprocessor: 33-49 sequences of 32 heads
-    // on an H100's 132) split each row's keys in two on the same kernel: 40 and 48 sequences
-    // there (the window above too), and as a decode graph runs them.
+    // on an H100's 132; the band moves with the multiprocessors) split each row's keys in two on
+    // the same kernel: 40 and 48 sequences there (the window above too), and as a decode graph
+    // runs them.
     runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1}, rng_);
     runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 4096},
                  rng_);
@@ -1258,7 +1259,7 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1, false, 0.0f, kv}, rng_);        // tiny heads
       runAttention({dt, 32, 71, 1, 64, 16, 0, 700, 1, false, 0.0f, kv}, rng_);    // tiles of 8
       runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1, false, 0.0f, kv}, rng_);    // head size 256
-      runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // 2 splits, 128
+      runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // heads of 128
       runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
       runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
     }
