@@ -525,6 +525,16 @@ int64_t splitBelowPercent() {
   return percent;
 }
 
+// TEXTGEN_ATTN_FEW_PIPE=0: 2 to 16 sequences (heads of 128) split on the split kernel of few rows,
+// into about the target's blocks, as one sequence is (for comparison).
+bool fewPipeOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_FEW_PIPE");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 // TEXTGEN_ATTN_TAIL_SPLIT=0: decode blocks a little over one wave stay unsplit (for comparison).
 bool tailSplitOn() {
   static const bool on = [] {
@@ -534,10 +544,12 @@ bool tailSplitOn() {
   return on;
 }
 
-// The kernel for a head size and tile. tail: keys split in two to fill a partial second wave
-// (launchSplit), which the pipelined kernel of many rows runs better than the split kernel of few.
+// The kernel for a head size and tile. pipelined: split keys go to the pipelined kernel of many
+// rows rather than the split kernel of few (launchSplit: two or more sequences, or a partial
+// second wave split in two).
 template <typename T, KvCacheDType kCache, Bias kBias>
-SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split, bool tail) {
+SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool split,
+                           bool pipelined) {
   // Heads of exactly 64, one a block (multi-head attention: T5, GPT-2-style models): four groups
   // of 8 lanes a warp, 8 elements a lane (kLanes above), when the cache allows their vector loads.
   if (headDim == 64 && heads == 1 && vectorLoads) return splitKernel<T, kCache, 8, 1, kBias, 8>;
@@ -546,7 +558,7 @@ SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool sp
   // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms. The first keys loaded before the wait
   // (kEarly: 5.00 -> 4.94 ms; 8 sequences 6.31 -> 6.20), which costs registers the unsplit
   // kernels below would pay in blocks a multiprocessor.
-  if (split && !tail && headDim == 128 && heads == 1 && vectorLoads)
+  if (split && !pipelined && headDim == 128 && heads == 1 && vectorLoads)
     return splitKernel<T, kCache, 8, 1, kBias, 16, 4, true>;
   if (headDim == 128 && heads == 1 && vectorLoads && lanes16On())
     return pipeOn() ? splitKernel<T, kCache, 8, 1, kBias, 16, 1, false, true>
@@ -596,10 +608,21 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
   // Only on the kernel it was measured with (the 16-lane pipelined one).
-  const bool tail = splits == 1 && blocks > target && 2 * blocks <= 3 * target &&
-                    p.headDim == 128 && heads == 1 && vec && lanes16On() && pipeOn() &&
-                    tailSplitOn();
+  const bool pipeKernel = p.headDim == 128 && heads == 1 && vec && lanes16On() && pipeOn();
+  const bool tail =
+      splits == 1 && blocks > target && 2 * blocks <= 3 * target && pipeKernel && tailSplitOn();
   if (tail) splits = 2;
+  // Two or more sequences under half the target (2 to 16 of 32 heads on an H100): the pipelined
+  // kernel too, its keys split into about twice the target's blocks. The split kernel of few rows
+  // keeps one sequence (batch-1 decode, and speculation's verification of one sequence), whose
+  // first keys it loads before the wait. H100, Llama-2-7B shape, 512-token prompts, 64 steps, ms
+  // a step, few-rows kernel -> pipelined: 2 sequences 6.06 -> 5.97-5.99, 4: 6.42 -> 6.27, 8:
+  // 7.12-7.14 -> 6.73-6.78, 12: 7.77-7.80 -> 7.16, 16: 8.48-8.51 -> 7.54-7.55 (into the target's
+  // blocks rather than twice: 12 took 7.37-7.41, 16 7.67-7.72). Splitting 17-32 sequences
+  // (unsplit blocks in [0.5, 1) of the target) the same way lost 2-4% (24: 8.48-8.52 -> 8.75).
+  // TEXTGEN_ATTN_FEW_PIPE=0 keeps the split kernel of few rows (for comparison).
+  const bool fewPipe = splits > 1 && seqs >= 2 && pipeKernel && fewPipeOn();
+  if (fewPipe) splits = (2 * target + blocks - 1) / blocks;
   // Partials and counters are per (row, query head).
   const int64_t rowHeads = p.rows * p.numHeads;
   const int64_t perSplit = rowHeads * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
@@ -616,11 +639,13 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const dim3 grid(static_cast<unsigned>(rowBlocks), static_cast<unsigned>(splits));
   const int s = static_cast<int>(splits);
   const bool split = splits > 1;
+  const bool pipelined = tail || fewPipe;
   const SplitKernel kernel =
-      p.alibiSlopes ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec, split, tail)
+      p.alibiSlopes
+          ? splitKernelFor<T, kCache, Bias::kAlibi>(p.headDim, heads, vec, split, pipelined)
       : p.relativeBias
-          ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split, tail)
-          : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split, tail);
+          ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split, pipelined)
+          : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split, pipelined);
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, s,
                       static_cast<int>(tilesPerKv), flashMinRows, minPartition(), earlyKeysOn());
 }

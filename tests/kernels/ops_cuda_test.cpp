@@ -1149,6 +1149,14 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1}, rng_);
     runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 4096},
                  rng_);
+    // Two to 16 sequences of heads of 128 (under half the target's blocks) split on the same
+    // pipelined kernel into about twice the target's blocks; one sequence keeps the split kernel
+    // of few rows (above).
+    runAttention({dt, 2, 32, 32, 128, 16, 0, 3000, 1}, rng_);
+    runAttention({dt, 16, 32, 32, 128, 16, 0, 600, 1}, rng_);
+    runAttention({dt, 12, 32, 32, 128, 16, 100, 600, 1}, rng_);  // sliding window
+    runAttention({dt, 16, 32, 32, 128, 16, 0, 600, 1, false, 0.0f, KvCacheDType::kAuto, 4096},
+                 rng_);
     // Groups of 8 or more query heads per KV head, as Falcon-7B (71 over one), StarCoder (48 over
     // one) and 20 over 2: with few rows one head a block; with rows x heads past 8 blocks per SM
     // (32 x 71, 32 x 48, 64 x 20, 80 x 16, 64 x 21: any GPU up to 160 SMs) tiles of 8 heads sharing
@@ -1219,6 +1227,7 @@ TEST_F(OpsCudaTest, PagedAttentionAlibiDecodeSplitK) {
     runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1, true}, rng_);
     runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1, true, 11.3137085f}, rng_);
     runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1, true}, rng_);  // keys split in two (H100)
+    runAttention({dt, 8, 32, 32, 128, 16, 0, 900, 1, true}, rng_);   // 2-16 sequences, split
   }
 }
 
@@ -1260,6 +1269,7 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       runAttention({dt, 32, 71, 1, 64, 16, 0, 700, 1, false, 0.0f, kv}, rng_);    // tiles of 8
       runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1, false, 0.0f, kv}, rng_);    // head size 256
       runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // heads of 128
+      runAttention({dt, 8, 32, 32, 128, 16, 0, 900, 1, false, 0.0f, kv}, rng_);   // 2-16 seqs
       runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
       runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
     }
