@@ -473,8 +473,9 @@ using SplitKernel = void (*)(PagedAttentionParams, int, int, int, int, bool);
 // Now each 16-lane group takes one key an iteration and requests the next iteration's key and
 // value before computing on its own (kPipe): 64 registers, 8 blocks a multiprocessor again, and
 // loads in flight through the arithmetic. H100, 512-token prompts, 64 steps, ms a step: 32
-// sequences 10.28 -> 8.93, 64: 13.44 -> 12.29, 48: 11.12 -> 11.28, 16 (split) unchanged. Two keys
-// a group pipelined took 88 registers (5 blocks): 32 sequences 10.0, 48 12.1, 64 14.3.
+// sequences 10.28 -> 8.93, 64: 13.44 -> 12.29, 48: 11.12 -> 11.28, 16 (then split on the kernel of
+// few rows) unchanged. Two keys a group pipelined took 88 registers (5 blocks): 32 sequences 10.0,
+// 48 12.1, 64 14.3.
 //
 // Fewest keys a split takes: kMinPartition, or TEXTGEN_ATTN_PARTITION (16, 32, 64 or 128) for
 // comparison.
@@ -556,8 +557,9 @@ SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool sp
   // Heads of 128 whose keys are split (few rows: bound by the latency of each block's serial key
   // loads, not bandwidth): two groups of 16 lanes, 16-byte loads, half the iterations. H100,
   // Llama-2-7B shape, batch-1 decode 5.51 -> 5.37 ms. The first keys loaded before the wait
-  // (kEarly: 5.00 -> 4.94 ms; 8 sequences 6.31 -> 6.20), which costs registers the unsplit
-  // kernels below would pay in blocks a multiprocessor.
+  // (kEarly: 5.00 -> 4.94 ms; 8 sequences 6.31 -> 6.20, before they moved to the pipelined
+  // kernel: launchSplit), which costs registers the unsplit kernels below would pay in blocks a
+  // multiprocessor.
   if (split && !pipelined && headDim == 128 && heads == 1 && vectorLoads)
     return splitKernel<T, kCache, 8, 1, kBias, 16, 4, true>;
   if (headDim == 128 && heads == 1 && vectorLoads && lanes16On())
@@ -584,13 +586,15 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const int64_t target = 8 * static_cast<int64_t>(multiprocessorCount());
   const int64_t group = p.numHeads / p.numKvHeads;
   // (Up to 8 rows a sequence; longer chunks keep sizing by rows, as splits help them little.)
-  const int64_t seqs = p.numSeqs > 0 && p.maxNewRows <= 8 ? std::min(p.numSeqs, p.rows) : p.rows;
+  const bool bySeqs = p.numSeqs > 0 && p.maxNewRows <= 8;
+  const int64_t seqs = bySeqs ? std::min(p.numSeqs, p.rows) : p.rows;
   const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target);
   const int64_t tilesPerKv = (group + heads - 1) / heads;
   const int64_t blocks = seqs * p.numKvHeads * tilesPerKv;
   // Split only under half the target, into about the target's blocks: at 32 sequences of 256
   // keys (1024 blocks on an H100) splitting them in three cost more in merges than it gained
-  // (7.74 -> 8.11 ms a Llama-2-7B step), and aiming at twice the target gained nothing measurable.
+  // (7.74 -> 8.11 ms a Llama-2-7B step), and aiming at twice the target gained nothing measurable
+  // on the split kernel of few rows (two or more sequences now aim at twice it on another, below).
   int64_t splits =
       blocks * 100 >= target * splitBelowPercent() ? 1 : (target + blocks - 1) / blocks;
   // Blocks past one wave of the target, up to one and a half (heads of 128, one a block): the
@@ -612,16 +616,19 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const bool tail =
       splits == 1 && blocks > target && 2 * blocks <= 3 * target && pipeKernel && tailSplitOn();
   if (tail) splits = 2;
-  // Two or more sequences under half the target (2 to 16 of 32 heads on an H100): the pipelined
-  // kernel too, its keys split into about twice the target's blocks. The split kernel of few rows
-  // keeps one sequence (batch-1 decode, and speculation's verification of one sequence), whose
-  // first keys it loads before the wait. H100, Llama-2-7B shape, 512-token prompts, 64 steps, ms
-  // a step, few-rows kernel -> pipelined: 2 sequences 6.06 -> 5.97-5.99, 4: 6.42 -> 6.27, 8:
-  // 7.12-7.14 -> 6.73-6.78, 12: 7.77-7.80 -> 7.16, 16: 8.48-8.51 -> 7.54-7.55 (into the target's
-  // blocks rather than twice: 12 took 7.37-7.41, 16 7.67-7.72). Splitting 17-32 sequences
-  // (unsplit blocks in [0.5, 1) of the target) the same way lost 2-4% (24: 8.48-8.52 -> 8.75).
-  // TEXTGEN_ATTN_FEW_PIPE=0 keeps the split kernel of few rows (for comparison).
-  const bool fewPipe = splits > 1 && seqs >= 2 && pipeKernel && fewPipeOn();
+  // Two or more sequences under half the target (2 to 16 of 32 heads on an H100, 2 to 32 of
+  // TP=2's 16; measured at the former only): the pipelined kernel too, its keys split into about
+  // twice the target's blocks. The split kernel of few rows keeps one sequence (batch-1 decode, and
+  // speculation's verification of one sequence), whose first keys it loads before the wait. H100,
+  // Llama-2-7B shape, 512-token prompts, 64 steps, ms a step, few-rows kernel -> pipelined: 2
+  // sequences 6.06 -> 5.97-5.99, 4: 6.42 -> 6.27, 8: 7.12-7.14 -> 6.73-6.78, 12: 7.77-7.80 -> 7.16,
+  // 16: 8.48-8.51 -> 7.54-7.55 (into the target's blocks rather than twice: 12 took 7.37-7.41,
+  // 16 7.67-7.72). Splitting 17-32 sequences (unsplit blocks in [0.5, 1) of the target) the same
+  // way lost up to 4% from 24 on (24: 8.48-8.52 -> 8.75), though 20 gained 3% at two waves.
+  // Sequences counted as sequences only (up to 8 rows each): one sequence of 9-15 rows (a short
+  // prompt chunk) keeps the kernel of few rows. TEXTGEN_ATTN_FEW_PIPE=0 keeps the split kernel of
+  // few rows (for comparison).
+  const bool fewPipe = splits > 1 && bySeqs && seqs >= 2 && pipeKernel && fewPipeOn();
   if (fewPipe) splits = (2 * target + blocks - 1) / blocks;
   // Partials and counters are per (row, query head).
   const int64_t rowHeads = p.rows * p.numHeads;

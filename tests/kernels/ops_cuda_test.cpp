@@ -1185,6 +1185,88 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
   }
 }
 
+// Speculative decoding's verification: a sequence's k rows in one call (positions start .. start +
+// k - 1) must give, bit for bit, what k decode calls of one row each give at those positions, so
+// that verified tokens keep plain decoding's logits. The kernel and its splits are chosen from the
+// sequence count, not the rows: one sequence (the split kernel of few rows), several under half a
+// wave of blocks (the pipelined kernel, split), and a wave's worth (unsplit).
+TEST_F(OpsCudaTest, PagedAttentionVerificationRowsEqualDecodeRowsBitForBit) {
+  constexpr int64_t kHeads = 32, kHeadDim = 128, kBlock = 16, kRows = 4;
+  constexpr int64_t kStride = 3 * kHeads * kHeadDim;  // q inside a fused qkv row
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (int64_t seqs : {1, 4, 16, 40}) {
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " seqs=" + std::to_string(seqs));
+      const size_t es = dtypeSize(dt);
+      std::vector<int32_t> start(seqs);
+      int64_t maxBlocks = 0;
+      for (auto& st : start) {
+        st = static_cast<int32_t>(200 + rng_() % 600);
+        maxBlocks = std::max<int64_t>(maxBlocks, (st + kRows + kBlock - 1) / kBlock);
+      }
+      std::vector<int32_t> tables(seqs * maxBlocks);
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), rng_);
+      const int64_t slots = seqs * maxBlocks * kBlock, width = kHeads * kHeadDim;
+      auto dk = toDevice(encode(randomValues(slots * width, rng_), dt));
+      auto dv = toDevice(encode(randomValues(slots * width, rng_), dt));
+      const auto q = encode(randomValues(seqs * kRows * kStride, rng_), dt);
+      auto dTables = toDevice(tables);
+      DeviceBuffer workspace(16u << 20);
+      TG_ASSERT_CUDA(cudaMemset(workspace.get(), 0, workspace.bytes()));
+      // rowsPerSeq rows of each sequence from position start + first; q rows copied from the
+      // verification rows they stand for.
+      auto call = [&](int64_t rowsPerSeq, int64_t first) {
+        std::vector<int32_t> seqStarts{0}, startPos;
+        std::vector<uint8_t> qs;
+        int64_t maxContext = 0;
+        for (int64_t sq = 0; sq < seqs; ++sq) {
+          startPos.push_back(static_cast<int32_t>(start[sq] + first));
+          seqStarts.push_back(static_cast<int32_t>((sq + 1) * rowsPerSeq));
+          maxContext = std::max<int64_t>(maxContext, start[sq] + first + rowsPerSeq);
+          const auto* row = q.data() + (sq * kRows + first) * kStride * es;
+          qs.insert(qs.end(), row, row + rowsPerSeq * kStride * es);
+        }
+        auto dq = toDevice(qs), dStarts = toDevice(seqStarts), dPos = toDevice(startPos);
+        DeviceBuffer out(seqs * rowsPerSeq * width * es);
+        PagedAttentionParams p{.q = dq->get(),
+                               .qRowStride = kStride,
+                               .kCache = dk->get(),
+                               .vCache = dv->get(),
+                               .out = out.get(),
+                               .seqStarts = dStarts->as<int32_t>(),
+                               .startPos = dPos->as<int32_t>(),
+                               .blockTables = dTables->as<int32_t>(),
+                               .rows = seqs * rowsPerSeq,
+                               .numSeqs = seqs,
+                               .maxBlocksPerSeq = maxBlocks,
+                               .numHeads = kHeads,
+                               .numKvHeads = kHeads,
+                               .headDim = kHeadDim,
+                               .blockSize = kBlock,
+                               .scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim)),
+                               .maxNewRows = rowsPerSeq,
+                               .maxContext = maxContext,
+                               .minNewRows = rowsPerSeq,
+                               .dtype = dt,
+                               .workspace = workspace.get(),
+                               .workspaceBytes = workspace.bytes()};
+        EXPECT_TRUE(invokePagedAttention(p, nullptr).ok());
+        return fromDevice(out, out.bytes());
+      };
+      const std::vector<uint8_t> verified = call(kRows, 0);
+      const size_t rowBytes = width * es;
+      for (int64_t r = 0; r < kRows; ++r) {
+        const std::vector<uint8_t> decoded = call(1, r);
+        for (int64_t sq = 0; sq < seqs; ++sq) {
+          EXPECT_EQ(0, std::memcmp(verified.data() + (sq * kRows + r) * rowBytes,
+                                   decoded.data() + sq * rowBytes, rowBytes))
+              << "sequence " << sq << ", row " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(OpsCudaTest, PagedAttentionPrefillAndChunks) {
   for (DType dt : kDtypes) {
     runAttention({dt, 1, 8, 8, 128, 16, 0, 0, 300}, rng_);      // one prompt, no prefix
