@@ -298,6 +298,25 @@ def metric_sums(host, port):
     return out
 
 
+def settled_sums(host, port, wait_s=2.0):
+    """metric_sums once the last step is counted everywhere. The router counts a step's forward pass
+    before its tokens go out, but the delivery thread counts the delivery after its sinks ran and
+    the batching thread its own work after handing the tokens over: the client that got the last
+    token may scrape before either. Wait (up to wait_s) until the decode deliveries and the decode
+    work reach the decode passes. Every decode step delivers tokens (in one delivery, or more when a
+    client left mid-step); a prefill chunk short of a prompt's end delivers none, so prefill counts
+    need not meet."""
+    deadline = time.perf_counter() + wait_s
+    while True:
+        out = metric_sums(host, port)
+        passes = out.get(("forward", "decode", "count"), 0)
+        if ((out.get(("delivery", "decode", "count"), 0) >= passes
+             and out.get(("router_work", "decode", "count"), 0) >= passes)
+                or time.perf_counter() >= deadline):
+            return out
+        time.sleep(0.02)
+
+
 async def run(a, host, port, prompts, plan, rng):
     gaps = ([0.0] * len(plan) if a.arrival == "burst" else [rng.expovariate(a.rate) for _ in plan])
     sem = asyncio.Semaphore(a.max_concurrency) if a.max_concurrency else None
@@ -556,7 +575,7 @@ def main(argv):
         prep = time.perf_counter() - t
         before = metric_sums(host, port)
         results, duration = asyncio.run(run(a, host, port, prompts, plan, rng))
-        after = metric_sums(host, port)
+        after = settled_sums(host, port)
     finally:
         if launcher:
             launcher.stop()
