@@ -16,7 +16,7 @@ nvidia-smi topo -m 2>&1 | head -12 > "$OUT/topo.txt"
 gpus=$(nvidia-smi -L | wc -l)
 tps=1,2,4; [ "$gpus" -ge 8 ] && tps=1,2,4,8
 rc=0
-timeout 480 .gpu/bin/runtime_tp_cuda_test --gtest_filter="Nccl*:TensorParallelBiases*:TensorParallelQkv*:TensorParallelT5*:${FIXTURES:-*llama_gqa*}" 2>&1 |
+timeout 480 .gpu/bin/runtime_tp_cuda_test --gtest_filter="Nccl*:TensorParallelBiases*:TensorParallelEightHeads*:TensorParallelQkv*:TensorParallelT5*:${FIXTURES:-*llama_gqa*}" 2>&1 |
   tee "$OUT/tp_test.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED|Failure|diverges" | tail -30 || rc=1
 grep -q "^\[  FAILED" "$OUT/tp_test.log" && rc=1
 python3 tools/bench/make_random_model.py /tmp/llama-2-7b --shape llama-2-7b 2>&1 | tail -1

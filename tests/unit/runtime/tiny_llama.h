@@ -27,8 +27,11 @@ struct TinyLlama {
   uint32_t seed = 1;
   std::map<std::string, std::vector<int64_t>> shapes = {};  // a tensor's shape replaced (bad input)
   int64_t kvHeads = kKvHeads;
+  // Query heads; head_dim stays kHeadDim (written to config.json when heads differs from kHeads,
+  // so q/o are heads * kHeadDim wide, not kHidden).
+  int64_t heads = kHeads;
   // How q/k/v (and their biases) are stored: 0 separate (Llama's names), else one
-  // self_attn.qkv_proj tensor: 1 [q; k; v], 2 [q; k; v] per head (needs kvHeads == kHeads), 3 per
+  // self_attn.qkv_proj tensor: 1 [q; k; v], 2 [q; k; v] per head (needs kvHeads == heads), 3 per
   // key/value head its query heads then k and v. The values are the separate layout's, moved.
   int qkvLayout = 0;
 
@@ -54,6 +57,10 @@ struct TinyLlama {
                              {"tie_word_embeddings", false},
                              {"torch_dtype", "float32"},
                              {"eos_token_id", 2}};
+    if (heads != kHeads) {
+      config["num_attention_heads"] = heads;
+      config["head_dim"] = kHeadDim;
+    }
     std::ofstream(dir + "/config.json") << config.dump(2);
 
     std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
@@ -61,7 +68,7 @@ struct TinyLlama {
         {"model.norm.weight", {kHidden}},
         {"lm_head.weight", {kVocab, kHidden}}};
     std::vector<std::pair<std::string, std::vector<int64_t>>> biases;
-    const int64_t qOut = kHeads * kHeadDim, kvOut = kvHeads * kHeadDim;
+    const int64_t qOut = heads * kHeadDim, kvOut = kvHeads * kHeadDim;
     for (int64_t l = 0; l < kLayers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::pair<std::string, std::vector<int64_t>> attn[] = {
@@ -124,13 +131,13 @@ struct TinyLlama {
             rows(k.second, 0, kvOut);
             rows(v.second, 0, kvOut);
           } else if (qkvLayout == 2) {
-            for (int64_t h = 0; h < kHeads; ++h) {
+            for (int64_t h = 0; h < heads; ++h) {
               rows(q.second, h * kHeadDim, kHeadDim);
               rows(k.second, h * kHeadDim, kHeadDim);
               rows(v.second, h * kHeadDim, kHeadDim);
             }
           } else {
-            const int64_t group = kHeads / kvHeads;
+            const int64_t group = heads / kvHeads;
             for (int64_t g = 0; g < kvHeads; ++g) {
               rows(q.second, g * group * kHeadDim, group * kHeadDim);
               rows(k.second, g * kHeadDim, kHeadDim);
