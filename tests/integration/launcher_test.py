@@ -3,7 +3,7 @@
 clean exit with no orphan process; a crashed shard -> non-zero exit naming it; refused flags;
 --num-shard / --sharded: bad values, and the ranks' start-up, environment and failures with stand-in
 shard and router programs; --shards-only (a Kubernetes pod's ranks): bad flags, two launchers of two
-ranks forming one group of four, a rank's death, SIGTERM, CPU ranks; --num-shard 2 against --num-shard 1 on the CPU (greedy tokens equal).
+ranks forming one group of four, a rank's death, SIGTERM, CPU ranks; --num-shard 2 and 8 against --num-shard 1 on the CPU (greedy tokens equal).
 Usage: launcher_test.py LAUNCHER"""
 import http.client
 import json
@@ -554,37 +554,42 @@ def generate_all(port, prompts):
     return out
 
 
-def test_num_shard_2_matches_num_shard_1():
-    """Greedy generation with two CPU ranks is the single rank's, token for token."""
+def test_num_shard_2_and_8_match_num_shard_1():
+    """Greedy generation with two CPU ranks, and with eight (the demo's 8 query heads one a rank, its
+    4 key/value heads each on two ranks: issue 22's TP=8 through the launcher), is the single
+    rank's, token for token."""
     prompts = ["To open a file", "The quick brown fox", "def main():\n    ", "Once upon a time, there was"]
     cpu = {"CUDA_VISIBLE_DEVICES": ""}
     runs = {}
-    for n in (1, 2):
+    for n in (1, 2, 8):
         la = Launcher(f"tp{n}", ["--num-shard", str(n), "--kv-cache-memory", "64000000"], env=cpu, ready_timeout=240)
         if la.port is None:
             la.wait()
             err = la.stderr()
             if n == 2 and NOT_IMPLEMENTED.search(err):
-                results["skipped"].append("test_num_shard_2_matches_num_shard_1: the shard refuses WORLD_SIZE 2 ("
+                results["skipped"].append("test_num_shard_2_and_8_match_num_shard_1: the shard refuses WORLD_SIZE 2 ("
                                           + NOT_IMPLEMENTED.search(err).group(0) + ")")
                 return
             check(False, f"--num-shard {n}: launcher ready: {err[-2000:]}")
             return
-        if n == 2:
+        if n > 1:
             kids = [k for k in la.kids() if "textgen-shard" in open(f"/proc/{k}/cmdline").read()]
-            check(len(kids) == 2, f"--num-shard 2: two shard processes: {kids}")
+            check(len(kids) == n, f"--num-shard {n}: {n} shard processes: {kids}")
         runs[n] = generate_all(la.port, prompts)
         check(la.stop() == 0, f"--num-shard {n}: clean exit")
-    for prompt, (s1, b1), (s2, b2) in zip(prompts, runs[1], runs[2]):
-        if not check(s1 == 200 and s2 == 200, f"{prompt!r}: both answer: {s1} {b1} / {s2} {b2}"):
-            continue
-        d1, d2 = b1["details"], b2["details"]
-        check([t["id"] for t in d1["prefill"]] == [t["id"] for t in d2["prefill"]], f"{prompt!r}: same prefill tokens")
-        t1, t2 = [t["id"] for t in d1["tokens"]], [t["id"] for t in d2["tokens"]]
-        check(t1 == t2, f"{prompt!r}: same greedy tokens: {t1} vs {t2}")
-        check(b1["generated_text"] == b2["generated_text"], f"{prompt!r}: same text")
-        lp = [abs(a["logprob"] - b["logprob"]) for a, b in zip(d1["tokens"], d2["tokens"])]
-        print(f"{prompt!r}: {len(t1)} tokens equal={t1 == t2}, largest logprob difference {max(lp, default=0):.2e}")
+    for n in (2, 8):
+        for prompt, (s1, b1), (s2, b2) in zip(prompts, runs[1], runs[n]):
+            if not check(s1 == 200 and s2 == 200, f"{prompt!r} at {n} ranks: both answer: {s1} {b1} / {s2} {b2}"):
+                continue
+            d1, d2 = b1["details"], b2["details"]
+            check([t["id"] for t in d1["prefill"]] == [t["id"] for t in d2["prefill"]],
+                  f"{prompt!r} at {n} ranks: same prefill tokens")
+            t1, t2 = [t["id"] for t in d1["tokens"]], [t["id"] for t in d2["tokens"]]
+            check(t1 == t2, f"{prompt!r} at {n} ranks: same greedy tokens: {t1} vs {t2}")
+            check(b1["generated_text"] == b2["generated_text"], f"{prompt!r} at {n} ranks: same text")
+            lp = [abs(a["logprob"] - b["logprob"]) for a, b in zip(d1["tokens"], d2["tokens"])]
+            print(f"{prompt!r} at {n} ranks: {len(t1)} tokens equal={t1 == t2}, "
+                  f"largest logprob difference {max(lp, default=0):.2e}")
 
 
 def main():
@@ -602,7 +607,7 @@ def main():
     test_fake_signal_while_starting(fake_launcher)
     test_fake_shards_only_two_pods(fake_launcher)
     test_fake_shards_only_cpu(fake_launcher)
-    test_num_shard_2_matches_num_shard_1()
+    test_num_shard_2_and_8_match_num_shard_1()
     for s in results["skipped"]:
         print("SKIPPED:", s)
     print(f"{results['passed']} passed, {results['failed']} failed, {len(results['skipped'])} skipped")
