@@ -298,27 +298,21 @@ def metric_sums(host, port):
     return out
 
 
-def settled_sums(host, port, wait_s=2.0, still_s=0.2):
+def settled_sums(host, port, wait_s=2.0):
     """metric_sums once the last step is counted everywhere. The router counts a step's forward pass
     before its tokens go out, but the delivery thread counts the delivery after its sinks ran and
     the batching thread its own work after handing the tokens over: the client that got the last
-    token may scrape before either. Wait until the decode deliveries and the decode work reach the
-    decode passes. Every decode step that steps a request delivers tokens (in one delivery, or more
-    when a client left mid-step); a step sent ahead that found every request ended (a stop the
-    router could not foresee) counts a pass with neither, so the wait also ends once the counts
-    have not moved for still_s, and at wait_s in any case. Prefill counts need not meet (a prompt
-    chunk short of its prompt's end delivers nothing)."""
-    keys = [(k, "decode", "count") for k in ("forward", "delivery", "router_work")]
-    start = time.perf_counter()
-    last, since = None, start
+    token may scrape before either. Every decode pass the router absorbs is followed by one count
+    of its work and at least one delivery (more when a client left mid-step), so wait until those
+    reach the passes (at most wait_s). Prefill counts need not meet (a prompt chunk short of its
+    prompt's end delivers nothing)."""
+    deadline = time.perf_counter() + wait_s
     while True:
         out = metric_sums(host, port)
-        now = time.perf_counter()
-        counts = [out.get(k, 0) for k in keys]
-        if counts != last:
-            last, since = counts, now
-        if ((counts[1] >= counts[0] and counts[2] >= counts[0]) or now - since >= still_s
-                or now - start >= wait_s):
+        passes = out.get(("forward", "decode", "count"), 0)
+        if ((out.get(("delivery", "decode", "count"), 0) >= passes
+             and out.get(("router_work", "decode", "count"), 0) >= passes)
+                or time.perf_counter() >= deadline):
             return out
         time.sleep(0.02)
 

@@ -382,16 +382,19 @@ TEST(Nccl, AllReduceEagerAndInGraphsGivesTheSumOnEveryRank) {
       SCOPED_TRACE(std::string(protocol) + " world " + std::to_string(world));
       ProtocolScope scope(protocol);
       onRanks(world, [&](int rank, Backend& backend, Communicator& comm) {
+        SCOPED_TRACE("world " + std::to_string(world) + " rank " +
+                     std::to_string(rank));  // per thread
         for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
           const int64_t es = static_cast<int64_t>(kernels::dtypeSize(dt));
           for (int64_t count : {int64_t{8}, int64_t{4096}, int64_t{64 * 5120}, int64_t{3},
                                 int64_t{(1 << 20) / 2 + 8}, int64_t{(8 << 20) / 2 + 8}}) {
             SCOPED_TRACE(std::string(kernels::dtypeName(dt)) + " count " + std::to_string(count));
             auto buf = *backend.allocate(count * es);
-            // Sums stay exact in bfloat16 (8 significant bits) at every world: fewer values for
-            // more.
+            // Every partial sum stays exact in bfloat16 (8 significant bits, at most 64 quarters
+            // here) at every world: fewer values for more ranks.
             auto value = [&](int r, int64_t i, int call) {
-              return static_cast<float>((i * 7 + r * 3 + call) % (128 / world)) * 0.25f - 4.0f;
+              const int64_t m = 128 / world;  // values in [-m/2, m/2) quarters, both signs
+              return static_cast<float>((i * 7 + r * 3 + call) % m - m / 2) * 0.25f;
             };
             auto fill = [&](int call) {
               std::vector<unsigned char> host(count * es);
@@ -452,16 +455,20 @@ TEST(Nccl, LamportAllReduceTakesNegativeZeroAndChangingSizes) {
     if (!haveRanks(world)) continue;
     SCOPED_TRACE("world " + std::to_string(world));
     onRanks(world, [&](int rank, Backend& backend, Communicator& comm) {
+      SCOPED_TRACE("world " + std::to_string(world) + " rank " +
+                   std::to_string(rank));  // per thread
       for (DType dt : {DType::kBF16, DType::kF16}) {
         SCOPED_TRACE(kernels::dtypeName(dt));
         const int64_t maxCount = 64 * 8192;  // a whole slot (1 MiB and its header)
         auto buf = *backend.allocate(maxCount * 2);
-        // Element i of rank r's data in call c: -0.0 on every rank at some elements, -0.0 on one
-        // rank beside a value on the other at others, small multiples of 1/8 elsewhere.
+        // Element i of rank r's data in call c: -0.0 on every rank at some elements, -0.0 on rank
+        // 0 beside values on the others at others, small multiples of 1/8 elsewhere (every
+        // partial sum at most 40 eighths: exact in bfloat16 at every world).
         auto value = [&](int r, int64_t i, int c) -> float {
           if ((i + c) % 5 == 0) return -0.0f;
           if ((i + c) % 7 == 0 && r == 0) return -0.0f;
-          return static_cast<float>((i * 3 + r * 11 + c) % (80 / world)) * 0.125f - 2.0f;
+          const int64_t m = 80 / world;  // values in [-m/2, m/2) eighths, both signs
+          return static_cast<float>((i * 3 + r * 11 + c) % m - m / 2) * 0.125f;
         };
         auto fill = [&](int64_t count, int c) {
           std::vector<uint16_t> host(count);
@@ -536,6 +543,8 @@ TEST(Nccl, AllReduceRmsNormEqualsTheAllReduceThenTheNorm) {
       SCOPED_TRACE(std::string(protocol) + " world " + std::to_string(world));
       ProtocolScope scope(protocol);
       onRanks(world, [&](int rank, Backend& backend, Communicator& comm) {
+        SCOPED_TRACE("world " + std::to_string(world) + " rank " +
+                     std::to_string(rank));  // per thread
         for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
           const int64_t es = static_cast<int64_t>(kernels::dtypeSize(dt));
           for (auto [rows, hidden] : {std::pair<int64_t, int64_t>{1, 4096},
