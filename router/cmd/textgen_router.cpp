@@ -17,6 +17,7 @@
 #include "../src/app/docs_page.h"
 #include "../src/chat/chat_template.h"
 #include "textgen/base/log.h"
+#include "textgen/base/sampling_rules.h"
 #include "textgen/base/version.h"
 #include "textgen/router/router_app.h"
 #include "textgen/tracing/tracing.h"
@@ -128,6 +129,10 @@ StatusOr<Flags> parse(int argc, char** argv) {
       TG_RETURN_IF_ERROR(u32(f.maxStopSequences));
     } else if (a == "--max-top-n-tokens") {
       TG_RETURN_IF_ERROR(u32(f.maxTopNTokens));
+      if (f.maxTopNTokens > kMaxTopNTokens) {
+        return invalidArgumentError("--max-top-n-tokens must be at most " +
+                                    std::to_string(kMaxTopNTokens));
+      }
     } else if (a == "--max-input-tokens" || a == "--max-input-length") {
       TG_RETURN_IF_ERROR(opt(f.maxInputTokens));
     } else if (a == "--max-total-tokens") {

@@ -165,6 +165,8 @@ def refused(args, words, env=None, code=2):
 
 def test_refused_flags():
     refused(["--trust-remote-code"], "never runs code")
+    # Each alternative costs the sampler work and memory on every row: the router bounds the flag.
+    refused(["--max-top-n-tokens", "5000"], "--max-top-n-tokens must be at most 1024", code=1)
     # A value TGI does not have, and ExLlamaV2's (not read); a pre-quantized format is checked by the
     # shard against the checkpoint's quantization_config (the demo model has none).
     refused(["--quantize", "int3"], "--quantize int3: expected one of gptq, awq, compressed-tensors, marlin, bitsandbytes")

@@ -358,6 +358,11 @@ Status Engine::validate(const RequestSpec& r) const {
     }
   }
   TG_RETURN_IF_ERROR(validateSamplingParams(r.sampling));
+  if (static_cast<int64_t>(r.sampling.topNTokens) > model_.config().vocabSize) {
+    return invalidArgumentError(who + "top_n_tokens " + std::to_string(r.sampling.topNTokens) +
+                                " exceeds the vocabulary (" +
+                                std::to_string(model_.config().vocabSize) + ")");
+  }
   return okStatus();
 }
 
@@ -916,12 +921,24 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
     return invalidArgumentError("batch " + std::to_string(*cachedBatchId) + " not found");
   if (!extensions.empty() && !cachedBatchId)
     return invalidArgumentError("block extensions without a cached batch");
-  // One bad request fails alone: it is answered with its reason and left out of the batch.
-  std::vector<GenerationResult> refused;
+  // A request id twice in the call, or one a live request has, fails the whole call (nothing
+  // changes): answered alone, the refusal would carry the live request's id, and the router would
+  // take it for that request's and free its blocks while the shard still writes them.
   std::set<uint64_t> ids;
   for (const auto& [id, b] : batches_) {
     for (const auto& r : b->requests) ids.insert(r->spec.id);
   }
+  {
+    std::set<uint64_t> mine;
+    for (const RequestSpec& r : requests) {
+      if (ids.contains(r.id) || !mine.insert(r.id).second) {
+        return invalidArgumentError("request " + std::to_string(r.id) +
+                                    ": id already in use (by a live request or twice in the call)");
+      }
+    }
+  }
+  // One bad request fails alone: it is answered with its reason and left out of the batch.
+  std::vector<GenerationResult> refused;
   std::vector<std::unique_ptr<Request>> accepted;
   // An encoder-decoder request writes every block of its table (the encoder's scratch and cross
   // keys and values in its first blocks): none may be another live request's (no prefix is ever
@@ -929,8 +946,6 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
   std::set<uint32_t> held = model_.config().isEncoderDecoder ? liveBlocks() : std::set<uint32_t>();
   for (RequestSpec& r : requests) {
     Status s = validate(r);
-    if (s.ok() && !ids.insert(r.id).second)
-      s = invalidArgumentError("request " + std::to_string(r.id) + ": id already in use");
     if (s.ok() && model_.config().isEncoderDecoder) s = claimBlocks(r.id, r.blocks, held);
     if (!s.ok()) {
       refused.push_back(GenerationResult::refusal(r.id, s.message()));
@@ -1013,6 +1028,12 @@ StatusOr<BatchInfo> Engine::filter(uint64_t batchId, const std::vector<uint64_t>
   auto it = batches_.find(batchId);
   if (it == batches_.end())
     return invalidArgumentError("batch " + std::to_string(batchId) + " not found");
+  // As TGI's servers: a batch keeps at least one request (an emptied batch is cleared instead,
+  // ClearCache), so no empty batch stays registered for a later Decode or Prefill to fail on.
+  if (keep.empty()) {
+    return invalidArgumentError("filter of batch " + std::to_string(batchId) +
+                                " keeps no request: clear the batch instead (ClearCache)");
+  }
   for (uint64_t id : keep) {
     bool found = false;
     for (const auto& r : it->second->requests) found |= r->spec.id == id;

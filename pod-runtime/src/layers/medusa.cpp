@@ -49,6 +49,7 @@ Status MedusaHeads::reserve(Backend& backend, const ModelConfig& c, const Partit
   MedusaWorkspace& ws = *ws_;
   moved = rows > ws.rows;
   if (!moved) return okStatus();
+  ws.rows = 0;  // until every buffer is there (ensureBuffer frees before it allocates)
   const size_t es = kernels::dtypeSize(dtype);
   const auto n = static_cast<size_t>(heads() * rows);
   TG_RETURN_IF_ERROR(ensureBuffer(backend, ws.hidden, rows * c.hiddenSize * es));

@@ -16,7 +16,11 @@ Status Workspace::reserve(Backend& backend, const ModelConfig& c, const Partitio
     return ensureBuffer(backend, b, static_cast<size_t>(r * width) * es);
   };
   moved = wantRows > rows || wantLogitRows > logitRows;
+  // ensureBuffer frees a buffer before allocating its larger one: when an allocation fails (a
+  // step larger than the memory left), the sizes drop to 0 so that the next step allocates every
+  // buffer it finds missing, rather than use one that is gone.
   if (wantRows > rows) {
+    rows = 0;
     TG_RETURN_IF_ERROR(alloc(residual, wantRows, c.hiddenSize));
     TG_RETURN_IF_ERROR(alloc(hidden, wantRows, c.hiddenSize));
     TG_RETURN_IF_ERROR(alloc(branch, wantRows, c.hiddenSize));
@@ -27,6 +31,7 @@ Status Workspace::reserve(Backend& backend, const ModelConfig& c, const Partitio
     rows = wantRows;
   }
   if (wantLogitRows > logitRows) {
+    logitRows = 0;
     TG_RETURN_IF_ERROR(alloc(pickedHidden, wantLogitRows, c.hiddenSize));
     TG_RETURN_IF_ERROR(alloc(pickedResidual, wantLogitRows, c.hiddenSize));
     TG_RETURN_IF_ERROR(alloc(logits, wantLogitRows, c.vocabSize));

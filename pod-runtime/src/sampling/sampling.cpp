@@ -21,6 +21,10 @@ Status validateSamplingParams(const SamplingParams& p) {
                                           .topP = off(p.topP),
                                           .typicalP = off(p.typicalP),
                                           .topK = p.topK}));
+  if (p.topNTokens > kMaxTopNTokens) {
+    return invalidArgumentError("top_n_tokens must be at most " + std::to_string(kMaxTopNTokens) +
+                                ", not " + std::to_string(p.topNTokens));
+  }
   if (!(p.presencePenalty >= -2.0f && p.presencePenalty <= 2.0f))
     return invalidArgumentError("presence_penalty must be >= -2.0 and <= 2.0");
   for (const auto& [id, bias] : p.logitBias) {

@@ -175,9 +175,15 @@ TEST_F(EngineTest, StopSequenceAndFilterErrors) {
   ASSERT_TRUE(engine_->prefill(3, {spec(3, 1, 4, 200)}, std::nullopt).ok());
   EXPECT_EQ(engine_->filter(3, {99}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(engine_->filter(42, {3}).status().code(), StatusCode::kInvalidArgument);
-  auto kept = engine_->filter(3, {});
-  ASSERT_TRUE(kept.ok());
-  EXPECT_TRUE(kept->requestIds.empty());
+  // Keeping no request is refused (as TGI's servers refuse it; the router clears an emptied batch
+  // instead), and the batch is left as it was.
+  auto none = engine_->filter(3, {});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("keeps no request"), std::string::npos) << none.status();
+  auto kept = engine_->filter(3, {3});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->requestIds, std::vector<uint64_t>{3});
+  ASSERT_TRUE(engine_->decode({3}).ok());
 }
 
 TEST_F(EngineTest, AnInvalidRequestFailsAloneAndTheRestOfItsBatchRuns) {
@@ -195,7 +201,9 @@ TEST_F(EngineTest, AnInvalidRequestFailsAloneAndTheRestOfItsBatchRuns) {
   RequestSpec tooFewBlocks = spec(4, 1, 6, 300);
   tooFewBlocks.blocks.resize(1);
   batch.push_back(tooFewBlocks);
-  batch.push_back(spec(1, 1, 6, 400));  // an id already in this batch
+  RequestSpec manyTop = spec(5, 1, 6, 500);  // more alternatives than the vocabulary has
+  manyTop.sampling.topNTokens = static_cast<uint32_t>(model_->config().vocabSize) + 1;
+  batch.push_back(manyTop);
   auto s = engine_->prefill(1, std::move(batch), std::nullopt);
   ASSERT_TRUE(s.ok()) << s.status();
   std::map<uint64_t, std::string> errors;
@@ -211,7 +219,7 @@ TEST_F(EngineTest, AnInvalidRequestFailsAloneAndTheRestOfItsBatchRuns) {
   EXPECT_NE(errors[2].find("temperature"), std::string::npos) << errors[2];
   EXPECT_NE(errors[3].find("repetition_penalty"), std::string::npos) << errors[3];
   EXPECT_NE(errors[4].find("blocks"), std::string::npos) << errors[4];
-  EXPECT_NE(errors[1].find("already in use"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[5].find("top_n_tokens"), std::string::npos) << errors[5];
   ASSERT_TRUE(s->batch.has_value());
   EXPECT_EQ(s->batch->requestIds, std::vector<uint64_t>{1});
   while (s->batch) {
@@ -228,6 +236,30 @@ TEST_F(EngineTest, AnInvalidRequestFailsAloneAndTheRestOfItsBatchRuns) {
   ASSERT_EQ(only->generations.size(), 1u);
   EXPECT_TRUE(only->generations[0].error.has_value());
   EXPECT_FALSE(only->batch.has_value());
+}
+
+TEST_F(EngineTest, AnIdInUseFailsTheWholePrefillAndChangesNothing) {
+  // Refused alone, a duplicate's refusal would carry a live request's id (the router would free
+  // that request's blocks): the whole call is refused instead, and nothing changes.
+  auto first = engine_->prefill(1, {spec(1, 0, 6)}, std::nullopt);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<uint32_t> tokens = {first->generations.at(0).tokens.ids.at(0)};
+  auto live = engine_->prefill(2, {spec(1, 1, 6, 100)}, std::nullopt);
+  EXPECT_EQ(live.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(live.status().message().find("id already in use"), std::string::npos) << live.status();
+  auto twice = engine_->prefill(3, {spec(7, 1, 6, 200), spec(7, 2, 6, 300)}, std::nullopt);
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  // Neither batch exists, and request 1 decodes on as alone.
+  EXPECT_EQ(engine_->decode({2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->decode({3}).status().code(), StatusCode::kInvalidArgument);
+  StatusOr<StepResult> s = engine_->decode({1});
+  while (s.ok() && s->batch) {
+    for (const auto& g : s->generations) tokens.push_back(g.tokens.ids.at(0));
+    s = engine_->decode({1});
+  }
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const auto& g : s->generations) tokens.push_back(g.tokens.ids.at(0));
+  EXPECT_EQ(tokens, greedy(0, 6));
 }
 
 TEST_F(EngineTest, DecodeOfTheSameBatchTwiceLeavesNoEmptyBatchBehind) {

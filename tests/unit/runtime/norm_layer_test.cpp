@@ -18,6 +18,7 @@
 #include "layers/norm.h"
 #include "layers/position_embedding.h"
 #include "layers/weight_loader.h"
+#include "layers/workspace.h"
 #include "textgen/kernels/layer_norm.h"
 #include "textgen/kernels/rms_norm.h"
 
@@ -296,6 +297,58 @@ TEST_F(NormLayerTest, PositionTableMustHoldTheContext) {
   auto wrong = PositionEmbedding::load(loader(), "short.weight", kMaxPositions + 2, 2);
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("short.weight"), std::string::npos) << wrong.status();
+}
+
+// A step too large for the memory left (a hostile Prefill's rows, or logits of every prompt
+// token) fails to grow the workspace; ensureBuffer has freed the old buffers by then, so the next
+// ordinary step must allocate every buffer again rather than use one that is gone. (Skipped under
+// the sanitizers, whose allocators abort on a petabyte rather than fail it.)
+TEST(Workspace, AFailedGrowthLeavesNoMissingBufferForTheNextStep) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the sanitizer's allocator aborts on the failing allocation";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || \
+    __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "the sanitizer's allocator aborts on the failing allocation";
+#endif
+#endif
+  auto backend = makeCpuBackend(1);
+  ModelConfig c;
+  c.hiddenSize = 8;
+  c.headDim = 4;
+  c.vocabSize = 16;
+  Partition part;
+  part.heads = 2;
+  part.kvHeads = 1;
+  part.intermediate = 16;
+  part.vocabPart = 16;
+  Workspace ws;
+  bool moved = false;
+  ASSERT_TRUE(ws.reserve(*backend, c, part, DType::kF32, 4, 2, moved).ok());
+  const int64_t huge = int64_t{1} << 45;  // rows: petabytes of activations or logits
+  const Status rows = ws.reserve(*backend, c, part, DType::kF32, huge, 2, moved);
+  EXPECT_EQ(rows.code(), StatusCode::kResourceExhausted) << rows;
+  const Status logits = ws.reserve(*backend, c, part, DType::kF32, 4, huge, moved);
+  EXPECT_EQ(logits.code(), StatusCode::kResourceExhausted) << logits;
+  ASSERT_TRUE(ws.reserve(*backend, c, part, DType::kF32, 4, 2, moved).ok());
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(ws.rows, 4);
+  EXPECT_EQ(ws.logitRows, 2);
+  const size_t f = sizeof(float);
+  for (const auto& [buf, bytes] : std::vector<std::pair<const std::unique_ptr<Buffer>*, size_t>>{
+           {&ws.residual, 4 * 8 * f},
+           {&ws.hidden, 4 * 8 * f},
+           {&ws.branch, 4 * 8 * f},
+           {&ws.qkv, 4 * 4 * 4 * f},
+           {&ws.attn, 4 * 2 * 4 * f},
+           {&ws.gateUp, 4 * 32 * f},
+           {&ws.act, 4 * 16 * f},
+           {&ws.pickedHidden, 2 * 8 * f},
+           {&ws.pickedResidual, 2 * 8 * f},
+           {&ws.logits, 2 * 16 * f}}) {
+    ASSERT_NE(*buf, nullptr);
+    EXPECT_GE((*buf)->bytes(), bytes);
+  }
 }
 
 }  // namespace

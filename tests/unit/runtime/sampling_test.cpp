@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "textgen/base/sampling_rules.h"
 #include "textgen/runtime/stopping.h"
 
 namespace textgen::runtime {
@@ -99,6 +100,14 @@ TEST(SamplingTest, ValidationNamesTheParameter) {
   EXPECT_NE(validateSamplingParams(p).message().find("temperature"), std::string::npos);
   p = {};
   p.repetitionPenalty = NAN;
+  EXPECT_FALSE(validateSamplingParams(p).ok());
+  // top_n_tokens: the sampler's work and memory grow with it for every row of the batch.
+  p = {};
+  p.topNTokens = kMaxTopNTokens;
+  EXPECT_TRUE(validateSamplingParams(p).ok());
+  p.topNTokens = kMaxTopNTokens + 1;
+  EXPECT_NE(validateSamplingParams(p).message().find("top_n_tokens"), std::string::npos);
+  p.topNTokens = 500000000;
   EXPECT_FALSE(validateSamplingParams(p).ok());
 }
 

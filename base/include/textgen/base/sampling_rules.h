@@ -25,6 +25,10 @@ inline constexpr float kMaxTemperature = 1e4f;
 inline constexpr float kMinRepetitionPenalty = 1e-4f;
 inline constexpr float kMaxRepetitionPenalty = 1e4f;
 inline constexpr float kMaxFrequencyPenalty = 2.0f;  // and -2 at the least, as OpenAI and TGI
+// The most alternatives a generated token may list (top_n_tokens): the router's
+// --max-top-n-tokens (TGI's default 5) may not exceed it, and the shard refuses more. The
+// sampler's work and memory grow with it for every row of a batch.
+inline constexpr uint32_t kMaxTopNTokens = 1024;
 
 // INVALID_ARGUMENT naming the first value out of range (backquoted field names, as TGI's
 // messages); non-finite values are out of every range.
