@@ -60,6 +60,7 @@ struct Options {
   // Decode batches up to 256 replay captured graphs, so that 64 and 256 do as the 1 does.
   std::vector<int64_t> graphs{1, 2, 4, 8, 16, 32, 64, 128, 256};
   bool pdl = true;
+  std::string traceDir;  // where each rank's traced kernels go as CSV (name,start_ns,end_ns)
 };
 
 double now() {
@@ -318,6 +319,17 @@ json traceStep(Driver& d, const Options& o, int64_t batch, Sync& sync, int64_t l
   std::vector<bench::KernelSpan> spans;
   if (tracing) spans = trace.stop();
   json j = summarizeTrace(spans, layers);
+  if (!o.traceDir.empty() && !spans.empty()) {
+    const std::string path = o.traceDir + "/trace.tp" + std::to_string(world) + ".b" +
+                             std::to_string(batch) + ".rank" + std::to_string(gRank) + ".csv";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      // CUPTI's timestamps (ns), comparable across the ranks of one machine.
+      for (const bench::KernelSpan& s : spans)
+        std::fprintf(f, "%s,%llu,%llu\n", s.name.c_str(), static_cast<unsigned long long>(s.start),
+                     static_cast<unsigned long long>(s.end));
+      std::fclose(f);
+    }
+  }
   j["batch"] = batch;
   j["wall_us"] = wall * 1e6;
   j["untraced_wall_us"] = untraced * 1e6;
@@ -691,7 +703,7 @@ int usage() {
   std::fprintf(
       stderr,
       "usage: bench_tp --model DIR [--tp 1,2] [--steps N] [--context N] [--batches 64,256] "
-      "[--cuda-graphs 1,2,4,...|0] [--no-pdl]\n");
+      "[--cuda-graphs 1,2,4,...|0] [--no-pdl] [--trace-dir DIR]\n");
   return 2;
 }
 
@@ -720,6 +732,8 @@ int main(int argc, char** argv) {
       if (v != "0" && o.graphs.empty()) return usage();
     } else if (a == "--no-pdl") {
       o.pdl = false;
+    } else if (a == "--trace-dir" && hasValue) {
+      o.traceDir = argv[++i];
     } else {
       return usage();
     }
