@@ -2,9 +2,12 @@
 // ClearCache with requests that join and finish at different steps; every request's tokens equal
 // transformers' greedy output for its prompt alone. Bad input gets a gRPC error and the shard keeps
 // serving.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "shard_process.h"
 #include "textgen/shard/v1/shard.grpc.pb.h"
@@ -471,6 +475,167 @@ TEST_F(ShardGrpcTest, PipelinedDecodesRunInTheirOrder) {
     auto [sd, rd] = decode(2, 50, std::nullopt);
     ASSERT_TRUE(sd.ok()) << sd.error_message();
   }
+}
+
+// A tensor-parallel group of two CPU ranks (Gloo, whatever TEXTGEN_TEST_DEVICE says), each its own
+// textgen-shard process: a Prefill or Decode the engine refuses before its forward (a request id
+// twice in the call, an unknown batch, a bad block extension on the live batch) is an
+// INVALID_ARGUMENT on both ranks and the group serves on, in step: both ranks give the reference's
+// tokens (before, a rank that failed any step ended with exit 3, taking the group down). Every call
+// goes to both ranks at once, as the router sends it. Then a pipelined Decode whose predecessor
+// never comes, sent to rank 0 alone (a refusal of that rank's timing): rank 0 ends with exit 3 at
+// once, and rank 1 follows.
+TEST(ShardGroupGrpcTest, ACallRefusedBeforeTheForwardLeavesTheGroupServing) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("textgen-shard-group-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  int port = 0;
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+    close(fd);
+  }
+  std::vector<std::unique_ptr<ShardProcess>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<ShardProcess>(
+        kShard, kModel, (dir / "sock").string(),
+        std::vector<std::pair<std::string, std::string>>{{"RANK", std::to_string(r)},
+                                                         {"WORLD_SIZE", "2"},
+                                                         {"MASTER_ADDR", "127.0.0.1"},
+                                                         {"MASTER_PORT", std::to_string(port)},
+                                                         {"TEXTGEN_TEST_DEVICE", "cpu"}}));
+  }
+  std::vector<std::unique_ptr<pb::ShardService::Stub>> stubs;
+  for (auto& rank : ranks) {
+    const std::string addr = rank->waitReady();
+    ASSERT_FALSE(addr.empty()) << "a rank did not start";
+    stubs.push_back(
+        pb::ShardService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials())));
+  }
+  // One call on both ranks at once (a 30 s deadline: a group out of step would wait in a
+  // collective for minutes); both statuses, rank 0's answer in *resp0 and rank 1's in *resp1.
+  auto both = [&](auto method, const auto& req, auto* resp0, auto* resp1) {
+    std::vector<grpc::Status> st(2);
+    auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(30); };
+    std::thread t([&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      st[1] = ((*stubs[1]).*method)(&ctx, req, resp1);
+    });
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      st[0] = ((*stubs[0]).*method)(&ctx, req, resp0);
+    }
+    t.join();
+    return st;
+  };
+  json reference = json::parse(std::ifstream(kModel + "/reference.json"));
+  auto request = [&](uint64_t id, int p, uint32_t maxNew, uint32_t firstBlock) {
+    pb::Request r;
+    r.set_id(id);
+    for (uint32_t t : reference["prompts"][p]["input_ids"]) r.add_input_ids(t);
+    r.mutable_stopping_parameters()->set_max_new_tokens(maxNew);
+    r.mutable_stopping_parameters()->set_ignore_eos_token(true);
+    const uint32_t blocks = (r.input_ids_size() + maxNew + kBlockSize - 1) / kBlockSize;
+    for (uint32_t b = 0; b < blocks; ++b) r.add_blocks(firstBlock + b);
+    return r;
+  };
+  {
+    pb::WarmupRequest req;
+    req.mutable_batch()->set_size(0);
+    req.set_max_prefill_tokens(16);
+    pb::WarmupResponse resp, resp1;
+    for (const grpc::Status& s : both(&pb::ShardService::Stub::Warmup, req, &resp, &resp1))
+      ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  {  // a request id twice in one call: the whole call is refused, on both ranks
+    pb::PrefillRequest req;
+    req.mutable_batch()->set_id(1);
+    *req.mutable_batch()->add_requests() = request(5, 0, 4, 0);
+    *req.mutable_batch()->add_requests() = request(5, 1, 4, 10);
+    req.mutable_batch()->set_size(2);
+    pb::PrefillResponse resp, resp1;
+    for (const grpc::Status& s : both(&pb::ShardService::Stub::Prefill, req, &resp, &resp1)) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_NE(s.error_message().find("id already in use"), std::string::npos);
+    }
+  }
+  {  // a Decode of a batch that does not exist
+    pb::DecodeRequest req;
+    req.add_batches()->set_id(12345);
+    pb::DecodeResponse resp, resp1;
+    for (const grpc::Status& s : both(&pb::ShardService::Stub::Decode, req, &resp, &resp1))
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  // Still a group: a good request prefills and decodes on both ranks (float32: both ranks' tokens
+  // are transformers' greedy ones), a bad block extension of its live batch refused on the way.
+  std::vector<uint32_t> tokens[2];
+  pb::CachedBatch batch;
+  auto absorb = [&](const auto& r0, const auto& r1) {
+    ASSERT_EQ(r0.generations_size(), 1);
+    ASSERT_EQ(r1.generations_size(), 1);
+    tokens[0].push_back(r0.generations(0).tokens().ids(0));
+    tokens[1].push_back(r1.generations(0).tokens().ids(0));
+    if (r0.has_batch()) batch = r0.batch();
+  };
+  {
+    pb::PrefillRequest req;
+    req.mutable_batch()->set_id(2);
+    *req.mutable_batch()->add_requests() = request(6, 0, 4, 0);
+    req.mutable_batch()->set_size(1);
+    pb::PrefillResponse resp, resp1;
+    for (const grpc::Status& s : both(&pb::ShardService::Stub::Prefill, req, &resp, &resp1))
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(resp.has_batch());
+    absorb(resp, resp1);
+  }
+  {  // a block extension for a request the batch does not hold
+    pb::DecodeRequest req;
+    *req.add_batches() = batch;
+    pb::BlockExtension* e = req.add_extensions();
+    e->set_request_id(999);
+    e->add_blocks(40);
+    pb::DecodeResponse resp, resp1;
+    for (const grpc::Status& s : both(&pb::ShardService::Stub::Decode, req, &resp, &resp1))
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  uint64_t step = 0;
+  while (tokens[0].size() < 4) {
+    pb::DecodeRequest req;
+    *req.add_batches() = batch;
+    req.set_step(++step);
+    pb::DecodeResponse resp, resp1;
+    for (const grpc::Status& s : both(&pb::ShardService::Stub::Decode, req, &resp, &resp1))
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    absorb(resp, resp1);
+  }
+  auto greedy = reference["prompts"][0]["greedy"].get<std::vector<uint32_t>>();
+  greedy.resize(4);
+  EXPECT_EQ(tokens[0], greedy);
+  EXPECT_EQ(tokens[1], greedy);
+  for (auto& rank : ranks) EXPECT_TRUE(rank->alive());
+  {  // a pipelined Decode to rank 0 alone, following a step that never comes
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    pb::DecodeRequest req;
+    *req.add_batches() = batch;
+    req.set_step(100);
+    req.set_after_step(99);
+    pb::DecodeResponse resp;
+    const grpc::Status s = stubs[0]->Decode(&ctx, req, &resp);
+    EXPECT_FALSE(s.ok());
+  }
+  EXPECT_EQ(ranks[0]->waitExit(10), 3);
+  EXPECT_EQ(ranks[1]->waitExit(15), 3);
+  ranks.clear();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

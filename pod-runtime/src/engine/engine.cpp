@@ -289,6 +289,15 @@ Status Engine::validate(const RequestSpec& r) const {
   }
   if (r.stopping.maxNewTokens == 0)
     return invalidArgumentError(who + "max_new_tokens must be at least 1");
+  // A learned position table ends: a request is refused now unless prompt + max_new_tokens fit
+  // it (TGI's rule; a resumed request's prompt holds what it generated), rather than failing its
+  // whole batch's step when it feeds a position past the table.
+  if (model_.config().learnedPositions && r.generatedTokens < r.inputIds.size() &&
+      r.maxLength() > maxContext()) {
+    return invalidArgumentError(who + "prompt + max_new_tokens (" + std::to_string(r.maxLength()) +
+                                ") exceeds the model's " + std::to_string(maxContext()) +
+                                " learned positions");
+  }
   if (r.generatedTokens > 0) {
     if (r.generatedTokens >= r.inputIds.size() || r.generatedTokens >= r.stopping.maxNewTokens) {
       return invalidArgumentError(who + "generated_tokens (" + std::to_string(r.generatedTokens) +
@@ -890,6 +899,7 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
     }
   }
   const StepPlan plan = schedule(*batch);
+  reachedForward_ = true;
   auto outputs = execute(plan);
   if (!outputs.ok()) {
     for (const auto& r : batch->requests) r->draft.clear();
@@ -912,6 +922,7 @@ StatusOr<StepResult> Engine::step(std::unique_ptr<Batch> batch) {
 StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> requests,
                                      std::optional<uint64_t> cachedBatchId,
                                      const std::vector<BlockExtension>& extensions) {
+  reachedForward_ = false;
   if (!cache_) return failedPreconditionError("Warmup has not run: the KV cache is not allocated");
   if (requests.empty() && !cachedBatchId) return invalidArgumentError("empty batch");
   if (batches_.contains(batchId) && batchId != cachedBatchId) {
@@ -992,6 +1003,7 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
 
 StatusOr<StepResult> Engine::decode(std::vector<uint64_t> batchIds,
                                     std::vector<BlockExtension> extensions, bool followsStep) {
+  reachedForward_ = false;
   if (batchIds.empty()) return invalidArgumentError("no batches to decode");
   if (followsStep) {
     // Planned before the step ahead of it ended: what that step finished is gone, batches and

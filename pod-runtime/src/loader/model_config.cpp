@@ -376,6 +376,7 @@ Status parseFields(const json& j, const ConfigDialect& dialect, ModelConfig& c) 
                                                 " is a decoder-only class (no encoder to run)");
   }
   c.isEncoderDecoder = dialect.encoderDecoder;
+  c.learnedPositions = dialect.learnedPositions;
   if (c.isEncoderDecoder) {
     // decoder_start_token_id, else pad_token_id (read only when it is the one used), else 0.
     for (const char* key : {"decoder_start_token_id", "pad_token_id"}) {

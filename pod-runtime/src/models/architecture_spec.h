@@ -72,7 +72,8 @@ inline ConfigDialect configDialect(const ArchitectureSpec& spec) {
   return {.aliases = spec.configKeyAliases,
           .defaultActivation = spec.activation,
           .prepare = spec.prepareConfig,
-          .encoderDecoder = spec.encoderDecoder};
+          .encoderDecoder = spec.encoderDecoder,
+          .learnedPositions = spec.position == PositionKind::kLearned};
 }
 
 // A tensor name for one layer.

@@ -287,7 +287,7 @@ class ShardService final : public pb::ShardService::Service {
                                fromProto(in->extensions()));
       if (!s.ok()) {
         span.fail(s.status().message());
-        return failed("Prefill", s.status());
+        return failed("Prefill", s.status(), engine_.lastCallReachedForward());
       }
       result = std::move(*s);
     }
@@ -310,14 +310,17 @@ class ShardService final : public pb::ShardService::Service {
       if (in->has_after_step()) {
         if (Status s = awaitStep(lock, ctx, in->step(), in->after_step()); !s.ok()) {
           span.fail(s.message());
-          return toGrpc(s);
+          // ABORTED (the step it follows failed) is every rank's answer alike; the others (a
+          // predecessor late or lost, a caller gone, too many waiting) depend on this rank's
+          // timing, so its peers may run the step this rank skips.
+          return s.code() == StatusCode::kAborted ? toGrpc(s) : failed("Decode", s);
         }
         queued = Clock::now() - arrived;
       }
       // Its client gave up while it waited: running it now could land between later calls.
       if (ctx && ctx->IsCancelled()) {
         span.fail("cancelled");
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the caller gave up before the step ran");
+        return failed("Decode", cancelledError("the caller gave up before the step ran"));
       }
       Ran ran(*this);
       if (in->has_step()) ran.step = in->step();
@@ -328,7 +331,7 @@ class ShardService final : public pb::ShardService::Service {
       if (!s.ok()) {
         ran.failed = true;
         span.fail(s.status().message());
-        return failed("Decode", s.status());
+        return failed("Decode", s.status(), engine_.lastCallReachedForward());
       }
       result = std::move(*s);
     }
@@ -342,10 +345,11 @@ class ShardService final : public pb::ShardService::Service {
  private:
   using Clock = std::chrono::steady_clock;
 
-  // A step that failed as a whole (not a request refused alone): with peers, the group is out of
-  // step from here on.
-  grpc::Status failed(const char* what, const Status& s) {
-    if (options_.worldSize > 1 && options_.onGroupFailure)
+  // A call that failed as a whole (not a request refused alone): with peers, the group is out of
+  // step from here on, unless the engine refused the call before its forward (every rank refuses
+  // the same call alike, before any collective).
+  grpc::Status failed(const char* what, const Status& s, bool reachedForward = true) {
+    if (reachedForward && options_.worldSize > 1 && options_.onGroupFailure)
       options_.onGroupFailure(std::string(what) + " failed on this rank: " + s.toString());
     return toGrpc(s);
   }

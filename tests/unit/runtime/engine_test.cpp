@@ -241,17 +241,25 @@ TEST_F(EngineTest, AnInvalidRequestFailsAloneAndTheRestOfItsBatchRuns) {
 TEST_F(EngineTest, AnIdInUseFailsTheWholePrefillAndChangesNothing) {
   // Refused alone, a duplicate's refusal would carry a live request's id (the router would free
   // that request's blocks): the whole call is refused instead, and nothing changes.
+  // (Each refusal comes before the forward: a tensor-parallel group's ranks refuse it alike.)
   auto first = engine_->prefill(1, {spec(1, 0, 6)}, std::nullopt);
   ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(engine_->lastCallReachedForward());
   std::vector<uint32_t> tokens = {first->generations.at(0).tokens.ids.at(0)};
   auto live = engine_->prefill(2, {spec(1, 1, 6, 100)}, std::nullopt);
   EXPECT_EQ(live.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(live.status().message().find("id already in use"), std::string::npos) << live.status();
+  EXPECT_FALSE(engine_->lastCallReachedForward());
   auto twice = engine_->prefill(3, {spec(7, 1, 6, 200), spec(7, 2, 6, 300)}, std::nullopt);
   EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(engine_->lastCallReachedForward());
   // Neither batch exists, and request 1 decodes on as alone.
   EXPECT_EQ(engine_->decode({2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(engine_->lastCallReachedForward());
   EXPECT_EQ(engine_->decode({3}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->decode({1}, {{.requestId = 99, .blocks = {900}}}).status().code(),
+            StatusCode::kInvalidArgument);  // an extension for a request not in the batch
+  EXPECT_FALSE(engine_->lastCallReachedForward());
   StatusOr<StepResult> s = engine_->decode({1});
   while (s.ok() && s->batch) {
     for (const auto& g : s->generations) tokens.push_back(g.tokens.ids.at(0));
@@ -260,6 +268,74 @@ TEST_F(EngineTest, AnIdInUseFailsTheWholePrefillAndChangesNothing) {
   ASSERT_TRUE(s.ok()) << s.status();
   for (const auto& g : s->generations) tokens.push_back(g.tokens.ids.at(0));
   EXPECT_EQ(tokens, greedy(0, 6));
+}
+
+// Learned positions (OPT's table of max_position_embeddings rows, here 256) end: a request whose
+// prompt + max_new_tokens exceed them is refused alone when it arrives (TGI's rule; one that ran on
+// would fail its whole batch's step once it fed a position past the table); one that just fits
+// runs to its last token. Rotary positions have no such end (llama-gqa, also 256: a longer request
+// is taken).
+TEST(EngineLearnedPositions, ARequestPastTheTableIsRefusedAloneAndOneThatFitsRunsToTheEnd) {
+  const std::string dir = std::string(TEXTGEN_MODEL_FIXTURES) + "/opt-pre";
+  auto backend = makeCpuBackend(1);
+  auto model = loadModel(dir, *backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->config().learnedPositions);
+  ASSERT_EQ((*model)->config().maxContext(), 256);
+  auto tok = tokenizer::Tokenizer::fromDirectory(dir);
+  ASSERT_TRUE(tok.ok());
+  Engine engine(**model, **tok, *backend, EngineOptions{.blockSize = 16, .kvCacheBytes = 1 << 22});
+  ASSERT_TRUE(engine.warmup(0, {}, std::nullopt, 64, std::nullopt).ok());
+  auto request = [](uint64_t id, uint32_t maxNew, uint32_t firstBlock) {
+    RequestSpec r;
+    r.id = id;
+    r.inputIds = {2, 100, 200, 300, 400, 500};
+    r.stopping.maxNewTokens = maxNew;
+    r.stopping.ignoreEosToken = true;
+    for (uint32_t b = 0; b < 16; ++b) r.blocks.push_back(firstBlock + b);
+    return r;
+  };
+  auto s = engine.prefill(1, {request(1, 250, 0), request(2, 251, 16)}, std::nullopt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  size_t tokens = 0;
+  for (const auto& g : s->generations) {
+    if (g.requestId == 2) {
+      ASSERT_TRUE(g.error.has_value());
+      EXPECT_NE(g.error->find("learned positions"), std::string::npos) << *g.error;
+    } else {
+      EXPECT_FALSE(g.error.has_value());
+      ++tokens;
+    }
+  }
+  ASSERT_TRUE(s->batch.has_value());
+  EXPECT_EQ(s->batch->requestIds, std::vector<uint64_t>{1});
+  while (s->batch) {
+    s = engine.decode({1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    tokens += s->generations.size();
+  }
+  EXPECT_EQ(tokens, 250u);
+  // A resumed request counts its prompt without what it generated: 6 + 250 fits, though its input
+  // holds 16 tokens.
+  RequestSpec resumed = request(3, 250, 32);
+  resumed.inputIds.insert(resumed.inputIds.end(), {7, 8, 9, 10, 11, 12, 13, 14, 15, 16});
+  resumed.generatedTokens = 10;
+  auto r = engine.prefill(3, {resumed}, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->generations.size(), 1u);
+  EXPECT_FALSE(r->generations[0].error.has_value()) << *r->generations[0].error;
+  // GPTBigCode's positions are learned too.
+  auto bigcode = loadArchitectureConfig(std::string(TEXTGEN_MODEL_FIXTURES) + "/bigcode-mha");
+  ASSERT_TRUE(bigcode.ok()) << bigcode.status();
+  EXPECT_TRUE(bigcode->learnedPositions);
+}
+
+TEST_F(EngineTest, RotaryPositionsTakeARequestPastMaxPositionEmbeddings) {
+  ASSERT_FALSE(model_->config().learnedPositions);
+  auto s = engine_->prefill(1, {spec(1, 0, 300)}, std::nullopt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->generations.size(), 1u);
+  EXPECT_FALSE(s->generations[0].error.has_value()) << *s->generations[0].error;
 }
 
 TEST_F(EngineTest, DecodeOfTheSameBatchTwiceLeavesNoEmptyBatchBehind) {

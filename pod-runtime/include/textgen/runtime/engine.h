@@ -171,6 +171,12 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const SpeculationStats& speculationStats() const { return specStats_; }
   int64_t maxContext() const;  // longest prompt + generation the model allows
+  // Whether the last prefill or decode reached the model's forward. A call refused before it (a
+  // bad batch id, a request id in use, a bad block extension) ran no collective and did nothing
+  // that differs between ranks: the ranks of a tensor-parallel group, given the same call, refuse
+  // it alike and stay in step. One that failed in or after the forward may have left them out of
+  // step.
+  bool lastCallReachedForward() const { return reachedForward_; }
 
  private:
   struct Request;
@@ -221,6 +227,7 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;
   std::unique_ptr<GreenListCache> greens_;
   SpeculationStats specStats_;
+  bool reachedForward_ = false;           // lastCallReachedForward()
   std::unique_ptr<HostWorkers> workers_;  // null: one thread
 };
 

@@ -54,6 +54,8 @@ struct ConfigDialect {
   // The class is an encoder-decoder (T5): only then is config.json's is_encoder_decoder honoured
   // (a decoder-only class that claims it is refused: its graph has no encoder).
   bool encoderDecoder = false;
+  // Positions index a learned table (OPT, GPTBigCode): ModelConfig::learnedPositions.
+  bool learnedPositions = false;
 };
 
 // The dialect of config.json's class, given its name ("architectures"[0]); an error refuses the
@@ -88,6 +90,9 @@ struct ModelConfig {
   // config.json's, else pad_token_id, else 0) and numLayers counts the decoder's layers (those
   // that keep a KV cache).
   bool isEncoderDecoder = false;
+  // Positions index a learned table of maxContext() rows: no request may run past it (rotary and
+  // ALiBi positions have no such end).
+  bool learnedPositions = false;
   uint32_t decoderStartTokenId = 0;
   // A pre-quantized checkpoint's format (quantization_config; kNone for a dense checkpoint).
   QuantizationConfig quantization;
