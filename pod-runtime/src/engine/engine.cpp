@@ -1113,6 +1113,13 @@ StatusOr<WarmupResult> Engine::warmup(uint64_t batchId, std::vector<RequestSpec>
     auto result = prefill(batchId, std::move(requests), std::nullopt);
     clear(std::nullopt);
     if (!result.ok()) return result.status().withContext("warmup forward");
+    // Every request refused: no forward ran, and memory would be sized without its activations.
+    if (!result->generations.empty() &&
+        std::all_of(result->generations.begin(), result->generations.end(),
+                    [](const GenerationResult& g) { return g.error.has_value(); })) {
+      return invalidArgumentError("warmup forward: every request was refused (" +
+                                  *result->generations.front().error + ")");
+    }
     return backend_.synchronize();
   };
   clear(std::nullopt);

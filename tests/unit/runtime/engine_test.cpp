@@ -338,6 +338,20 @@ TEST_F(EngineTest, RotaryPositionsTakeARequestPastMaxPositionEmbeddings) {
   EXPECT_FALSE(s->generations[0].error.has_value()) << *s->generations[0].error;
 }
 
+// A warmup batch whose every request is refused ran no forward: memory sized without it could
+// fail the first real batch of that size, so the warmup fails, naming the reason.
+TEST_F(EngineTest, AWarmupWhoseEveryRequestIsRefusedFails) {
+  RequestSpec bad = spec(1, 0, 4);
+  bad.inputIds.push_back(static_cast<uint32_t>(model_->config().vocabSize));  // out of vocabulary
+  auto w = engine_->warmup(5, {bad}, std::nullopt, 64, std::nullopt);
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find("every request was refused"), std::string::npos)
+      << w.status();
+  EXPECT_NE(w.status().message().find("out of vocabulary"), std::string::npos) << w.status();
+  // A good one warms up.
+  ASSERT_TRUE(engine_->warmup(6, {spec(2, 0, 4)}, std::nullopt, 64, std::nullopt).ok());
+}
+
 TEST_F(EngineTest, DecodeOfTheSameBatchTwiceLeavesNoEmptyBatchBehind) {
   ASSERT_TRUE(engine_->prefill(1, {spec(1, 0, 6)}, std::nullopt).ok());
   auto s = engine_->decode({1, 1});
