@@ -514,7 +514,12 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   if (keep.size() == batch->requestIds.size()) return batch;
   const auto start = std::chrono::steady_clock::now();
   if (keep.empty()) {
-    (void)shards_.clearCache(batch->id);
+    // A batch the shards failed to let go of holds blocks this router has freed (and will hand out
+    // again): the replica is unhealthy until recover() clears the shards (without it, clear now).
+    if (!shards_.clearCache(batch->id).ok()) {
+      healthy_ = false;
+      if (!options_.recover) (void)shards_.clearCache(std::nullopt);
+    }
     return std::nullopt;
   }
   auto filtered = shards_.filter(batch->id, keep);
@@ -528,6 +533,7 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
     healthy_ = false;
     failAll(Status(StatusCode::kInternal,
                    "Request failed during generation: " + filtered.status().message()));
+    if (!options_.recover) (void)shards_.clearCache(std::nullopt);
     return std::nullopt;
   }
   return *filtered;
@@ -751,6 +757,10 @@ void Batcher::run() {
                           [&] { return shards_.prefill(id, more, std::nullopt); }),
                      "prefill");
           waitingTokens = 1;
+          // A failed prefill failed every request, the running batch's too (failAll): its
+          // requests and blocks are gone here, so it is not decoded again; recover() clears the
+          // shards before the next batch.
+          if (!added && !healthy_) break;
           if (added) {
             auto merged = absorb(
                 call("decode", stepSpan("decode", joined(cached->requestIds, added->requestIds)),

@@ -36,6 +36,9 @@ class FakeShards final : public ShardGroup {
     return it == cacheLens.end() ? UINT32_MAX : it->second;
   }
   std::atomic<int> failDecodes{0};
+  // Prefills and single-batch ClearCaches that fail (as a shard that died or timed out would); a
+  // decode sent after a failed prefill, before anything else, is counted.
+  std::atomic<int> failPrefills{0}, failBatchClears{0}, decodesAfterFailedPrefill{0};
   std::atomic<int> filters{0}, prefills{0}, decodes{0};
   // Requests the shard refuses alone at Prefill (a Generation with only `error`), as a real shard
   // does with parameters it cannot take.
@@ -49,6 +52,11 @@ class FakeShards final : public ShardGroup {
   Status clearCache(std::optional<uint64_t> id) override {
     std::lock_guard lock(mu_);
     ranOther();
+    prefillFailed_ = false;
+    if (id && failBatchClears > 0) {
+      --failBatchClears;
+      return deadlineExceededError("ClearCache: deadline exceeded");
+    }
     if (id) {
       if (auto it = batches_.find(*id); it != batches_.end()) {
         for (const Req& r : it->second) reads_.erase(r.id);
@@ -71,6 +79,11 @@ class FakeShards final : public ShardGroup {
     ++prefills;
     std::lock_guard lock(mu_);
     ranOther();
+    prefillFailed_ = failPrefills > 0;
+    if (failPrefills > 0) {
+      --failPrefills;
+      return unavailableError("shard 0 died");
+    }
     std::vector<Req> reqs;
     if (cached) {
       reqs = std::move(batches_.at(cached->id));
@@ -115,6 +128,7 @@ class FakeShards final : public ShardGroup {
                               const DecodeOrder& order) override {
     ++decodes;
     std::unique_lock lock(mu_);
+    if (prefillFailed_) ++decodesAfterFailedPrefill;
     // A pipelined step runs right after the one it follows, as the shard service orders them
     // (whichever call arrives first); it must not find another call run in between.
     if (order.after) {
@@ -184,6 +198,7 @@ class FakeShards final : public ShardGroup {
     ++filters;
     std::lock_guard lock(mu_);
     ranOther();
+    prefillFailed_ = false;
     auto& reqs = batches_.at(id);
     std::erase_if(reqs, [&](const Req& r) {
       if (std::find(keep.begin(), keep.end(), r.id) != keep.end()) return false;
@@ -305,6 +320,7 @@ class FakeShards final : public ShardGroup {
   std::map<uint32_t, uint32_t> kv_;               // slot -> token written there
   std::map<uint64_t, std::set<uint32_t>> reads_;  // live request -> blocks of its cached prefix
   bool clearedKv_ = false;
+  bool prefillFailed_ = false;  // the last call was a failed prefill
   std::vector<std::string> urls_{"fake"};
 };
 
@@ -533,6 +549,74 @@ TEST(BatcherTest, ShardFailureFailsInFlightRequestsAndHealthRecovers) {
   ASSERT_TRUE(c->wait());
   EXPECT_EQ(c->tokens, expected(2, 3));
   EXPECT_TRUE(b.healthy());
+}
+
+// Without chunking a request joins the running batch through its own prefill, then one decode
+// of both. When that prefill fails, every request has failed (the running batch's too): the
+// running batch is not decoded again, and the replica recovers before the next batch.
+TEST(BatcherTest, AFailedJoiningPrefillEndsTheRunningBatchAndTheReplicaRecovers) {
+  FakeShards shards;
+  std::atomic<int> recoveries{0};
+  BatcherOptions o = options(64, false, 4096, 0.3f, 1);
+  o.recover = [&]() -> Status {
+    ++recoveries;
+    return okStatus();
+  };
+  Batcher b(shards, o, nullptr);
+  auto running = std::make_shared<Collector>(), joining = std::make_shared<Collector>();
+  running->onToken = [&](size_t n) {
+    if (n != 2) return;
+    shards.failPrefills = 1;
+    b.submit(2, request(4, 5), std::make_shared<RequestControl>(), joining);
+  };
+  b.submit(1, request(4, 50), std::make_shared<RequestControl>(), running);
+  ASSERT_TRUE(running->wait());
+  ASSERT_TRUE(joining->wait());
+  ASSERT_TRUE(running->error.has_value());
+  ASSERT_TRUE(joining->error.has_value());
+  EXPECT_NE(joining->error->message().find("shard 0 died"), std::string::npos);
+  EXPECT_LT(running->tokens.size(), 50u);
+  EXPECT_EQ(shards.decodesAfterFailedPrefill.load(), 0);
+  EXPECT_FALSE(b.healthy());
+  EXPECT_EQ(b.freeBlocks(), 63u);
+  auto next = std::make_shared<Collector>();
+  b.submit(3, request(4, 3), std::make_shared<RequestControl>(), next);
+  ASSERT_TRUE(next->wait());
+  EXPECT_EQ(next->tokens, expected(3, 3));
+  EXPECT_EQ(recoveries.load(), 1);
+  EXPECT_TRUE(b.healthy());
+}
+
+// Every client of the running batch leaves, and the shards fail to let go of it (ClearCache of
+// that batch fails): its blocks are free here and will be handed out again, so the replica is
+// unhealthy and recovers before the next batch.
+TEST(BatcherTest, ABatchTheShardsFailToClearMakesTheReplicaRecover) {
+  FakeShards shards;
+  std::atomic<int> recoveries{0};
+  BatcherOptions o = stepExact(options(64));
+  o.recover = [&]() -> Status {
+    ++recoveries;
+    return okStatus();
+  };
+  Batcher b(shards, o, nullptr);
+  shards.failBatchClears = 1;
+  auto control = std::make_shared<RequestControl>();
+  auto leaving = std::make_shared<Collector>();
+  leaving->onToken = [&](size_t n) {
+    if (n == 3) control->cancel();
+  };
+  b.submit(1, request(4, 50), control, leaving);
+  ASSERT_TRUE(leaving->wait());
+  ASSERT_TRUE(leaving->error.has_value());
+  EXPECT_EQ(leaving->error->code(), StatusCode::kCancelled);
+  auto next = std::make_shared<Collector>();
+  b.submit(2, request(4, 3), std::make_shared<RequestControl>(), next);
+  ASSERT_TRUE(next->wait());
+  EXPECT_EQ(next->tokens, expected(2, 3));
+  EXPECT_EQ(shards.failBatchClears.load(), 0);  // the clear was tried, and failed
+  EXPECT_EQ(recoveries.load(), 1);
+  EXPECT_TRUE(b.healthy());
+  EXPECT_EQ(b.freeBlocks(), 63u);
 }
 
 TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {
