@@ -392,6 +392,7 @@ std::optional<std::vector<BlockExtension>> Batcher::grow(std::optional<CachedBat
 }
 
 void Batcher::failAll(const Status& error) {
+  ++failures_;
   // Free first, then tell the clients: whoever hears the error sees the blocks already back.
   std::vector<std::shared_ptr<ResponseSink>> sinks;
   {
@@ -515,11 +516,9 @@ std::optional<CachedBatch> Batcher::absorb(StatusOr<StepOutput> out, const char*
   const auto start = std::chrono::steady_clock::now();
   if (keep.empty()) {
     // A batch the shards failed to let go of holds blocks this router has freed (and will hand out
-    // again): the replica is unhealthy until recover() clears the shards (without it, clear now).
-    if (!shards_.clearCache(batch->id).ok()) {
-      healthy_ = false;
-      if (!options_.recover) (void)shards_.clearCache(std::nullopt);
-    }
+    // again): the shards are cleared before the next batch. Not now: another batch may still run
+    // there (this one joined it). Nor is the replica unhealthy: it answered the step.
+    if (!shards_.clearCache(batch->id).ok()) mustRecover_ = true;
     return std::nullopt;
   }
   auto filtered = shards_.filter(batch->id, keep);
@@ -690,11 +689,17 @@ void Batcher::run() {
     std::vector<BatchEntry> first =
         takeBatch(std::nullopt, options_.maxBatchSize, options_.maxBatchPrefillTokens);
     if (first.empty()) continue;  // not enough blocks yet, or every queued client left
-    if (!healthy_ && options_.recover) {
+    // No batch runs before this one's prefill: the shards can be cleared of what a failed step,
+    // or a batch they failed to clear, left there. A recovery that fails is a shard failure.
+    if ((!healthy_ || mustRecover_) && options_.recover) {
       if (Status s = options_.recover(); !s.ok()) {
+        healthy_ = false;
         failAll(Status(StatusCode::kInternal, "Request failed during generation: " + s.message()));
         continue;
       }
+      mustRecover_ = false;
+    } else if (mustRecover_) {
+      mustRecover_ = !shards_.clearCache(std::nullopt).ok();
     }
     std::optional<CachedBatch> cached =
         absorb(call("prefill", stepSpan("prefill", idsOf(first)),
@@ -752,6 +757,7 @@ void Batcher::run() {
           extensions = *grow(cached, nullptr, /*mayPreempt=*/true);
           if (!cached) break;
         } else {
+          const uint64_t failuresBefore = failures_.load();
           std::optional<CachedBatch> added =
               absorb(call("prefill", stepSpan("prefill", idsOf(more)),
                           [&] { return shards_.prefill(id, more, std::nullopt); }),
@@ -759,8 +765,9 @@ void Batcher::run() {
           waitingTokens = 1;
           // A failed prefill failed every request, the running batch's too (failAll): its
           // requests and blocks are gone here, so it is not decoded again; recover() clears the
-          // shards before the next batch.
-          if (!added && !healthy_) break;
+          // shards before the next batch. Without a failure (every joiner finished, was refused
+          // or left) the running batch goes on.
+          if (!added && failures_.load() != failuresBefore) break;
           if (added) {
             auto merged = absorb(
                 call("decode", stepSpan("decode", joined(cached->requestIds, added->requestIds)),

@@ -39,6 +39,7 @@ class FakeShards final : public ShardGroup {
   // Prefills and single-batch ClearCaches that fail (as a shard that died or timed out would); a
   // decode sent after a failed prefill, before anything else, is counted.
   std::atomic<int> failPrefills{0}, failBatchClears{0}, decodesAfterFailedPrefill{0};
+  std::atomic<int> fullClears{0};  // ClearCache calls of every batch
   std::atomic<int> filters{0}, prefills{0}, decodes{0};
   // Requests the shard refuses alone at Prefill (a Generation with only `error`), as a real shard
   // does with parameters it cannot take.
@@ -63,6 +64,7 @@ class FakeShards final : public ShardGroup {
         batches_.erase(it);
       }
     } else {
+      ++fullClears;
       batches_.clear();
       reads_.clear();
     }
@@ -172,7 +174,11 @@ class FakeShards final : public ShardGroup {
     for (const CachedBatch& b : batches) {
       auto it = batches_.find(b.id);
       if (it == batches_.end() && order.after) continue;  // the step before ended it
-      auto& part = batches_.at(b.id);
+      if (it == batches_.end()) {                         // cleared: the real shard refuses it too
+        ran.failed = true;
+        return notFoundError("batch " + std::to_string(b.id) + " not found");
+      }
+      auto& part = it->second;
       reqs.insert(reqs.end(), part.begin(), part.end());
       batches_.erase(b.id);
     }
@@ -347,6 +353,7 @@ class Collector final : public ResponseSink {
   void onAdmitted(const RequestTimes& t) override {
     std::lock_guard lock(mu_);
     admitted = t;
+    if (onAdmit) onAdmit();
   }
   bool wait(std::chrono::seconds limit = std::chrono::seconds(10)) {
     std::unique_lock lock(mu_);
@@ -356,6 +363,7 @@ class Collector final : public ResponseSink {
   bool done = false;
   std::optional<Status> error;
   std::function<void(size_t)> onToken;
+  std::function<void()> onAdmit;
   RequestTimes times;                    // as the first delivery reported them
   std::optional<RequestTimes> admitted;  // as onAdmitted reported them
   std::chrono::steady_clock::time_point firstDelivery;
@@ -557,7 +565,7 @@ TEST(BatcherTest, ShardFailureFailsInFlightRequestsAndHealthRecovers) {
 TEST(BatcherTest, AFailedJoiningPrefillEndsTheRunningBatchAndTheReplicaRecovers) {
   FakeShards shards;
   std::atomic<int> recoveries{0};
-  BatcherOptions o = options(64, false, 4096, 0.3f, 1);
+  BatcherOptions o = stepExact(options(64, false, 4096, 0.3f, 1));
   o.recover = [&]() -> Status {
     ++recoveries;
     return okStatus();
@@ -588,17 +596,21 @@ TEST(BatcherTest, AFailedJoiningPrefillEndsTheRunningBatchAndTheReplicaRecovers)
 }
 
 // Every client of the running batch leaves, and the shards fail to let go of it (ClearCache of
-// that batch fails): its blocks are free here and will be handed out again, so the replica is
-// unhealthy and recovers before the next batch.
+// that batch fails): its blocks are free here and will be handed out again, so the replica
+// recovers before the next batch. It answered every step: it stays healthy.
 TEST(BatcherTest, ABatchTheShardsFailToClearMakesTheReplicaRecover) {
   FakeShards shards;
   std::atomic<int> recoveries{0};
+  std::atomic<bool> healthyThen{false};  // b.healthy() when recover() ran
+  Batcher* batcher = nullptr;
   BatcherOptions o = stepExact(options(64));
   o.recover = [&]() -> Status {
     ++recoveries;
+    healthyThen = batcher->healthy();
     return okStatus();
   };
   Batcher b(shards, o, nullptr);
+  batcher = &b;
   shards.failBatchClears = 1;
   auto control = std::make_shared<RequestControl>();
   auto leaving = std::make_shared<Collector>();
@@ -615,8 +627,64 @@ TEST(BatcherTest, ABatchTheShardsFailToClearMakesTheReplicaRecover) {
   EXPECT_EQ(next->tokens, expected(2, 3));
   EXPECT_EQ(shards.failBatchClears.load(), 0);  // the clear was tried, and failed
   EXPECT_EQ(recoveries.load(), 1);
+  EXPECT_TRUE(healthyThen.load());
   EXPECT_TRUE(b.healthy());
   EXPECT_EQ(b.freeBlocks(), 63u);
+}
+
+// Without chunking a request joins the running batch through its own prefill. When the client of
+// every joiner leaves during it (here: as soon as it is admitted, before that prefill, which
+// sees it only afterwards) and the shards fail to clear the joiners' batch, the running batch
+// still runs to its end; the shards are cleared before the next batch, and the replica, which
+// answered every step, stays healthy.
+TEST(BatcherTest, AJoiningBatchTheShardsFailToClearLetsTheRunningBatchFinish) {
+  for (const bool withRecover : {true, false}) {
+    SCOPED_TRACE(withRecover ? "recover()" : "no recover()");
+    FakeShards shards;
+    std::atomic<int> recoveries{0};
+    std::atomic<bool> healthyThen{false};  // b.healthy() when recover() ran
+    Batcher* batcher = nullptr;
+    BatcherOptions o = stepExact(options(64, false, 4096, 0.3f, 1));
+    if (withRecover) {
+      o.recover = [&]() -> Status {
+        ++recoveries;
+        healthyThen = batcher->healthy();
+        return okStatus();
+      };
+    }
+    Batcher b(shards, o, nullptr);
+    batcher = &b;
+    auto running = std::make_shared<Collector>(), joining = std::make_shared<Collector>();
+    auto control = std::make_shared<RequestControl>();
+    joining->onAdmit = [&] { control->cancel(); };
+    running->onToken = [&](size_t n) {
+      if (n != 2) return;
+      shards.failBatchClears = 1;
+      b.submit(2, request(4, 5), control, joining);
+    };
+    b.submit(1, request(4, 30), std::make_shared<RequestControl>(), running);
+    ASSERT_TRUE(running->wait());
+    ASSERT_TRUE(joining->wait());
+    EXPECT_FALSE(running->error.has_value()) << running->error->message();
+    EXPECT_EQ(running->tokens, expected(1, 30));
+    ASSERT_TRUE(joining->error.has_value());
+    EXPECT_EQ(joining->error->code(), StatusCode::kCancelled);
+    EXPECT_EQ(shards.failBatchClears.load(), 0);  // the joiners' clear was tried, and failed
+    EXPECT_TRUE(b.healthy());
+    EXPECT_EQ(shards.fullClears.load(), 0);  // the running batch was left alone
+    auto next = std::make_shared<Collector>();
+    b.submit(3, request(4, 3), std::make_shared<RequestControl>(), next);
+    ASSERT_TRUE(next->wait());
+    EXPECT_EQ(next->tokens, expected(3, 3));
+    if (withRecover) {
+      EXPECT_EQ(recoveries.load(), 1);
+      EXPECT_TRUE(healthyThen.load());
+    } else {
+      EXPECT_EQ(shards.fullClears.load(), 1);  // before the next batch
+    }
+    EXPECT_TRUE(b.healthy());
+    EXPECT_EQ(b.freeBlocks(), 63u);
+  }
 }
 
 TEST(BatcherTest, WithoutChunkingALoneRequestWaitsForMaxWaitingTokens) {

@@ -221,6 +221,13 @@ class Batcher {
   bool preempted_ = false;  // the last grow() preempted
   std::atomic<size_t> load_{0};
   std::atomic<bool> healthy_{true};
+  // failAll() calls so far: a step's caller tells from it whether that step failed every request
+  // (healthy_ alone does not say: a later step sets it again).
+  std::atomic<uint64_t> failures_{0};
+  // The shards may hold a batch whose blocks this router freed (a batch they failed to clear):
+  // recover() (or, without it, ClearCache of every batch) runs before the next batch. Cleared
+  // only when that succeeds; the batching thread's alone.
+  bool mustRecover_ = false;
   std::atomic<bool> stop_{false};
   uint64_t nextBatchId_ = 1;
   // When the last step returned (steady-clock nanoseconds; 0: idle since); written by whichever
