@@ -127,11 +127,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         call<pb::HealthRequest, pb::HealthResponse>(s.rpc, &pb::ShardService::Service::Health, msg);
         break;
     }
+    // Whatever the calls, no block is written by one live request while another holds it, and
+    // the engine's per-block counts match its live tables.
+    if (const textgen::Status a = s.engine->auditBlocks(); !a.ok())
+      FUZZ_CHECK(false, "block ownership: " + a.message());
   }
   // Back to a warmed, empty shard for the next input.
   pb::ClearCacheRequest clear;
   pb::ClearCacheResponse cleared;
   (void)s.rpc->ClearCache(nullptr, &clear, &cleared);
+  if (const textgen::Status a = s.engine->auditBlocks(); !a.ok())
+    FUZZ_CHECK(false, "block ownership after ClearCache: " + a.message());
   if (warmedUp) s.warmup();
   return 0;
 }

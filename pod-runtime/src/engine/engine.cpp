@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -87,6 +88,34 @@ struct Engine::Request {
         seq2seq(true),
         crossBlocks((static_cast<int64_t>(spec.inputIds.size()) + blockSize - 1) / blockSize) {}
 
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request() {
+    if (!uses) return;
+    for (uint32_t b : spec.blocks) {
+      BlockUse& u = (*uses)[b];
+      --u.holders;
+      if (u.writer == this) u.writer = nullptr;
+    }
+  }
+
+  // Counts the table in the engine's per-block uses (Engine::blockUses_) from now until the
+  // request is destroyed, whichever way it leaves (finished, filtered, cleared, its call failed),
+  // and marks it the writer of the blocks from firstWritable() on.
+  void hold(std::vector<BlockUse>& counts, int64_t blockSize) {
+    uses = &counts;
+    countBlocks(0, firstWritable(blockSize));
+  }
+  void addBlocks(std::span<const uint32_t> blocks) {
+    const size_t from = spec.blocks.size();
+    spec.blocks.insert(spec.blocks.end(), blocks.begin(), blocks.end());
+    if (uses) countBlocks(from, static_cast<int64_t>(from));
+  }
+  // The first block of the table that the request may still write: the one holding position
+  // `computed` (every later position is written by this request alone). A seq2seq request's whole
+  // table: its encoder output fills the first blocks, and nothing is shared.
+  int64_t firstWritable(int64_t blockSize) const { return seq2seq ? 0 : computed / blockSize; }
+
   // The block table's parts: the encoder output's (seq2seq) and the positions' in `tokens`.
   std::span<const uint32_t> crossTable() const {
     return std::span<const uint32_t>(spec.blocks).first(crossBlocks);
@@ -161,6 +190,22 @@ struct Engine::Request {
     tokens.push_back(id);
     history.add(id);
     generated.push_back(id);
+  }
+
+ private:
+  std::vector<BlockUse>* uses = nullptr;
+  // Counts spec.blocks[from..], the writer of those from index `writes` on.
+  void countBlocks(size_t from, int64_t writes) {
+    for (size_t k = from; k < spec.blocks.size(); ++k) {
+      const uint32_t b = spec.blocks[k];
+      if (b >= uses->size()) uses->resize(size_t{b} + 1);
+      BlockUse& u = (*uses)[b];
+      ++u.holders;
+      if (static_cast<int64_t>(k) >= writes) {
+        u.writer = this;
+        u.index = static_cast<uint32_t>(k);
+      }
+    }
   }
 };
 
@@ -802,23 +847,72 @@ Engine::RequestUpdate Engine::updateRequest(Request& r, size_t i, const StepPlan
   return u;
 }
 
-std::set<uint32_t> Engine::liveBlocks() const {
-  std::set<uint32_t> held;
-  for (const auto& [id, b] : batches_) {
-    for (const auto& r : b->requests) held.insert(r->spec.blocks.begin(), r->spec.blocks.end());
-  }
-  return held;
+const Engine::BlockUse& Engine::use(uint32_t block) const {
+  static const BlockUse kNone;
+  return block < blockUses_.size() ? blockUses_[block] : kNone;
 }
 
-Status Engine::claimBlocks(uint64_t requestId, std::span<const uint32_t> blocks,
-                           std::set<uint32_t>& held) const {
-  for (uint32_t b : blocks) {
-    if (held.contains(b)) {
-      return invalidArgumentError("request " + std::to_string(requestId) + ": block " +
-                                  std::to_string(b) + " is held by another request");
+Status Engine::auditBlocks() const {
+  std::map<uint32_t, uint32_t> counted;
+  std::map<uint32_t, uint64_t> writer;  // block -> the request that may still write it
+  const int64_t bs = cache_ ? cache_->blockSize() : 1;
+  for (const auto& [id, b] : batches_) {
+    for (const auto& r : b->requests) {
+      const std::span<const uint32_t> t(r->spec.blocks);
+      const auto first = static_cast<size_t>(
+          std::min<int64_t>(r->firstWritable(bs), static_cast<int64_t>(t.size())));
+      for (size_t k = 0; k < t.size(); ++k) {
+        ++counted[t[k]];
+        if (k >= first && !writer.emplace(t[k], r->spec.id).second)
+          return internalError("block " + std::to_string(t[k]) + " written by two requests");
+      }
     }
   }
-  held.insert(blocks.begin(), blocks.end());
+  for (const auto& [block, who] : writer) {
+    if (counted[block] != 1) {
+      return internalError("block " + std::to_string(block) + ", which request " +
+                           std::to_string(who) + " may still write, is in another table");
+    }
+  }
+  for (size_t b = 0; b < blockUses_.size(); ++b) {
+    auto it = counted.find(static_cast<uint32_t>(b));
+    const uint32_t want = it == counted.end() ? 0 : it->second;
+    const BlockUse& u = blockUses_[b];
+    if (u.holders != want) {
+      return internalError("block " + std::to_string(b) + ": " + std::to_string(u.holders) +
+                           " holders counted, " + std::to_string(want) + " live tables hold it");
+    }
+    // A block still to be written names its writer, at its place in the writer's table.
+    auto w = writer.find(static_cast<uint32_t>(b));
+    const bool writes = u.writer && u.index >= u.writer->firstWritable(bs);
+    if (writes != (w != writer.end()) ||
+        (writes && (w->second != u.writer->spec.id || u.index >= u.writer->spec.blocks.size() ||
+                    u.writer->spec.blocks[u.index] != b)))
+      return internalError("block " + std::to_string(b) + ": its recorded writer is wrong");
+  }
+  if (!counted.empty() && counted.rbegin()->first >= blockUses_.size())
+    return internalError("a live table holds a block the counts never saw");
+  return okStatus();
+}
+
+Status Engine::checkTable(const Request& r) const {
+  const int64_t bs = cache_->blockSize();
+  const std::span<const uint32_t> table(r.spec.blocks);
+  const auto first = std::min<int64_t>(r.firstWritable(bs), static_cast<int64_t>(table.size()));
+  const std::string who = "request " + std::to_string(r.spec.id) + ": block ";
+  for (int64_t i = first; i < static_cast<int64_t>(table.size()); ++i) {
+    if (use(table[i]).holders > 0)
+      return invalidArgumentError(who + std::to_string(table[i]) + " is held by another request");
+  }
+  for (int64_t i = 0; i < first; ++i) {
+    const BlockUse& u = use(table[i]);
+    if (u.writer && u.index >= u.writer->firstWritable(bs)) {
+      return invalidArgumentError(who + std::to_string(table[i]) +
+                                  " of its cached prefix (cache_len) is still to be written by "
+                                  "request " +
+                                  std::to_string(u.writer->spec.id));
+    }
+  }
   return okStatus();
 }
 
@@ -832,10 +926,8 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
   }
   const int64_t bs = cache_->blockSize();
   std::map<uint64_t, std::set<uint32_t>> added;
-  std::set<uint32_t> held = model_.config().isEncoderDecoder ? liveBlocks() : std::set<uint32_t>();
+  std::set<uint32_t> extended;  // by this call, to any request
   for (const BlockExtension& e : extensions) {
-    if (model_.config().isEncoderDecoder)
-      TG_RETURN_IF_ERROR(claimBlocks(e.requestId, e.blocks, held).withContext("block extension"));
     auto it = live.find(e.requestId);
     if (it == live.end()) {
       return invalidArgumentError("block extension for request " + std::to_string(e.requestId) +
@@ -853,6 +945,15 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
         return invalidArgumentError("block extension: block " + std::to_string(b) +
                                     " twice in request " + std::to_string(e.requestId) +
                                     "'s table");
+      }
+      // A block another request holds (its prefix or its own positions) would be written twice.
+      if (use(b).holders > 0) {
+        return invalidArgumentError("block extension: request " + std::to_string(e.requestId) +
+                                    ": block " + std::to_string(b) + " is held by another request");
+      }
+      if (!extended.insert(b).second) {
+        return invalidArgumentError("block extension: block " + std::to_string(b) +
+                                    " given to two requests");
       }
     }
     // A request never needs more blocks than its prompt + max_new_tokens fill.
@@ -876,10 +977,7 @@ Status Engine::extend(const std::vector<uint64_t>& batchIds,
                                      ": extend its blocks first");
     }
   }
-  for (const BlockExtension& e : extensions) {
-    std::vector<uint32_t>& blocks = live[e.requestId]->spec.blocks;
-    blocks.insert(blocks.end(), e.blocks.begin(), e.blocks.end());
-  }
+  for (const BlockExtension& e : extensions) live[e.requestId]->addBlocks(e.blocks);
   return okStatus();
 }
 
@@ -951,13 +1049,8 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
   // One bad request fails alone: it is answered with its reason and left out of the batch.
   std::vector<GenerationResult> refused;
   std::vector<std::unique_ptr<Request>> accepted;
-  // An encoder-decoder request writes every block of its table (the encoder's scratch and cross
-  // keys and values in its first blocks): none may be another live request's (no prefix is ever
-  // shared). Decoder-only requests may share a cached prefix's blocks (cache_len).
-  std::set<uint32_t> held = model_.config().isEncoderDecoder ? liveBlocks() : std::set<uint32_t>();
   for (RequestSpec& r : requests) {
     Status s = validate(r);
-    if (s.ok() && model_.config().isEncoderDecoder) s = claimBlocks(r.id, r.blocks, held);
     if (!s.ok()) {
       refused.push_back(GenerationResult::refusal(r.id, s.message()));
       continue;
@@ -975,6 +1068,16 @@ StatusOr<StepResult> Engine::prefill(uint64_t batchId, std::vector<RequestSpec> 
       refused.push_back(GenerationResult::refusal(req->spec.id, s.message()));
       continue;
     }
+    // Block ownership is the router's; a table that breaks it is refused here rather than
+    // writing over another request's keys and values. The blocks a request writes (from the one
+    // holding position cache_len on; an encoder-decoder request's whole table, encoder output
+    // first) are no other live request's, and its cached prefix before them is no live request's
+    // still to write. A request accepted by this call counts as live from here.
+    if (s = checkTable(*req); !s.ok()) {
+      refused.push_back(GenerationResult::refusal(req->spec.id, s.message()));
+      continue;
+    }
+    req->hold(blockUses_, cache_->blockSize());
     accepted.push_back(std::move(req));
   }
   if (accepted.empty() && !cachedBatchId) {

@@ -271,6 +271,12 @@ class ShardService final : public pb::ShardService::Service {
                   int64_t{in->batch().requests_size()} +
                       (in->has_cached_batch() ? int64_t{in->cached_batch().size()} : 0));
     std::lock_guard lock(mutex_);
+    // Its caller gave up while it waited: run late, it would leave a batch the router no longer
+    // knows of, holding blocks that router hands out again (the engine would refuse them).
+    if (ctx && ctx->IsCancelled()) {
+      span.fail("cancelled");
+      return failed("Prefill", cancelledError("the caller gave up before the step ran"));
+    }
     Ran ran(*this);
     Watch watch(*this, "Prefill", options_.stepTimeout);
     std::vector<GenerationResult> refused;

@@ -626,6 +626,127 @@ TEST_F(EngineTest, BadResumesAndBlockExtensionsAreRefused) {
   EXPECT_EQ(s->generations.size(), 1u);
 }
 
+// Block ownership, checked by the shard whatever the router sends: a request may read another's
+// finished blocks as its cached prefix (cache_len), but never write a block another live request
+// holds, nor read as its prefix a block another is still to write; every way a request leaves
+// gives its blocks back.
+TEST_F(EngineTest, ABlockAnotherRequestHoldsIsNeverWrittenAndLeavingFreesIt) {
+  auto errorOf = [](const StatusOr<StepResult>& s, uint64_t id) -> std::string {
+    if (!s.ok()) return "call failed: " + s.status().toString();
+    for (const auto& g : s->generations)
+      if (g.requestId == id) return g.error.value_or("");
+    return "no answer";
+  };
+  // Request 1: prompt 2 (8 tokens), blocks 0-3 (block size 4). After its prefill it has computed
+  // 8 positions: blocks 0 and 1 are done, 2 and 3 still to write.
+  auto one = engine_->prefill(1, {spec(1, 2, 6, 0)}, std::nullopt);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(one->batch.has_value());
+
+  // Its finished block 0 as another request's cached prefix: accepted, and that request's output
+  // is its own prompt's (the prefix's keys are the same tokens').
+  RequestSpec shared = spec(2, 2, 6, 100);
+  shared.blocks[0] = 0;
+  shared.cacheLen = 4;
+  auto two = engine_->prefill(2, {shared}, std::nullopt);
+  ASSERT_EQ(errorOf(two, 2), "");
+  std::vector<uint32_t> got{two->generations[0].tokens.ids[0]};
+
+  // cache_len 7 puts position 7, in request 1's block 1, among the positions this one writes.
+  RequestSpec overwrites = spec(3, 2, 6, 110);
+  overwrites.blocks[0] = 0;
+  overwrites.blocks[1] = 1;
+  overwrites.cacheLen = 7;
+  // A table naming request 1's block 2 (still to write) without any prefix.
+  RequestSpec plain = spec(4, 1, 4, 120);
+  plain.blocks[1] = 2;
+  // A prefix that runs into request 1's block 2, which it still writes (a 12-token prompt, 8
+  // of them cached).
+  RequestSpec early = spec(5, 2, 4, 130);
+  early.inputIds.insert(early.inputIds.end(), early.inputIds.begin(), early.inputIds.begin() + 4);
+  early.blocks = {0, 2, 130, 131};
+  early.cacheLen = 8;
+  // Two requests of one call: the second writes a block of the first, and a third reads, as its
+  // prefix, a block the first is about to write.
+  RequestSpec first = spec(6, 1, 4, 140);
+  RequestSpec second = spec(7, 1, 4, 150);
+  second.blocks[1] = first.blocks[1];
+  RequestSpec third = spec(8, 2, 4, 160);
+  third.blocks[0] = first.blocks[0];
+  third.cacheLen = 4;
+  auto mixed = engine_->prefill(3, {overwrites, plain, early, first, second, third}, std::nullopt);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_NE(errorOf(mixed, 3).find("block 1 is held by another request"), std::string::npos)
+      << errorOf(mixed, 3);
+  EXPECT_NE(errorOf(mixed, 4).find("block 2 is held by another request"), std::string::npos)
+      << errorOf(mixed, 4);
+  EXPECT_NE(errorOf(mixed, 5).find("block 2 of its cached prefix"), std::string::npos)
+      << errorOf(mixed, 5);
+  EXPECT_EQ(errorOf(mixed, 6), "");
+  EXPECT_NE(errorOf(mixed, 7).find("is held by another request"), std::string::npos)
+      << errorOf(mixed, 7);
+  EXPECT_NE(errorOf(mixed, 8).find("still to be written"), std::string::npos) << errorOf(mixed, 8);
+  EXPECT_TRUE(engine_->auditBlocks().ok()) << engine_->auditBlocks();
+
+  // Extensions: a block already in the request's own table; one another request reads as its
+  // prefix (block 0), or still writes (block 3, request 1's); one given to two requests at once.
+  EXPECT_NE(
+      engine_->decode({1, 2}, {{.requestId = 2, .blocks = {0}}}).status().message().find("twice"),
+      std::string::npos);
+  RequestSpec alone = spec(9, 1, 4, 170);
+  alone.blocks.resize(2);  // its prompt's: room for one more
+  ASSERT_EQ(errorOf(engine_->prefill(4, {alone}, std::nullopt), 9), "");
+  for (const auto& [bad, why] : std::vector<std::pair<std::vector<BlockExtension>, std::string>>{
+           {{{.requestId = 9, .blocks = {0}}}, "block 0 is held by another request"},
+           {{{.requestId = 9, .blocks = {3}}}, "block 3 is held by another request"},
+           {{{.requestId = 9, .blocks = {190}}, {.requestId = 2, .blocks = {190}}},
+            "block 190 given to two requests"}}) {
+    auto s = engine_->decode({1, 2, 4}, bad);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find(why), std::string::npos) << s.status();
+  }
+  EXPECT_TRUE(engine_->auditBlocks().ok()) << engine_->auditBlocks();
+
+  // Requests 1 and 2 run to the end, request 2 with the right tokens; request 9 is filtered out
+  // and batch 3 (request 6) cleared: every block they held can be written again.
+  auto d = engine_->decode({2});
+  while (d.ok()) {
+    for (const auto& g : d->generations)
+      if (g.requestId == 2) got.push_back(g.tokens.ids[0]);
+    if (!d->batch) break;
+    d = engine_->decode({2});
+  }
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(got, greedy(2, 6));
+  while (true) {
+    auto s = engine_->decode({1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    if (!s->batch) break;
+  }
+  RequestSpec stays = spec(10, 1, 4, 180);
+  ASSERT_EQ(errorOf(engine_->prefill(4, {stays}, std::nullopt, {}), 10),
+            "call failed: INVALID_ARGUMENT: batch 4 already exists");
+  auto joined = engine_->prefill(5, {stays}, 4);
+  ASSERT_EQ(errorOf(joined, 10), "");
+  ASSERT_TRUE(engine_->filter(5, {10}).ok());
+  engine_->clear(3);
+  std::vector<RequestSpec> again;
+  for (uint32_t b : {0u, 100u, 140u, 170u}) again.push_back(spec(20 + b, 1, 4, b));
+  auto s = engine_->prefill(6, again, std::nullopt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const RequestSpec& r : again) EXPECT_EQ(errorOf(s, r.id), "") << r.id;
+
+  // A Prefill that fails whole (a bad extension of its cached batch) gives back its new requests'
+  // blocks as well.
+  RequestSpec lost = spec(30, 1, 4, 200);
+  EXPECT_FALSE(engine_->prefill(7, {lost}, 6, {{.requestId = 99, .blocks = {600}}}).ok());
+  RequestSpec reuses = spec(31, 1, 4, 200);
+  EXPECT_EQ(errorOf(engine_->prefill(8, {reuses}, std::nullopt), 31), "");
+  EXPECT_TRUE(engine_->auditBlocks().ok()) << engine_->auditBlocks();
+  engine_->clear(std::nullopt);
+  EXPECT_TRUE(engine_->auditBlocks().ok()) << engine_->auditBlocks();
+}
+
 }  // namespace
 }  // namespace textgen::runtime
 

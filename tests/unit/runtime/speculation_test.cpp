@@ -141,6 +141,78 @@ TEST_F(SpeculationTest, GreedyOutputIsUnchangedAndProposalsAreAccepted) {
   EXPECT_EQ(plain->speculationStats().proposed, 0u);
 }
 
+// Block ownership under speculation (a step writes its proposals' positions, then keeps those
+// confirmed): after every step, a request that takes the writer's finished blocks as its cached
+// prefix (the router's rule: whole blocks of every position but the last token's) is accepted and
+// chooses what the same prompt computed from scratch chooses; one block further, into the block the
+// writer still writes, is refused. The engine's block counts stay equal to its live tables.
+TEST_F(SpeculationTest, APrefixSharerTakesTheWritersFinishedBlocksAndNoMore) {
+  constexpr size_t bs = 16;
+  for (int64_t speculate : {0, 4}) {
+    auto e = engine(speculate);
+    RequestSpec a = spec(1, kCopyPrompt, 48);
+    std::vector<uint32_t> tokens = a.inputIds;
+    const std::vector<uint32_t> table = a.blocks;
+    auto s = e->prefill(1, {a}, std::nullopt);
+    uint64_t id = 100;
+    size_t shared = 0, refused = 0;
+    while (true) {
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (const GenerationResult& g : s->generations)
+        tokens.insert(tokens.end(), g.tokens.ids.begin(), g.tokens.ids.end());
+      ASSERT_TRUE(e->auditBlocks().ok()) << e->auditBlocks();
+      if (!s->batch) break;
+      const size_t written = tokens.size() - 1;  // the last token is not fed yet
+      const size_t full = written / bs;
+      // A prompt of the written tokens and one more: its cached prefix, `full` of the writer's
+      // blocks (at least one prompt token left to compute).
+      RequestSpec b;
+      b.id = id++;
+      b.inputIds.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(written) + 1);
+      b.stopping.maxNewTokens = 1;
+      b.stopping.ignoreEosToken = true;
+      b.cacheLen = static_cast<uint32_t>(full * bs);
+      b.blocks.assign(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(full));
+      while (b.blocks.size() * bs < b.inputIds.size() + 1)
+        b.blocks.push_back(static_cast<uint32_t>(200 + b.blocks.size()));
+      RequestSpec fresh = b;
+      fresh.id = id++;
+      fresh.cacheLen = 0;
+      fresh.blocks.clear();
+      while (fresh.blocks.size() * bs < fresh.inputIds.size() + 1)
+        fresh.blocks.push_back(static_cast<uint32_t>(300 + fresh.blocks.size()));
+      auto got = e->prefill(50, {b}, std::nullopt);
+      auto want = e->prefill(51, {fresh}, std::nullopt);
+      ASSERT_TRUE(got.ok() && want.ok());
+      ASSERT_FALSE(got->generations[0].error) << *got->generations[0].error;
+      ASSERT_FALSE(want->generations[0].error) << *want->generations[0].error;
+      EXPECT_EQ(got->generations[0].tokens.ids, want->generations[0].tokens.ids)
+          << "after " << written << " positions";
+      ++shared;
+      // One block further: the block holding position `written`, which the writer still writes
+      // (a longer prompt, so that cache_len stays under it).
+      RequestSpec c = b;
+      c.id = id++;
+      c.inputIds.insert(c.inputIds.end(), tokens.begin(), tokens.begin() + 2 * bs);
+      c.cacheLen = static_cast<uint32_t>((full + 1) * bs);
+      c.blocks.assign(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(full) + 1);
+      while (c.blocks.size() * bs < c.inputIds.size() + 1)
+        c.blocks.push_back(static_cast<uint32_t>(400 + c.blocks.size()));
+      auto over = e->prefill(52, {c}, std::nullopt);
+      ASSERT_TRUE(over.ok()) << over.status();
+      ASSERT_TRUE(over->generations[0].error.has_value());
+      EXPECT_NE(over->generations[0].error->find("still to be written by request 1"),
+                std::string::npos)
+          << *over->generations[0].error;
+      ++refused;
+      s = e->decode({1});
+    }
+    EXPECT_GT(shared, 10u) << "speculate " << speculate;
+    EXPECT_EQ(refused, shared);
+    ASSERT_TRUE(e->auditBlocks().ok()) << e->auditBlocks();
+  }
+}
+
 TEST_F(SpeculationTest, SeededSamplingIsUnchanged) {
   auto plain = engine(0), spec3 = engine(3);
   auto batch = [&] {

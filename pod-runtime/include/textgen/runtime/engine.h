@@ -177,6 +177,10 @@ class Engine {
   // it alike and stay in step. One that failed in or after the forward may have left them out of
   // step.
   bool lastCallReachedForward() const { return reachedForward_; }
+  // For tests and fuzzers (a walk over every live table): INTERNAL when the per-block holder
+  // counts differ from the live tables, or a block one live request may still write is in
+  // another's table.
+  Status auditBlocks() const;
 
  private:
   struct Request;
@@ -192,11 +196,18 @@ class Engine {
   void propose(Request& r) const;
   // The watermark's green list after `previous` (the engine's gamma, the model's vocabulary).
   std::span<const uint32_t> greenList(uint32_t previous);
-  // Blocks in the tables of every live request.
-  std::set<uint32_t> liveBlocks() const;
-  // INVALID_ARGUMENT naming a block of `blocks` already in `held`; else adds them to it.
-  Status claimBlocks(uint64_t requestId, std::span<const uint32_t> blocks,
-                     std::set<uint32_t>& held) const;
+  // Per KV block: how many live requests' tables hold it (a request counts from its acceptance
+  // until it is destroyed), and the last request that took it to write, with its place in that
+  // request's table (still writing it while the place is at or past its firstWritable()).
+  struct BlockUse {
+    uint32_t holders = 0;
+    const Request* writer = nullptr;
+    uint32_t index = 0;
+  };
+  const BlockUse& use(uint32_t block) const;
+  // INVALID_ARGUMENT unless `r` may take its table: the blocks it writes are nobody else's, and its
+  // cached prefix is no live request's still to write.
+  Status checkTable(const Request& r) const;
   // Appends each extension's blocks to its request in `batchIds`, all or none.
   Status extend(const std::vector<uint64_t>& batchIds, const std::vector<BlockExtension>& ext);
   // One step: schedule (the forward's rows and how tokens are chosen) -> execute (the model's
@@ -224,6 +235,9 @@ class Engine {
   class GrammarWarmer;
   std::unique_ptr<GrammarWarmer> warmer_;
   std::unique_ptr<KvCache> cache_;
+  // Indexed by block (a Request keeps its counts while it lives; declared before batches_, which
+  // it outlives).
+  std::vector<BlockUse> blockUses_;
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;
   std::unique_ptr<GreenListCache> greens_;
   SpeculationStats specStats_;
