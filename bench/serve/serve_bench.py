@@ -243,6 +243,14 @@ class Prompter:
     async def build(self, a, rng, plan):
         if a.dataset == "shared-prefix":
             prefix, prefix_ids = await self.exact(rng, a.prefix_len)
+            # What a template appends (EOS) ends the prefix's own text but not the prompts that go
+            # on after it: a prefix text of P tokens shares only P less those. Built longer by as
+            # many, P tokens are the prompts' common start, as --prefix-len promises.
+            appended = a.prefix_len - len(prefix_ids)
+            if appended > 0:
+                prefix, prefix_ids = await self.exact(rng, a.prefix_len + appended)
+            if len(prefix_ids) != a.prefix_len:
+                raise RuntimeError(f"could not build a shared prefix of exactly {a.prefix_len} tokens")
             prompts = []
             for total, _ in plan:
                 text, ids = await self.exact(rng, total, prefix)

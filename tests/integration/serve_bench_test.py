@@ -8,8 +8,10 @@ Usage: serve_bench_test.py LAUNCHER REPO
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 LAUNCHER, REPO = sys.argv[1:3]
 BENCH = os.path.join(REPO, "bench", "serve", "serve_bench.py")
@@ -84,11 +86,29 @@ check_run("poisson", ["--arrival", "poisson", "--rate", "8", "--num-prompts", "6
 shared = check_run("shared-prefix", ["--dataset", "shared-prefix", "--prefix-len", "32", "--input-len", "8",
                                      "--num-prompts", "4", "--output-len", "4", "--max-concurrency", "1"] + PASS,
                    4, 40, 4)
-# One request at a time: each later one finds the prefix its predecessors left in the cache.
+# One request at a time: each later one finds the whole 32-token prefix (two blocks of 16) its
+# predecessors left in the cache: 3 x 32 of the 4 x 40 prompt tokens.
 check(shared is not None and shared["prefix_cache_hit_rate"] is not None
-      and shared["prefix_cache_hit_rate"] > 0.3,
-      f"shared-prefix: prompt tokens served from the prefix cache {shared['prefix_cache_hit_rate']}")
+      and abs(shared["prefix_cache_hit_rate"] - 0.6) < 1e-9,
+      f"shared-prefix: prompt tokens served from the prefix cache {shared and shared['prefix_cache_hit_rate']} (0.6)")
 check(shared is not None and shared["ttft_first_ms"] > 0 and shared["ttft_later_ms"]["n"] == 3, "shared-prefix: first and later TTFTs")
+# The same with a tokenizer that appends EOS (the Llama-2 test tokenizer over the demo's weights: its
+# ids are within the demo's vocabulary): the prefix's own text ends with EOS, which the prompts do
+# not have there, and the prefix still shares all 32 of its tokens.
+eos_model = tempfile.mkdtemp(prefix="serve-bench-eos-")
+for f in os.listdir(os.path.join(REPO, "models", "demo")):
+    if not f.startswith("tokenizer") and f != "special_tokens_map.json":
+        shutil.copy(os.path.join(REPO, "models", "demo", f), eos_model)
+for f in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(os.path.join(REPO, "tests", "reference", "tokenizers", "llama2", f), eos_model)
+eos = check_run("shared-prefix, EOS appended", ["--dataset", "shared-prefix", "--prefix-len", "32", "--input-len", "8",
+                                                "--num-prompts", "4", "--output-len", "4", "--max-concurrency", "1",
+                                                "--", "--model-id", eos_model] + PASS[1:],
+                4, 40, 4)
+check(eos is not None and eos["prefix_cache_hit_rate"] is not None
+      and abs(eos["prefix_cache_hit_rate"] - 0.6) < 1e-9,
+      f"shared-prefix, EOS appended: served from the cache {eos and eos['prefix_cache_hit_rate']} (0.6)")
+shutil.rmtree(eos_model, ignore_errors=True)
 
 for args, want in ((["--arrival", "poisson"], "--rate"),
                    (["--arrival", "burst", "--rate", "2"], "--rate"),
