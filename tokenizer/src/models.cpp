@@ -46,6 +46,9 @@ class BpeModel final : public Model {
     bool fuseUnk = false;
     bool byteFallback = false;
     bool ignoreMerges = false;
+    // No merge joins a symbol that ends in a character other than U+2581 (SentencePiece's space,
+    // "▁") to one that starts with it (makeBpe checks the merges).
+    bool noMergeBeforeSpace = false;
   };
 
   BpeModel(VocabMap vocab, PairMap merges, Options options)
@@ -55,6 +58,16 @@ class BpeModel final : public Model {
       for (int b = 0; b < 256; ++b)
         byteIds_[b] = lookup(vocab_, byteToken(static_cast<unsigned char>(b)));
     }
+    // SentencePiece-style BPE (Llama 2, Mistral) gets a whole normalised text as one word, and
+    // merging it costs a queue over every character. When no merge can join across the place where
+    // a "▁" follows another character, no merge ever does, so the word's parts between such places
+    // merge alone to the same tokens, and a part repeated (most words) comes from the cache.
+    // Merges by rank, unknown runs and byte fallback never cross the boundary ("▁" itself is a
+    // token, so an unknown run ends before it). Not with ignore_merges (the whole word's vocabulary
+    // look-up is not its parts') or subword prefixes and suffixes.
+    splitAtSpaces_ = options_.noMergeBeforeSpace && !options_.ignoreMerges &&
+                     options_.continuingSubwordPrefix.empty() && options_.endOfWordSuffix.empty() &&
+                     lookup(vocab_, kSpace).has_value();
   }
 
   Status tokenize(std::string_view piece, std::vector<Token>& out) const override {
@@ -65,22 +78,20 @@ class BpeModel final : public Model {
         return okStatus();
       }
     }
-    const bool cacheable = piece.size() < kMaxCachedLength;
-    if (cacheable) {
-      std::shared_lock lock(cacheMutex_);
-      if (auto it = cache_.find(piece); it != cache_.end()) {
-        emit(it->second, out);
-        return okStatus();
+    if (!splitAtSpaces_) return tokenizeWord(piece, 0, out);
+    // The parts start where a "▁" follows another character, walked as mergeWord walks them.
+    size_t start = 0, len;
+    bool previousSpace = false;
+    for (size_t i = 0; i < piece.size(); i += len) {
+      len = utf8SequenceLength(static_cast<unsigned char>(piece[i]));
+      const bool space = piece.compare(i, len, kSpace) == 0;
+      if (space && !previousSpace && i > start) {
+        TG_RETURN_IF_ERROR(tokenizeWord(piece.substr(start, i - start), start, out));
+        start = i;
       }
+      previousSpace = space;
     }
-    std::vector<Symbol> word;
-    TG_RETURN_IF_ERROR(mergeWord(piece, word));
-    if (cacheable) {
-      std::unique_lock lock(cacheMutex_);
-      if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(piece), word);
-    }
-    emit(word, out);
-    return okStatus();
+    return tokenizeWord(piece.substr(start), start, out);
   }
 
   std::optional<uint32_t> tokenToId(std::string_view token) const override {
@@ -92,6 +103,27 @@ class BpeModel final : public Model {
  private:
   static constexpr size_t kMaxCachedLength = 256;
   static constexpr size_t kCacheCapacity = 10000;
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581
+
+  // One word (or part of one), its tokens' offsets counted from `base`.
+  Status tokenizeWord(std::string_view piece, uint32_t base, std::vector<Token>& out) const {
+    const bool cacheable = piece.size() < kMaxCachedLength;
+    if (cacheable) {
+      std::shared_lock lock(cacheMutex_);
+      if (auto it = cache_.find(piece); it != cache_.end()) {
+        emit(it->second, base, out);
+        return okStatus();
+      }
+    }
+    std::vector<Symbol> word;
+    TG_RETURN_IF_ERROR(mergeWord(piece, word));
+    if (cacheable) {
+      std::unique_lock lock(cacheMutex_);
+      if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(piece), word);
+    }
+    emit(word, base, out);
+    return okStatus();
+  }
 
   struct Symbol {
     uint32_t id;
@@ -100,8 +132,8 @@ class BpeModel final : public Model {
     uint32_t len;  // bytes of the piece covered; 0 once merged away
   };
 
-  void emit(const std::vector<Symbol>& word, std::vector<Token>& out) const {
-    uint32_t offset = 0;
+  void emit(const std::vector<Symbol>& word, uint32_t base, std::vector<Token>& out) const {
+    uint32_t offset = base;
     for (const Symbol& s : word) {
       const std::string* value = reverse_.get(s.id);
       out.push_back({s.id, value ? *value : std::string(), {offset, offset + s.len}});
@@ -212,6 +244,7 @@ class BpeModel final : public Model {
   ReverseVocab reverse_;
   PairMap merges_;  // (a, b) -> (rank, merged id)
   Options options_;
+  bool splitAtSpaces_ = false;
   std::optional<uint32_t> byteIds_[256];
   mutable std::shared_mutex cacheMutex_;
   mutable std::unordered_map<std::string, std::vector<Symbol>, StringHash, std::equal_to<>> cache_;
@@ -241,6 +274,8 @@ StatusOr<std::unique_ptr<Model>> makeBpe(const Json& j, const std::string& path)
   const std::string mergesPath = childPath(path, "merges");
   const size_t prefixLen = o.continuingSubwordPrefix.size();
   PairMap mergeMap(merges->size());
+  o.noMergeBeforeSpace = true;
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581
   for (size_t i = 0; i < merges->size(); ++i) {
     const Json& m = (*merges)[i];
     std::string a, b;
@@ -272,6 +307,8 @@ StatusOr<std::unique_ptr<Model>> makeBpe(const Json& j, const std::string& path)
       return jsonError(childPath(mergesPath, i),
                        "merged token '" + merged + "' is not in the vocabulary");
     mergeMap.insert(*aId, *bId, {static_cast<uint32_t>(i), *newId});
+    const bool aEndsInSpace = a.size() >= kSpace.size() && a.ends_with(kSpace);
+    if (!aEndsInSpace && b.starts_with(kSpace)) o.noMergeBeforeSpace = false;
   }
   return std::unique_ptr<Model>(
       std::make_unique<BpeModel>(std::move(vocab), std::move(mergeMap), std::move(o)));

@@ -37,6 +37,38 @@ TEST(TokenizerTest, LegacyStringMergesLoadTheSame) {
   }
 }
 
+// SentencePiece-style BPE merges the parts of a text between "▁"s alone (models.cpp) only when no
+// merge crosses into a "▁" from another character. A model with such a merge ("a" + "▁b") keeps the
+// whole-text merge order, and its one token for "a b"; without it, the parts give what the whole
+// text gives.
+TEST(TokenizerTest, BpeMergesAcrossASpaceKeepTheWholeTextOrder) {
+  auto make = [](const json& merges) {
+    json j = json::parse(fixtureJson("llama2"));
+    j["added_tokens"] =
+        json::array({j["added_tokens"][0], j["added_tokens"][1], j["added_tokens"][2]});
+    j["model"]["byte_fallback"] = false;
+    j["model"]["vocab"] = {
+        {"<unk>", 0}, {"<s>", 1},     {"</s>", 2},     {"\u2581", 3},         {"a", 4},
+        {"b", 5},     {"\u2581b", 6}, {"a\u2581b", 7}, {"\u2581a\u2581b", 8}, {"\u2581a", 9}};
+    j["model"]["merges"] = merges;
+    auto tok = Tokenizer::fromJson(j.dump());
+    EXPECT_TRUE(tok.ok()) << tok.status();
+    return std::move(*tok);
+  };
+  const std::string sp = "\u2581";
+  auto crossing = make(json::array(
+      {json::array({sp, "b"}), json::array({"a", sp + "b"}), json::array({sp, "a" + sp + "b"})}));
+  EXPECT_EQ(crossing->encode("a b", false)->ids, (std::vector<uint32_t>{8}));
+  EXPECT_EQ(crossing->encode("a b a b", false)->ids, (std::vector<uint32_t>{8, 8}));
+  auto parts = make(json::array({json::array({sp, "b"}), json::array({sp, "a"})}));
+  const auto e = parts->encode("a b  a", false);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->ids, (std::vector<uint32_t>{9, 6, 3, 9}));
+  ASSERT_EQ(e->offsets.size(), 4u);
+  EXPECT_EQ(e->offsets[1], (std::pair<uint32_t, uint32_t>{1, 3}));  // " b" in the text
+  EXPECT_EQ(e->offsets[3], (std::pair<uint32_t, uint32_t>{4, 6}));
+}
+
 TEST(TokenizerTest, ConfigTokensAndTgiLlamaOverride) {
   auto tok = Tokenizer::fromDirectory(testing::kFixtures + "/llama2");
   ASSERT_TRUE(tok.ok());
