@@ -660,6 +660,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
 // ---- Tensor-core prefill ----
 
 constexpr int kTileRows = 64, kTileKeys = 64;
+constexpr int kMaxFlashSplits = 32;  // key splits of a tensor-core tile (flashSplits)
 
 template <typename T, int kD>
 struct FlashSmem {
@@ -678,18 +679,28 @@ struct FlashSmem {
   // T5: the relative bias of a key tile's relative positions, [kTileRows + kTileKeys - 1].
   static constexpr size_t kBias = kSlots + sizeof(int64_t) * kTileKeys;
   static constexpr size_t kBytes = kBias + sizeof(float) * (kTileRows + kTileKeys);
+  static_assert(kSp >= 2 * kMaxFlashSplits && kO % 16 == 0 && kOp % 4 == 0,
+                "S holds the merge's scratch; O rows are read as float4");
 };
 
 // The end of a tensor-core tile: its unnormalised output O (float rows oPitch apart in shared
-// memory) and each row's max (sM) and sum (sL) become the tile's output rows (one split), or this
-// split's partials in the workspace, the last split of the (tile, head) to finish merging them
-// all. sW: numSplits * kTileRows floats of shared scratch; sL is overwritten by the merge.
+// memory, 16-byte aligned, oPitch a multiple of 4) and each row's max (sM) and sum (sL) become the
+// tile's output rows (one split), or this split's partials in the workspace, the last split of the
+// (tile, head) to finish merging them all. sW: 2 * kMaxFlashSplits * kTileRows floats of shared
+// scratch; sL is overwritten by the merge.
+//
+// The merge reads every split's partials from L2, one block per (tile, head): its loads are
+// issued many at a time (each split's stats by every thread at once, then four splits' float4s of
+// O a thread), not one dependent load after another. With the loads serial it took about as long
+// as the splits' own walks over 2k keys (64 rows, 9 splits).
 template <typename T, int kD>
 __device__ void flashFinish(const PagedAttentionParams& p, const float* sO, int oPitch,
                             const float* sM, float* sL, float* sW, int rowBegin, int numRows,
                             int head, int numSplits) {
+  static_assert(kD % 4 == 0);
   using C = Convert<T>;
   T* out = static_cast<T*>(p.out);
+  constexpr int kQuads = kD / 4;
   if (numSplits == 1) {
     for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
       const int r = i / kD, d = i % kD;
@@ -699,8 +710,10 @@ __device__ void flashFinish(const PagedAttentionParams& p, const float* sO, int 
     }
     return;
   }
-  // Partials of this (tile, head, split): [max per row | sum per row | unnormalised O per row].
+  // Partials of this (tile, head, split): [max per row | sum per row | unnormalised O per row]
+  // (a multiple of 4 floats, and the workspace 16-byte aligned: flashSplits checks).
   constexpr int kPartial = kTileRows * (kD + 2);
+  static_assert(kPartial % 4 == 0 && (2 * kTileRows) % 4 == 0);
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * p.numHeads + head;
   float* partials = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kCounterBytes) +
                     unit * numSplits * kPartial;
@@ -709,8 +722,9 @@ __device__ void flashFinish(const PagedAttentionParams& p, const float* sO, int 
     mine[r] = sM[r];
     mine[kTileRows + r] = sL[r];
   }
-  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x)
-    mine[2 * kTileRows + i] = sO[(i / kD) * oPitch + i % kD];
+  float4* mineO = reinterpret_cast<float4*>(mine + 2 * kTileRows);
+  for (int q = threadIdx.x; q < numRows * kQuads; q += blockDim.x)
+    mineO[q] = *reinterpret_cast<const float4*>(sO + (q / kQuads) * oPitch + q % kQuads * 4);
   // The last split of this (tile, head) to finish merges them all, then resets the counter.
   __threadfence();
   __syncthreads();
@@ -720,30 +734,59 @@ __device__ void flashFinish(const PagedAttentionParams& p, const float* sO, int 
   __syncthreads();
   if (!isLast) return;
   __threadfence();
-  // Each split's weight per row, exp(m_split - m_max), in sW ([split][row]).
+  // Every split's max and sum per row ([split][row]), then each split's weight per row,
+  // exp(m_split - m_max), in place of its max.
+  float* sMaxW = sW;
+  float* sSum = sW + kMaxFlashSplits * kTileRows;
+  for (int i = threadIdx.x; i < numSplits * kTileRows; i += blockDim.x) {
+    const int sp = i / kTileRows, r = i % kTileRows;
+    if (r >= numRows) continue;
+    sMaxW[i] = __ldcg(partials + sp * kPartial + r);
+    sSum[i] = __ldcg(partials + sp * kPartial + kTileRows + r);
+  }
+  __syncthreads();
   for (int r = threadIdx.x; r < numRows; r += blockDim.x) {
     float mMax = -INFINITY;
-    for (int sp = 0; sp < numSplits; ++sp) mMax = fmaxf(mMax, __ldcg(partials + sp * kPartial + r));
+    for (int sp = 0; sp < numSplits; ++sp) mMax = fmaxf(mMax, sMaxW[sp * kTileRows + r]);
     float lSum = 0.0f;
     for (int sp = 0; sp < numSplits; ++sp) {
-      const float m = __ldcg(partials + sp * kPartial + r);
+      const float m = sMaxW[sp * kTileRows + r];
       const float w = m == -INFINITY ? 0.0f : __expf(m - mMax);
-      sW[sp * kTileRows + r] = w;
-      lSum += w * __ldcg(partials + sp * kPartial + kTileRows + r);
+      sMaxW[sp * kTileRows + r] = w;
+      lSum += w * sSum[sp * kTileRows + r];
     }
     sL[r] = lSum;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < numRows * kD; i += blockDim.x) {
-    const int r = i / kD;
-    float o = 0.0f;
-    for (int sp = 0; sp < numSplits; ++sp) {
-      const float w = sW[sp * kTileRows + r];
-      if (w != 0.0f) o += w * __ldcg(partials + sp * kPartial + 2 * kTileRows + i);
+  // O, four elements a thread at a time: sums in split order, as one split after another.
+  const float4* all = reinterpret_cast<const float4*>(partials + 2 * kTileRows);
+  constexpr int kPartialQuads = kPartial / 4;
+  const auto add = [](float4& o, float w, const float4& v) {
+    if (w == 0.0f) return;
+    o.x += w * v.x;
+    o.y += w * v.y;
+    o.z += w * v.z;
+    o.w += w * v.w;
+  };
+  for (int q = threadIdx.x; q < numRows * kQuads; q += blockDim.x) {
+    const int r = q / kQuads;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int sp = 0;
+    for (; sp + 4 <= numSplits; sp += 4) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = __ldcg(all + (sp + u) * kPartialQuads + q);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) add(o, sMaxW[(sp + u) * kTileRows + r], v[u]);
     }
+    for (; sp < numSplits; ++sp)
+      add(o, sMaxW[sp * kTileRows + r], __ldcg(all + sp * kPartialQuads + q));
     const float l = sL[r];
-    out[(static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + i % kD] =
-        C::fromFloat(l > 0.0f ? o / l : 0.0f);
+    T* dst = out + (static_cast<int64_t>(rowBegin + r) * p.numHeads + head) * kD + q % kQuads * 4;
+    dst[0] = C::fromFloat(l > 0.0f ? o.x / l : 0.0f);
+    dst[1] = C::fromFloat(l > 0.0f ? o.y / l : 0.0f);
+    dst[2] = C::fromFloat(l > 0.0f ? o.z / l : 0.0f);
+    dst[3] = C::fromFloat(l > 0.0f ? o.w / l : 0.0f);
   }
   if (threadIdx.x == 0) *counter = 0;
 }
@@ -981,7 +1024,8 @@ struct MmaFlashSmem {
   static constexpr int kOPitch = kD + 4;
   static constexpr size_t kO = kKv;
   static constexpr size_t kW = kO + sizeof(float) * kTileRows * kOPitch;
-  static_assert(kW + sizeof(float) * 32 * kTileRows <= kStats, "flashSplits allows 32 splits");
+  static_assert(kW + sizeof(float) * 2 * kMaxFlashSplits * kTileRows <= kStats,
+                "the merge's scratch for kMaxFlashSplits splits");
 };
 
 template <typename T, int kD>
@@ -1186,9 +1230,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
                      numRows, head, numSplits);
 }
 
-// Key splits for the tensor-core kernel: 1 while its (tile, head) blocks fill the device; else
-// enough to reach about two waves (two blocks fit an SM), at least two key tiles a split, within
-// the workspace's counters and partials.
+// Key splits for the tensor-core kernel: 1 while its (tile, head) blocks fill the device; else as
+// many as one wave holds (two blocks an SM; rounding up left a few blocks to a second wave), at
+// least two key tiles a split, within the workspace's counters and partials.
 int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDim) {
   static const bool enabled = [] {
     const char* v = std::getenv("TEXTGEN_FLASH_SPLIT");
@@ -1196,14 +1240,21 @@ int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDi
   }();
   const int64_t sms = multiprocessorCount();
   if (!enabled || units >= sms || !p.workspace || p.workspaceBytes <= kCounterBytes ||
+      reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0 ||
       units * 4 > static_cast<int64_t>(kCounterBytes))
     return 1;
+  // TEXTGEN_FLASH_SPLITS (2 to 32): that many, for comparison.
+  static const int64_t forced = [] {
+    const char* v = std::getenv("TEXTGEN_FLASH_SPLITS");
+    const int n = v ? std::atoi(v) : 0;
+    return n >= 2 && n <= 32 ? n : 0;
+  }();
   const int64_t kvTiles = (p.maxContext + kTileKeys - 1) / kTileKeys;
-  int64_t splits = std::min<int64_t>((2 * sms + units - 1) / units, kvTiles / 2);
+  int64_t splits = forced ? forced : std::min<int64_t>(2 * sms / units, kvTiles / 2);
   const int64_t perSplit = units * kTileRows * (headDim + 2) * static_cast<int64_t>(sizeof(float));
   splits =
       std::min<int64_t>(splits, static_cast<int64_t>(p.workspaceBytes - kCounterBytes) / perSplit);
-  return std::clamp<int64_t>(splits, 1, 32);
+  return std::clamp<int64_t>(splits, 1, kMaxFlashSplits);
 }
 
 // TEXTGEN_FLASH_MMA=0: every prompt tile on flashKernel (WMMA), for comparison.
