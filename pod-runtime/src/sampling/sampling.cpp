@@ -51,7 +51,7 @@ TokenChoice RequestSampler::choose(std::span<float> logits, std::span<const uint
                                    float greenDelta) {
   const SamplingParams& p = params_;
   const auto vocab = static_cast<uint32_t>(logits.size());
-  SampleInputs in = sampleInputs(TokenCounts(history), vocab);
+  SampleInputs in = sampleInputs(p.penalized() ? TokenCounts(history) : TokenCounts(), vocab);
   kernels::SampleRow row = sampleRow(in);
   std::vector<uint32_t> masks(mask.begin(), mask.end());
   if (!mask.empty()) row.maskBegin = 0;

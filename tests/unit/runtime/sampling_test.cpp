@@ -45,6 +45,32 @@ TEST(SamplingTest, RepetitionAndFrequencyPenaltiesAndBias) {
   EXPECT_EQ(b.choose(l, {}).id, 4u);
 }
 
+// The engine keeps and sends a request's token history only when a penalty reads it; each penalty
+// alone must count (presence alone is OpenAI's, and repetition 0 is "off", as 1).
+TEST(SamplingTest, AnyPenaltyAloneReadsTheHistory) {
+  SamplingParams p;
+  EXPECT_FALSE(p.penalized());
+  p.repetitionPenalty = 0.0f;
+  EXPECT_FALSE(p.penalized());
+  p.repetitionPenalty = 1.1f;
+  EXPECT_TRUE(p.penalized());
+  p = {};
+  p.frequencyPenalty = -0.5f;
+  EXPECT_TRUE(p.penalized());
+  p = {};
+  p.presencePenalty = 0.25f;
+  EXPECT_TRUE(p.penalized());
+  // Presence alone changes the choice through the history: token 1 (3.0 - 1.5) loses to token 2.
+  p.presencePenalty = 1.5f;
+  RequestSampler s(p);
+  auto l = logits();
+  EXPECT_EQ(s.choose(l, std::vector<uint32_t>{1}).id, 2u);
+  // Without a penalty the history changes nothing.
+  RequestSampler none({});
+  l = logits();
+  EXPECT_EQ(none.choose(l, std::vector<uint32_t>{1, 1, 1}).id, 1u);
+}
+
 TEST(SamplingTest, TopKTopPTypicalRestrictTheSupport) {
   for (int trial = 0; trial < 200; ++trial) {
     SamplingParams p;

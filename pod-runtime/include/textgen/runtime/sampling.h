@@ -38,6 +38,13 @@ struct SamplingParams {
   // Kirchenbauer's watermark (TGI's `watermark`): the engine's green list after the previous token
   // gets its delta (textgen/base/watermark.h).
   bool watermark = false;
+
+  // Whether a penalty reads the history: without one the history changes no logit (the kernels
+  // then subtract 0 from each of its tokens'), so it is neither counted nor sent.
+  bool penalized() const {
+    return (repetitionPenalty > 0.0f && repetitionPenalty != 1.0f) || frequencyPenalty != 0.0f ||
+           presencePenalty != 0.0f;
+  }
 };
 
 // INVALID_ARGUMENT naming the first bad field (TGI's validation rules).
