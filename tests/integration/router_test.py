@@ -495,6 +495,65 @@ def test_errors(s):
     check(status == 413, f"payload limit {status}")
 
 
+def test_tgi_compat(s):
+    """Behaviours a TGI or OpenAI client relies on (TGI's router/src/server.rs, checked against it)."""
+    prompt = PROMPTS[1]
+    # TGI's compat routes (POST /, /invocations) default return_full_text to true for a
+    # text-generation model; /generate to false; an explicit value wins.
+    status, _, body = request(s.port, "POST", "/", {"inputs": prompt, "parameters": {"max_new_tokens": 3}})
+    out = json.loads(body)
+    check(status == 200 and out[0]["generated_text"].startswith(prompt) and len(out[0]["generated_text"]) > len(prompt),
+          f"POST / returns the full text by default: {body}")
+    status, _, body = request(s.port, "POST", "/invocations", {"inputs": prompt, "parameters": {"max_new_tokens": 3}})
+    check(status == 200 and json.loads(body)[0]["generated_text"].startswith(prompt), f"/invocations full text: {body}")
+    status, _, body = request(s.port, "POST", "/", {"inputs": prompt, "parameters": {"max_new_tokens": 3, "return_full_text": False}})
+    tail = json.loads(body)[0]["generated_text"]
+    check(status == 200 and out[0]["generated_text"] == prompt + tail, f"return_full_text false on POST /: {body}")
+    status, _, body = generate(s.port, prompt, 3)
+    check(status == 200 and body["generated_text"] == tail, f"/generate returns the new text only: {body}")
+    status, _, events = sse(s.port, "/", {"inputs": prompt, "parameters": {"max_new_tokens": 3}, "stream": True})
+    check(status == 200 and json.loads(events[-1])["generated_text"] == prompt + tail, f"POST / stream full text: {events[-1:]}")
+    # return_full_text with truncate puts the request's own inputs first, not the kept part.
+    status, _, body = request(s.port, "POST", "/generate", {"inputs": prompt, "parameters": {
+        "max_new_tokens": 2, "truncate": 2, "return_full_text": True}})
+    check(status == 200 and json.loads(body)["generated_text"].startswith(prompt), f"truncate + full text: {body}")
+    # decoder_input_details alone brings the details (TGI: details || decoder_input_details).
+    status, _, body = request(s.port, "POST", "/generate", {"inputs": prompt, "parameters": {
+        "max_new_tokens": 2, "decoder_input_details": True}})
+    d = json.loads(body).get("details") or {}
+    check(status == 200 and len(d.get("prefill", [])) > 0 and len(d.get("tokens", [])) == 2,
+          f"decoder_input_details without details: {body}")
+    # CORS: without --cors-allow-origin any origin, on every route (TGI's AllowOrigin::any()).
+    for method, path, payload in (("GET", "/info", None), ("GET", "/health", None), ("GET", "/metrics", None),
+                                  ("POST", "/generate", {"inputs": "x", "parameters": {"top_p": 1.5}}),
+                                  ("POST", "/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 1}})):
+        status, headers, _ = request(s.port, method, path, payload, {"Origin": "http://elsewhere.example"})
+        check(headers.get("Access-Control-Allow-Origin") == "*", f"CORS on {method} {path} ({status}): {headers}")
+    # OpenAI streams: not buffered by proxies; /v1/completions reports usage as TGI and OpenAI do.
+    for path, payload in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                                     "stream": True}),
+                          ("/v1/completions", {"prompt": prompt, "max_tokens": 2, "stream": True})):
+        status, headers, _ = request(s.port, "POST", path, payload)
+        check(status == 200 and headers.get("x-accel-buffering") == "no", f"{path} stream headers {headers}")
+    status, _, events = sse(s.port, "/v1/completions", {"prompt": [PROMPTS[0], PROMPTS[2]], "max_tokens": 3,
+                                                         "temperature": 0, "stream": True,
+                                                         "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in events[:-1]]
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    check(status == 200 and events[-1] == "[DONE]" and len(finals) == 2 and
+          all(c["usage"]["completion_tokens"] == 3 for c in finals), f"each prompt's last chunk has its usage: {finals}")
+    last = chunks[-1]
+    check(last["choices"] == [] and last["usage"]["completion_tokens"] == 6 and
+          last["usage"]["prompt_tokens"] == sum(c["usage"]["prompt_tokens"] for c in finals),
+          f"include_usage adds a last chunk with every prompt's usage: {last}")
+    # What /v1/completions does not serve is refused, not ignored.
+    for extra in ({"n": 2}, {"best_of": 3}, {"echo": True}, {"logprobs": 2}, {"stream_options": 5}):
+        status, _, body = request(s.port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1, **extra})
+        check(status == 422 and json.loads(body)["error_type"] == "validation", f"/v1/completions {extra}: {status} {body}")
+    status, _, body = request(s.port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "n": 1, "logprobs": None})
+    check(status == 200, f"/v1/completions n=1, logprobs null: {status} {body}")
+
+
 def alive(s):
     return request(s.port, "GET", "/health")[0] == 200
 
@@ -836,16 +895,27 @@ def test_shard_death(s):
 
     def stream():
         results_box["sse"] = sse(s.port, "/generate_stream", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 200}})
-    t = threading.Thread(target=stream)
-    t.start()
+
+    def chat_stream():
+        results_box["chat"] = sse(s.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                                   "max_tokens": 200, "stream": True})
+    threads = [threading.Thread(target=stream), threading.Thread(target=chat_stream)]
+    for t in threads:
+        t.start()
     deadline = time.time() + 20
-    while time.time() < deadline and not (metric(s.port, "tgi_batch_current_size") or "0").endswith(" 1"):
+    while time.time() < deadline and not (metric(s.port, "tgi_batch_current_size") or "0").endswith(" 2"):
         time.sleep(0.01)
     s.shard.kill()
     s.shard.wait()
-    t.join(timeout=60)
+    for t in threads:
+        t.join(timeout=60)
     status, _, events = results_box.get("sse", (None, None, []))
     check(events and json.loads(events[-1]).get("error_type") == "generation", f"in-flight stream gets a generation error: {events[-1:]}")
+    # An OpenAI stream's error is TGI's OpenAI error event ({"error": {"message", ...}}), then [DONE].
+    status, _, events = results_box.get("chat", (None, None, []))
+    err = json.loads(events[-2]).get("error") if len(events) >= 2 and events[-1] == "[DONE]" else None
+    check(isinstance(err, dict) and err.get("message") and err.get("http_status_code") == 424,
+          f"in-flight chat stream gets an OpenAI error event and [DONE]: {events[-2:]}")
     status, _, body = request(s.port, "POST", "/generate", {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 4}})
     check(status == 424 and json.loads(body)["error_type"] == "generation", f"424 after the shard died: {status} {body}")
     check(request(s.port, "GET", "/health")[0] == 503, "/health is 503 with the shard gone")
@@ -897,6 +967,8 @@ def test_replicas(workdir):
         status, headers, _ = request(port, "POST", "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 2}},
                                      headers={**auth, "Origin": "https://app.example"})
         check(status == 200 and headers.get("Access-Control-Allow-Origin") == "https://app.example", f"auth + CORS {status}")
+        status, headers, _ = request(port, "GET", "/info", headers={"Origin": "https://elsewhere.example"})
+        check(status == 200 and "Access-Control-Allow-Origin" not in headers, f"an origin not listed gets no CORS: {headers}")
         # This model folder has no chat template and none was given: the chat routes are a clear 422.
         status, _, body = request(port, "POST", "/v1/chat/completions", {"messages": CHAT}, headers=auth)
         check(status == 422 and "no chat template" in body, f"chat without a template: {status} {body[:200]}")
@@ -1051,7 +1123,7 @@ def main():
     s = Server(workdir)
     try:
         for test in (test_routes, test_generate_equals_reference, test_prefix_cache, test_concurrent_equals_alone, test_stream, test_errors,
-                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_disconnect_frees_request, test_endpoint_picker_gauges, test_filter_batch, test_promtool,
+                     test_hostile_requests, test_large_inputs_do_not_stall_others, test_many_streams, test_tgi_compat, test_disconnect_frees_request, test_endpoint_picker_gauges, test_filter_batch, test_promtool,
                      test_chat, test_constrained, test_tools, test_chat_errors):
             test(s)
         test_prometheus_scrape(s, workdir)

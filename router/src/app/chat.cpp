@@ -544,7 +544,10 @@ class ChatSink final : public std::enable_shared_from_this<ChatSink> {
     if (control_) control_->cancel();
     if (err.countAs) s_.metrics->counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (s_.stream) {
-      if (err.status) s_.stream->write("data: " + errorJson(e.message(), err.type) + "\n\n");
+      if (err.status) {
+        s_.stream->write("data: " + openAiStreamError(e.message(), err.type, err.status) + "\n\n");
+        s_.stream->write("data: [DONE]\n\n");
+      }
       s_.stream->close();
     } else if (err.status) {
       s_.responder->reply(err.status, errorJson(e.message(), err.type), s_.headers);
@@ -643,6 +646,7 @@ void RouterApp::chatCompletions(const HttpRequest& request,
   if (stream) {
     headers["Content-Type"] = "text/event-stream";
     headers["Cache-Control"] = "no-cache";
+    headers["x-accel-buffering"] = "no";  // TGI's: proxies (nginx) must not buffer the stream
     httpStream = responder->startStream(200, headers);
   }
   const std::string model = chat->model && !chat->model->empty() && *chat->model != "tgi"

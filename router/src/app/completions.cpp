@@ -32,8 +32,9 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
   CompletionSink(std::shared_ptr<HttpResponder> responder, std::shared_ptr<HttpStream> stream,
                  HttpHeaders headers, std::string model, std::vector<uint32_t> promptTokens,
                  std::vector<uint32_t> maxNewTokens, std::chrono::steady_clock::time_point start,
-                 std::function<void()> release, MetricsRegistry& metrics)
-      : responder_(std::move(responder)),
+                 std::function<void()> release, MetricsRegistry& metrics, bool includeUsage)
+      : includeUsage_(includeUsage),
+        responder_(std::move(responder)),
         stream_(std::move(stream)),
         headers_(std::move(headers)),
         model_(std::move(model)),
@@ -71,8 +72,10 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
                   {"text", piece},
                   {"logprobs", nullptr},
                   {"finish_reason", g.generatedText ? json(finish_[index]) : json(nullptr)}};
-      if (!stream_->write("data: " + dump(chunk(json::array({choice}), "text_completion")) +
-                          "\n\n")) {
+      json event = chunk(json::array({choice}), "text_completion");
+      // A prompt's last chunk carries its usage, as TGI's CompletionFinal does.
+      if (g.generatedText) event["usage"] = usage(index, index + 1);
+      if (!stream_->write("data: " + dump(event) + "\n\n")) {
         control->cancel();
       }
     }
@@ -102,7 +105,10 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
     const GenerationError err = generationError(e);
     if (err.countAs) metrics_.counterAdd("tgi_request_failure", 1, {{"err", err.countAs}});
     if (stream_) {
-      if (err.status) stream_->write("data: " + errorJson(e.message(), err.type) + "\n\n");
+      if (err.status) {
+        stream_->write("data: " + openAiStreamError(e.message(), err.type, err.status) + "\n\n");
+        stream_->write("data: [DONE]\n\n");
+      }
       stream_->close();
     } else if (err.status) {
       responder_->reply(err.status, errorJson(e.message(), err.type), headers_);
@@ -133,32 +139,46 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
       metrics_.histogramObserve("tgi_request_max_new_tokens", maxNewTokens_[i]);
     }
     if (stream_) {
+      // OpenAI's stream_options.include_usage: one more chunk, no choices, every prompt's usage.
+      if (includeUsage_) {
+        json last = chunk(json::array(), "text_completion");
+        last["usage"] = usage(0, texts_.size());
+        stream_->write("data: " + dump(last) + "\n\n");
+      }
       stream_->write("data: [DONE]\n\n");
       stream_->close();
     } else {
       json choices = json::array();
-      uint32_t prompt = 0, completion = 0, cached = 0;
       for (size_t i = 0; i < texts_.size(); ++i) {
         choices.push_back({{"index", i},
                            {"text", texts_[i]},
                            {"logprobs", nullptr},
                            {"finish_reason", finish_[i]}});
-        prompt += promptTokens_[i];
-        completion += generated_[i];
-        cached += cached_[i];
       }
       json out = chunk(choices, "text_completion");
-      out["usage"] = {{"prompt_tokens", prompt},
-                      {"completion_tokens", completion},
-                      {"total_tokens", prompt + completion},
-                      {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+      out["usage"] = usage(0, texts_.size());
       responder_->reply(200, dump(out), headers_);
     }
     release_();
     trace_->finish(&times_, generatedAt);
   }
 
+  // The usage of prompts [begin, end).
+  json usage(size_t begin, size_t end) const {
+    uint32_t prompt = 0, completion = 0, cached = 0;
+    for (size_t i = begin; i < end; ++i) {
+      prompt += promptTokens_[i];
+      completion += generated_[i];
+      cached += cached_[i];
+    }
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  }
+
   std::mutex mutex_;
+  bool includeUsage_ = false;
   std::shared_ptr<RequestTrace> trace_;
   RequestTimes times_;
   std::shared_ptr<HttpResponder> responder_;
@@ -233,6 +253,7 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
   if (stream) {
     headers["Content-Type"] = "text/event-stream";
     headers["Cache-Control"] = "no-cache";
+    headers["x-accel-buffering"] = "no";  // TGI's: proxies (nginx) must not buffer the stream
     httpStream = responder->startStream(200, headers);
   }
   std::vector<uint32_t> promptTokens, maxNewTokens;
@@ -242,7 +263,7 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
   }
   auto sink = std::make_shared<CompletionSink>(
       responder, httpStream, headers, req->model.value_or(options_.modelId), promptTokens,
-      maxNewTokens, start, [this] { inFlight_.fetch_sub(1); }, metrics_);
+      maxNewTokens, start, [this] { inFlight_.fetch_sub(1); }, metrics_, req->includeUsage);
   std::vector<std::shared_ptr<RequestControl>> controls;
   for (size_t i = 0; i < valid.size(); ++i) controls.push_back(std::make_shared<RequestControl>());
   cancelOnDisconnect(*responder, controls);

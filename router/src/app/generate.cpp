@@ -202,7 +202,7 @@ class GenerateSink final : public ResponseSink, public std::enable_shared_from_t
       if (results_[i].logprobSum > results_[best].logprobSum) best = i;
     }
     const Collected& c = results_[best];
-    const std::string prefix = request_.returnFullText ? request_.inputs : "";
+    const std::string& prefix = request_.fullTextPrefix;
     json out{{"generated_text", prefix + c.generated->text}};
     if (request_.details) {
       json d = detailsJson(c, request_);
@@ -278,8 +278,7 @@ class StreamSink final : public ResponseSink {
       event["top_tokens"] = i < c_.topTokens.size() ? c_.topTokens[i] : json(nullptr);
       const bool last = i + 1 == c_.tokens.size() && c_.generated;
       if (last) {
-        event["generated_text"] =
-            (request_.returnFullText ? request_.inputs : "") + c_.generated->text;
+        event["generated_text"] = request_.fullTextPrefix + c_.generated->text;
         event["details"] = {
             {"finish_reason", finishReason(c_.generated->reason)},
             {"generated_tokens", c_.generated->generatedTokens},
@@ -335,9 +334,12 @@ class StreamSink final : public ResponseSink {
 static std::optional<ValidRequest> validated(const HttpRequest& request, const Validator& validator,
                                              Endpoint endpoint, MetricsRegistry& metrics,
                                              HttpResponder& responder, const HttpHeaders& headers,
-                                             RequestTrace& trace) {
+                                             RequestTrace& trace, bool compat) {
   metrics.counterAdd("tgi_request_count");
   auto parsed = parseGenerateRequest(request.body);
+  // TGI's compat routes default return_full_text to the model's pipeline (text-generation: true).
+  if (parsed.ok() && compat && !parsed->parameters.returnFullText)
+    parsed->parameters.returnFullText = true;
   StatusOr<ValidRequest> v =
       parsed.ok() ? validator.validate(*parsed, endpoint) : StatusOr<ValidRequest>(parsed.status());
   if (!v.ok()) {
@@ -354,18 +356,18 @@ static std::optional<ValidRequest> validated(const HttpRequest& request, const V
 }
 
 void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
-                         bool compatList) {
+                         bool compat) {
   auto tracker = std::make_shared<RequestTracker>(metrics_, inFlight_, request, "generate");
   const HttpHeaders headers = baseHeaders(request);
   auto v = validated(request, validator_, Endpoint::kGenerate, metrics_, *responder, headers,
-                     tracker->trace);
+                     tracker->trace, compat);
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;
   std::shared_ptr<Replica> replica = admit(responder, v->inputIds);
   if (!replica) return tracker->trace.finish(nullptr, std::nullopt, &kNotAdmitted);
   const size_t n = v->bestOf;
-  auto sink = std::make_shared<GenerateSink>(responder, headers, *v, n, compatList, tracker);
+  auto sink = std::make_shared<GenerateSink>(responder, headers, *v, n, compat, tracker);
   std::vector<std::shared_ptr<RequestControl>> controls;
   for (size_t i = 0; i < n; ++i) controls.push_back(std::make_shared<RequestControl>());
   cancelOnDisconnect(*responder, controls);  // TGI drops a request whose client left
@@ -379,12 +381,12 @@ void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpRespond
   }
 }
 
-void RouterApp::generateStream(const HttpRequest& request,
-                               std::shared_ptr<HttpResponder> responder) {
+void RouterApp::generateStream(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
+                               bool compat) {
   auto tracker = std::make_shared<RequestTracker>(metrics_, inFlight_, request, "generate_stream");
   HttpHeaders headers = baseHeaders(request);
   auto v = validated(request, validator_, Endpoint::kGenerateStream, metrics_, *responder, headers,
-                     tracker->trace);
+                     tracker->trace, compat);
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;

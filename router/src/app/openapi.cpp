@@ -169,6 +169,8 @@ json schemas() {
           {"top_p", num},
           {"seed", intg},
           {"stream", {{"type", "boolean"}}},
+          {"stream_options",
+           {{"type", "object"}, {"properties", {{"include_usage", {{"type", "boolean"}}}}}}},
           {"stop", {{"type", "array"}, {"items", {{"type", "string"}}}}},
           {"frequency_penalty", num},
           {"presence_penalty", num},

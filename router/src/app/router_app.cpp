@@ -18,6 +18,11 @@ std::string errorJson(const std::string& message, const std::string& type) {
                                                              json::error_handler_t::replace);
 }
 
+std::string openAiStreamError(const std::string& message, const std::string& type, int status) {
+  return json{{"error", {{"message", message}, {"type", type}, {"http_status_code", status}}}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
+}
+
 GenerationError generationError(const Status& error) {
   switch (error.code()) {
     case StatusCode::kCancelled: return {0, "", nullptr};
@@ -156,9 +161,14 @@ void RouterApp::loadGauges() {
 
 namespace {
 
-// --cors-allow-origin: the request's origin when allowed, or "*".
+// --cors-allow-origin: the request's origin when allowed, or "*". Without the flag any origin is
+// allowed, as TGI allows (tower-http's AllowOrigin::any() over every route).
 HttpHeaders corsHeaders(const HttpRequest& request, const std::vector<std::string>& allowOrigins) {
   HttpHeaders h;
+  if (allowOrigins.empty()) {
+    h["Access-Control-Allow-Origin"] = "*";
+    return h;
+  }
   const std::string origin = request.header("origin");
   for (const std::string& allowed : allowOrigins) {
     if (allowed == "*" || allowed == origin) {
@@ -168,6 +178,32 @@ HttpHeaders corsHeaders(const HttpRequest& request, const std::vector<std::strin
   }
   return h;
 }
+
+// Puts the CORS headers on every answer of one request, whichever route or error path writes it
+// (a route's own headers win where both name one).
+class CorsResponder final : public HttpResponder {
+ public:
+  CorsResponder(std::shared_ptr<HttpResponder> inner, HttpHeaders cors)
+      : inner_(std::move(inner)), cors_(std::move(cors)) {}
+  void reply(int status, const std::string& body, const HttpHeaders& headers) override {
+    inner_->reply(status, body, merged(headers));
+  }
+  std::shared_ptr<HttpStream> startStream(int status, const HttpHeaders& headers) override {
+    return inner_->startStream(status, merged(headers));
+  }
+  void onDisconnect(std::function<void()> callback) override {
+    inner_->onDisconnect(std::move(callback));
+  }
+
+ private:
+  HttpHeaders merged(const HttpHeaders& headers) const {
+    HttpHeaders m = headers;
+    m.insert(cors_.begin(), cors_.end());
+    return m;
+  }
+  std::shared_ptr<HttpResponder> inner_;
+  HttpHeaders cors_;
+};
 
 // A CORS preflight: answered before authentication, as browsers send it without credentials.
 void preflight(const HttpRequest& request, HttpResponder& responder,
@@ -252,11 +288,12 @@ void handleWithoutReplica(const HttpRequest& request, HttpResponder& responder,
                           MetricsRegistry& metrics) {
   const std::string& p = request.path;
   if (request.method == "OPTIONS") return preflight(request, responder, corsAllowOrigins);
+  HttpHeaders h = corsHeaders(request, corsAllowOrigins);
   if (request.method == "GET" && p == "/metrics") {
-    responder.reply(200, metrics.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
+    h["Content-Type"] = "text/plain; version=0.0.4";
+    responder.reply(200, metrics.render(), h);
     return;
   }
-  HttpHeaders h = corsHeaders(request, corsAllowOrigins);
   if (protectedRoute(request) && !bearerAuthorized(request, apiKey)) {
     responder.reply(401, errorJson("Unauthorized", "unauthorized"), h);
     return;
@@ -277,6 +314,8 @@ bool RouterApp::authorized(const HttpRequest& request) const {
 void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
   const std::string& p = request.path;
   if (request.method == "OPTIONS") return preflight(request, *responder, options_.corsAllowOrigins);
+  if (HttpHeaders cors = baseHeaders(request); !cors.empty())
+    responder = std::make_shared<CorsResponder>(std::move(responder), std::move(cors));
   if (protectedRoute(request) && !authorized(request)) {
     responder->reply(401, errorJson("Unauthorized", "unauthorized"), baseHeaders(request));
     return;
@@ -337,7 +376,7 @@ void RouterApp::handleWork(const HttpRequest& request, std::shared_ptr<HttpRespo
     if (p == "/") {
       auto parsed = parseGenerateRequest(request.body);
       if (parsed.ok() && parsed->stream) {
-        generateStream(request, responder);
+        generateStream(request, responder, /*compat=*/true);
         return;
       }
     }
@@ -365,8 +404,8 @@ void RouterApp::invocations(const HttpRequest& request, std::shared_ptr<HttpResp
     if (body->contains("prompt")) return completions(request, responder);
   }
   auto parsed = parseGenerateRequest(request.body);
-  if (parsed.ok() && parsed->stream) return generateStream(request, responder);
-  generate(request, responder, /*compatList=*/true);
+  if (parsed.ok() && parsed->stream) return generateStream(request, responder, /*compat=*/true);
+  generate(request, responder, /*compat=*/true);
 }
 
 void RouterApp::tokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {

@@ -106,6 +106,26 @@ StatusOr<CompletionRequest> parseCompletionRequest(std::string_view body) {
   TG_RETURN_IF_ERROR(readString(j, "model", r.model));
   TG_RETURN_IF_ERROR(readString(j, "suffix", r.suffix));
   TG_RETURN_IF_ERROR(readBool(j, "stream", r.stream, ""));
+  if (auto o = j.find("stream_options"); o != j.end() && !o->is_null()) {
+    if (!o->is_object()) return fieldType("stream_options", "an object");
+    TG_RETURN_IF_ERROR(readBool(*o, "include_usage", r.includeUsage, "stream_options."));
+  }
+  // OpenAI's fields textgen does not serve here: refused, never ignored (a client that asked for
+  // two choices must not index a second one that never comes).
+  std::optional<uint32_t> n, bestOf;
+  TG_RETURN_IF_ERROR(readNumber(j, "n", n, ""));
+  if (n && *n != 1) return invalidArgumentError("`n` must be 1: one choice per prompt");
+  TG_RETURN_IF_ERROR(readNumber(j, "best_of", bestOf, ""));
+  if (bestOf && *bestOf != 1)
+    return invalidArgumentError(
+        "`best_of` must be 1 on /v1/completions (TGI's best_of is on /generate)");
+  bool echo = false;
+  TG_RETURN_IF_ERROR(readBool(j, "echo", echo, ""));
+  if (echo) return invalidArgumentError("`echo` is not supported");
+  std::optional<uint32_t> logprobs;
+  TG_RETURN_IF_ERROR(readNumber(j, "logprobs", logprobs, ""));
+  if (logprobs && *logprobs != 0)
+    return invalidArgumentError("`logprobs` is not supported on /v1/completions");
   TG_RETURN_IF_ERROR(readNumber(j, "max_tokens", r.maxTokens, ""));
   TG_RETURN_IF_ERROR(readNumber(j, "temperature", r.temperature, ""));
   TG_RETURN_IF_ERROR(readNumber(j, "top_p", r.topP, ""));
@@ -491,9 +511,11 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   v.doSample = p.doSample;
   v.watermark = p.watermark;
   v.stop = p.stop;
-  v.details = p.details;
+  // decoder_input_details asks for the details too (TGI: details || decoder_input_details).
+  v.details = p.details || p.decoderInputDetails;
   v.decoderInputDetails = p.decoderInputDetails;
   v.returnFullText = !limits_.encoderDecoder && p.returnFullText.value_or(false);
+  if (v.returnFullText) v.fullTextPrefix = request.inputs;
   v.addSpecialTokens = request.addSpecialTokens;
   if (p.grammar) {
     TG_RETURN_IF_ERROR(checkGrammar(*p.grammar));

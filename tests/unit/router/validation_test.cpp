@@ -58,6 +58,34 @@ TEST_F(ValidationTest, ReturnFullTextDoesNotApplyToAnEncoderDecoder) {
   v = seq2seq.validate(*parseGenerateRequest(body), Endpoint::kGenerate);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_FALSE(v->returnFullText);
+  EXPECT_EQ(v->fullTextPrefix, "");
+}
+
+TEST_F(ValidationTest, TheFullTextStartsWithTheRequestsInputsEvenWhenTruncated) {
+  Validator decoder(*tok_, ValidationLimits{.maxInputTokens = 1024, .maxTotalTokens = 2048});
+  const auto body =
+      R"({"inputs": "one two three four five six", "parameters": {"return_full_text": true,
+          "truncate": 2, "max_new_tokens": 2}})";
+  auto v = decoder.validate(*parseGenerateRequest(body), Endpoint::kGenerate);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->inputLength, 2u);
+  EXPECT_NE(v->inputs, "one two three four five six");  // what the model sees: the kept tokens
+  EXPECT_EQ(v->fullTextPrefix, "one two three four five six");
+  v = decoder.validate(*parseGenerateRequest(R"({"inputs": "one two", "parameters": {}})"),
+                       Endpoint::kGenerate);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->fullTextPrefix, "");
+}
+
+TEST_F(ValidationTest, DecoderInputDetailsBringTheDetails) {
+  Validator decoder(*tok_, ValidationLimits{.maxInputTokens = 1024, .maxTotalTokens = 2048});
+  auto v =
+      decoder.validate(*parseGenerateRequest(
+                           R"({"inputs": "Hello", "parameters": {"decoder_input_details": true}})"),
+                       Endpoint::kGenerate);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->details);
+  EXPECT_TRUE(v->decoderInputDetails);
 }
 
 TEST_F(ValidationTest, MaxNewTokensDefaultIs100AndNullFillsTheBudget) {
@@ -323,6 +351,15 @@ TEST_F(ValidationTest, CompletionRequestsAreTyped) {
       {R"({"prompt": "x", "suffix": []})", "suffix"},
       {R"({"max_tokens": 3})", "prompt"},
       {R"(["prompt"])", "expected an object"},
+      {R"({"prompt": "x", "stream_options": 1})", "stream_options"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": "yes"}})", "include_usage"},
+      // Not served here: refused rather than ignored (TGI ignores them).
+      {R"({"prompt": "x", "n": 2})", "`n`"},
+      {R"({"prompt": "x", "n": -1})", "n"},
+      {R"({"prompt": "x", "best_of": 2})", "`best_of`"},
+      {R"({"prompt": "x", "echo": true})", "`echo`"},
+      {R"({"prompt": "x", "echo": "no"})", "echo"},
+      {R"({"prompt": "x", "logprobs": 5})", "`logprobs`"},
   };
   for (const auto& [body, field] : bad) {
     auto r = parseCompletionRequest(body);
@@ -330,6 +367,11 @@ TEST_F(ValidationTest, CompletionRequestsAreTyped) {
     EXPECT_NE(r.status().message().find(field), std::string::npos)
         << body << ": " << r.status().message();
   }
+  auto plain = parseCompletionRequest(
+      R"({"prompt": "x", "n": 1, "best_of": 1, "echo": false, "logprobs": null,
+          "stream": true, "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->includeUsage);
   auto negative = parseCompletionRequest(R"({"prompt": "x", "temperature": -1})");
   ASSERT_TRUE(negative.ok());
   auto v = validator_->validate(negative->toGenerate(0), Endpoint::kCompletions);

@@ -63,9 +63,11 @@ class RouterApp {
  private:
   // The POST routes, on a validation worker.
   void handleWork(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
-  void generate(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
-                bool compatList);
-  void generateStream(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  // `compat`: TGI's compat routes (POST /, /invocations), whose answer to a whole generation is a
+  // list and whose return_full_text defaults to true (TGI's, for a text-generation model).
+  void generate(const HttpRequest& request, std::shared_ptr<HttpResponder> responder, bool compat);
+  void generateStream(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
+                      bool compat = false);
   void completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void chatCompletions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void chatTokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
@@ -116,6 +118,11 @@ std::string openApiDocument();
 
 // TGI's error body: {"error": message, "error_type": type}.
 std::string errorJson(const std::string& message, const std::string& type);
+
+// An error in an OpenAI-route stream, as TGI sends it (its OpenaiErrorEvent): the data of an SSE
+// event {"error": {"message": ..., "http_status_code": status}} (plus OpenAI's "type"), after which
+// the stream still ends with `data: [DONE]`. The openai clients read error.message.
+std::string openAiStreamError(const std::string& message, const std::string& type, int status);
 
 // How a request that failed after admission is answered. A shard's failure is TGI's 424
 // "generation"; a request the shard refused alone is a 422 "validation"; a request cancelled

@@ -75,6 +75,7 @@ struct CompletionRequest {
   std::optional<std::string> model;
   std::optional<std::string> suffix;
   bool stream = false;
+  bool includeUsage = false;  // stream_options.include_usage
   std::optional<uint32_t> maxTokens;
   std::optional<float> temperature;
   std::optional<float> topP;
@@ -161,6 +162,9 @@ struct ValidRequest {
   bool details = false;
   bool decoderInputDetails = false;
   bool returnFullText = false;
+  // What return_full_text puts before the generated text: the request's own `inputs`, as TGI
+  // does, even when `truncate` cut what the model saw (`inputs` above is then the kept part).
+  std::string fullTextPrefix;
   bool addSpecialTokens = true;
   std::optional<Grammar> grammar;  // compiled once by validation (its errors are 422s)
 };
