@@ -4,7 +4,8 @@
 # Pack: GPU_PACK_BINS="textgen-launcher textgen-router textgen-shard [bench/bench_cuda_model]" tools/gpu-pack.sh
 # build-gpu .gpu, copy a tokenizer (tokenizer.json, tokenizer_config.json) into .gpu/tok/, tar -cJf .gpu.txz .gpu;
 # carry .gpu.txz (with tests/reference/models moved aside, the tree and the pack fit the 64 MiB a call carries).
-# WORKLOADS picks runs (prefix64 prefixpoisson single burst64 poisson16 burst200 burst256); LAUNCH_ARGS adds launcher flags.
+# WORKLOADS picks runs (prefix64 prefixpoisson single burst64 poisson16 burst200 burst256); LAUNCH_ARGS adds launcher flags;
+# OTLP_LEGS=1 measures each step call's request and response legs (bench/serve/otlp_sink.py --legs).
 [ -d .gpu/bin ] || tar xJf .gpu.txz
 export LD_LIBRARY_PATH=$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
@@ -19,6 +20,13 @@ fi
 [ -f $m/model.safetensors.index.json ] || python3 tools/bench/make_random_model.py $m --shape llama-2-7b --dtype bfloat16 2>&1 | tail -n 1
 cp .gpu/tok/* $m/
 echo "model written in $(( $(date +%s) - t0 )) s"
+# OTLP_LEGS=1: the launcher traces every step into bench/serve/otlp_sink.py, which prints after each
+# workload where a Prefill or Decode call's time beyond the shard's handler went (request/response).
+if [ -n "${OTLP_LEGS:-}" ]; then
+  python3 bench/serve/otlp_sink.py --port 4317 --legs > $OUT/otlp.jsonl 2>&1 &
+  sinkp=$!
+  LAUNCH_ARGS="${LAUNCH_ARGS:-} --otlp-endpoint http://127.0.0.1:4317"
+fi
 .gpu/bin/textgen-launcher --model-id $m --port 8080 --max-concurrent-requests 512 ${LAUNCH_ARGS:-} > $OUT/launcher.log 2>&1 &
 lp=$!
 for i in $(seq 1 300); do
@@ -39,8 +47,13 @@ for w in ${WORKLOADS:-prefix64 burst64 poisson16 burst200 prefixpoisson}; do
     burst200) sb --seed 15 --arrival burst --num-prompts 200 --input-len 512 --output-len 128 ;;
   esac
   curl -s 127.0.0.1:8080/metrics > $OUT/metrics.$w.txt
+  if [ -n "${sinkp:-}" ]; then
+    sleep 2.5  # the exporters send every second
+    kill -USR1 $sinkp; sleep 0.5; echo "legs $w: $(tail -n 1 $OUT/otlp.jsonl)"
+  fi
 done
 kill $lp; wait $lp 2>/dev/null
+[ -n "${sinkp:-}" ] && { kill $sinkp; wait $sinkp 2>/dev/null; }
 if [ -x .gpu/bin/bench_cuda_model ]; then
   echo "== bench_cuda_model (engine alone, prompt ${BPROMPT:-256})"
   timeout ${BT:-120} .gpu/bin/bench_cuda_model --model $m --prompt ${BPROMPT:-256} 2>&1 | tee $OUT/bench.log | grep -v '^{' | tail -30
