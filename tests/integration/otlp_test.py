@@ -62,6 +62,7 @@ class Receiver:
 
     def __init__(self):
         self.spans = []  # (service name, Span)
+        self.raw = []  # each export's bytes, for bench/serve/otlp_sink.py's own decoder
         self.lock = threading.Lock()
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
         handler = grpc.method_handlers_generic_handler(SERVICE, {
@@ -74,6 +75,7 @@ class Receiver:
 
     def export(self, request, context):
         with self.lock:
+            self.raw.append(request.SerializeToString())
             for rs in request.resource_spans:
                 attrs = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
                 for ss in rs.scope_spans:
@@ -214,6 +216,23 @@ def test_traces(rx):
         check(all(within(s, ids[s.parent_span_id]) for s in shard_steps if s.parent_span_id in ids),
               "a shard's span lies within its router step")
         check(len({s.span_id for s in spans}) == len(spans), "span ids are unique")
+
+        # bench/serve/otlp_sink.py's hand decoder reads the same spans, and its legs pair each shard
+        # span with its router step (what `--legs` reports).
+        sys.path.insert(0, os.path.join(REPO, "bench", "serve"))
+        sink = importlib.import_module("otlp_sink")
+        with rx.lock:
+            decoded = [d for raw in rx.raw for d in sink.decode_spans(raw)]
+        mine = [d for d in decoded if d.get("trace_id") == trace_hex]
+        want = sorted((s.span_id.hex(), s.parent_span_id.hex(), s.name, s.kind, s.start_time_unix_nano,
+                       s.end_time_unix_nano) for s in spans)
+        got = sorted((d["span_id"], d.get("parent", ""), d["name"], d["kind"], d["start"], d["end"]) for d in mine)
+        check(got == want, f"otlp_sink decodes the spans as protoc's classes do ({len(got)} / {len(want)})")
+        legs = sink.legs(mine)
+        check(legs.get("prefill", {}).get("calls") == len([s for s in shard_steps if s.name == "prefill"]) and
+              legs.get("decode", {}).get("calls") == len([s for s in shard_steps if s.name == "decode"]) and
+              all(v[k]["p50"] >= 0 for v in legs.values() for k in ("request_us", "response_us", "handler_us")),
+              f"otlp_sink's legs pair every shard step with its router step: {legs}")
 
         # generate_stream without a traceparent: a new trace, a root span.
         status, body = post(la.port, "/generate_stream", {"inputs": "Hello", "parameters": {"max_new_tokens": 3}})
