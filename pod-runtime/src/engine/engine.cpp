@@ -165,9 +165,8 @@ struct Engine::Request {
   // log-probabilities.
   bool plainGreedy() const {
     const SamplingParams& p = spec.sampling;
-    return !p.doSample && (p.repetitionPenalty == 0.0f || p.repetitionPenalty == 1.0f) &&
-           p.frequencyPenalty == 0.0f && p.presencePenalty == 0.0f && p.logitBias.empty() &&
-           p.topNTokens == 0 && !p.watermark && !matcher && !(prefilling() && spec.prefillLogprobs);
+    return !p.doSample && !p.penalized() && p.logitBias.empty() && p.topNTokens == 0 &&
+           !p.watermark && !matcher && !(prefilling() && spec.prefillLogprobs);
   }
   int64_t nextRows() const {
     if (seq2seq) return 1;
