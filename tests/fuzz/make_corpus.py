@@ -317,7 +317,15 @@ def router_request_corpus():
 METHODS = ["GET", "POST", "OPTIONS", "PUT", "DELETE", "HEAD", "", "post"]
 ROUTES = ["/generate", "/", "/generate_stream", "/v1/completions", "/tokenize", "/info", "/health", "/metrics",
           "/v1/models", "/api-doc/openapi.json", "/v1/chat/completions", "/invocations", "/generate/", "//generate",
-          "/GENERATE", "/docs", "/ping"]
+          "/GENERATE", "/docs", "/ping", "/chat_tokenize", "/vertex"]
+VERTEX = [
+    {"instances": [{"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 3, "seed": 1}}]},
+    {"instances": [{"inputs": "Hi"}, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}]},
+    {"instances": []},
+    {"instances": [5, {"foo": 1}]},
+    {"instances": [{"inputs": "x", "parameters": {"max_new_tokens": "a"}}]},
+    {"instances": {"inputs": "x"}},
+]
 COMPLETIONS = [
     {"model": "llama-gqa", "prompt": "The quick brown fox", "max_tokens": 5},
     {"model": "llama-gqa", "prompt": ["a", "b"], "max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "seed": 1},
@@ -341,6 +349,8 @@ def router_routes_corpus():
     write("router_routes", req("POST", "/", 0, compact(REQUESTS[10])), "compat-stream")
     for i, c in enumerate(COMPLETIONS):
         write("router_routes", req("POST", "/v1/completions", 0, compact(c)), f"completions-{i:02d}")
+    for i, v in enumerate(VERTEX):
+        write("router_routes", req("POST", "/vertex", 0, compact(v)), f"vertex-{i:02d}")
     for route in ["/info", "/health", "/metrics", "/v1/models", "/api-doc/openapi.json", "/docs", "/ping", "/"]:
         write("router_routes", req("GET", route, 0, ""), "get" + (route.replace("/", "-") if route != "/" else "-root"))
     write("router_routes", req("OPTIONS", "/generate", 8, ""), "options-cors")

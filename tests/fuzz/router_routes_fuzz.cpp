@@ -40,7 +40,8 @@ const char* const kRoutes[] = {"/generate",
                                "/GENERATE",
                                "/docs",
                                "/ping",
-                               "/chat_tokenize"};
+                               "/chat_tokenize",
+                               "/vertex"};
 constexpr size_t kNumRoutes = sizeof(kRoutes) / sizeof(kRoutes[0]);
 
 class RecordingStream final : public HttpStream {

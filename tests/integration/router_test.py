@@ -552,6 +552,26 @@ def test_tgi_compat(s):
         check(status == 422 and json.loads(body)["error_type"] == "validation", f"/v1/completions {extra}: {status} {body}")
     status, _, body = request(s.port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "n": 1, "logprobs": None})
     check(status == 200, f"/v1/completions n=1, logprobs null: {status} {body}")
+    # TGI's /vertex: {"instances": [...]} -> {"predictions": [...]}; an "inputs" instance samples with
+    # its seed and max_new_tokens, a chat instance goes through the template.
+    vertex = {"instances": [{"inputs": prompt, "parameters": {"max_new_tokens": 4, "seed": 7}},
+                            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}]}
+    status, headers, body = request(s.port, "POST", "/vertex", vertex)
+    out = json.loads(body) if status == 200 else {}
+    preds = out.get("predictions", [])
+    check(status == 200 and len(preds) == 2 and all(isinstance(p, str) for p in preds),
+          f"/vertex predictions: {status} {body[:300]}")
+    again = json.loads(request(s.port, "POST", "/vertex", vertex)[2]).get("predictions")
+    check(again == preds, f"/vertex with a seed is reproducible: {again} vs {preds}")
+    status, _, body = request(s.port, "POST", "/generate", {"inputs": prompt, "parameters": {
+        "max_new_tokens": 4, "seed": 7, "do_sample": True}})
+    check(status == 200 and preds and json.loads(body)["generated_text"] == preds[0],
+          f"an inputs instance is /generate with do_sample and its seed: {body} vs {preds[:1]}")
+    for bad in ({"instances": []}, {}, {"instances": {"inputs": "x"}}, {"instances": [5]}, {"instances": [{"foo": 1}]},
+                {"instances": [{"inputs": "x", "parameters": {"max_new_tokens": "a"}}]},
+                {"instances": [{"inputs": ""}]}, {"instances": [{"messages": "hi"}]}, [1, 2]):
+        status, _, body = request(s.port, "POST", "/vertex", bad)
+        check(status == 422 and json.loads(body)["error_type"] == "validation", f"/vertex {bad}: {status} {body}")
 
 
 def alive(s):

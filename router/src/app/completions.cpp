@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "request_trace.h"
+#include "textgen/base/json.h"
 #include "textgen/base/version.h"
 #include "textgen/router/router_app.h"
 
@@ -26,14 +27,19 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// What a whole answer looks like: OpenAI's completion, or TGI's /vertex predictions.
+enum class Shape { kCompletion, kVertex };
+
 // Collects (or streams) the completions of every prompt of one request.
 class CompletionSink final : public std::enable_shared_from_this<CompletionSink> {
  public:
   CompletionSink(std::shared_ptr<HttpResponder> responder, std::shared_ptr<HttpStream> stream,
                  HttpHeaders headers, std::string model, std::vector<uint32_t> promptTokens,
                  std::vector<uint32_t> maxNewTokens, std::chrono::steady_clock::time_point start,
-                 std::function<void()> release, MetricsRegistry& metrics, bool includeUsage)
+                 std::function<void()> release, MetricsRegistry& metrics, bool includeUsage,
+                 Shape shape = Shape::kCompletion)
       : includeUsage_(includeUsage),
+        shape_(shape),
         responder_(std::move(responder)),
         stream_(std::move(stream)),
         headers_(std::move(headers)),
@@ -110,6 +116,11 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
         stream_->write("data: [DONE]\n\n");
       }
       stream_->close();
+    } else if (err.status && shape_ == Shape::kVertex) {
+      // TGI's /vertex answers any instance's failure so (a 500, whatever the cause).
+      responder_->reply(500,
+                        errorJson("Incomplete generation: " + e.message(), "Incomplete generation"),
+                        headers_);
     } else if (err.status) {
       responder_->reply(err.status, errorJson(e.message(), err.type), headers_);
     }
@@ -147,6 +158,8 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
       }
       stream_->write("data: [DONE]\n\n");
       stream_->close();
+    } else if (shape_ == Shape::kVertex) {
+      responder_->reply(200, dump(json{{"predictions", texts_}}), headers_);
     } else {
       json choices = json::array();
       for (size_t i = 0; i < texts_.size(); ++i) {
@@ -179,6 +192,7 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
 
   std::mutex mutex_;
   bool includeUsage_ = false;
+  Shape shape_ = Shape::kCompletion;
   std::shared_ptr<RequestTrace> trace_;
   RequestTimes times_;
   std::shared_ptr<HttpResponder> responder_;
@@ -264,6 +278,89 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
   auto sink = std::make_shared<CompletionSink>(
       responder, httpStream, headers, req->model.value_or(options_.modelId), promptTokens,
       maxNewTokens, start, [this] { inFlight_.fetch_sub(1); }, metrics_, req->includeUsage);
+  std::vector<std::shared_ptr<RequestControl>> controls;
+  for (size_t i = 0; i < valid.size(); ++i) controls.push_back(std::make_shared<RequestControl>());
+  cancelOnDisconnect(*responder, controls);
+  sink->setControls(controls);
+  sink->setTrace(trace);
+  for (size_t i = 0; i < valid.size(); ++i) {
+    replica->batcher->submit(nextId_++, std::move(valid[i]), controls[i],
+                             std::make_shared<PromptSink>(sink, i, controls[i]));
+  }
+}
+
+// TGI's /vertex (Google Vertex AI's prediction format): {"instances": [...]} -> {"predictions":
+// [generated_text, ...]}. An instance is {"inputs", "parameters"} or a chat request ("messages").
+// As TGI (router/src/vertex.rs): an "inputs" instance samples (do_sample) and takes only
+// max_new_tokens (absent with parameters: 100; without parameters: up to max_total_tokens) and seed
+// from its parameters; a chat instance goes through the chat template as /v1/chat/completions
+// does, and its prediction is the raw generated text. Every instance is validated before any runs
+// (a bad one is a 422 naming it; TGI answers 500 there); a failure after admission is TGI's 500
+// "Incomplete generation".
+void RouterApp::vertex(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  const auto start = std::chrono::steady_clock::now();
+  auto trace = std::make_shared<RequestTrace>(request, "vertex");
+  metrics_.counterAdd("tgi_request_count");
+  const HttpHeaders headers = baseHeaders(request);
+  auto fail = [&](const std::string& message) {
+    metrics_.counterAdd("tgi_request_failure", 1, {{"err", "validation"}});
+    responder->reply(422, errorJson(message, "validation"), headers);
+    trace->finish(nullptr, std::nullopt, &message);
+  };
+  // In document order: a chat instance's tools and schemas show in its template as they were sent.
+  auto body = parseOrderedJson(request.body, "the request body");
+  if (!body.ok()) return fail(body.status().message());
+  if (!body->is_object()) return fail("the request body must be an object with `instances`");
+  auto it = body->find("instances");
+  if (it == body->end() || !it->is_array())
+    return fail("Failed to deserialize the JSON body into the target type: `instances` (a list)");
+  const nlohmann::ordered_json& instances = *it;
+  if (instances.empty()) return fail("Input validation error: `instances` cannot be empty");
+  if (instances.size() > options_.maxClientBatchSize) {
+    return fail("Number of instances exceeds the maximum allowed batch size of " +
+                std::to_string(options_.maxClientBatchSize));
+  }
+  std::vector<ValidRequest> valid;
+  for (size_t i = 0; i < instances.size(); ++i) {
+    const nlohmann::ordered_json& instance = instances[i];
+    const std::string at = "instances[" + std::to_string(i) + "]: ";
+    if (!instance.is_object()) return fail(at + "expected an object");
+    StatusOr<ValidRequest> v = invalidArgumentError("unset");
+    if (instance.contains("inputs")) {
+      auto parsed = parseGenerateRequest(instance.dump());
+      if (!parsed.ok()) return fail(at + parsed.status().message());
+      const auto params = instance.find("parameters");
+      const bool withParameters = params != instance.end() && !params->is_null();
+      GenerateRequest g;
+      g.inputs = std::move(parsed->inputs);
+      g.parameters.doSample = true;
+      g.parameters.maxNewTokens = withParameters ? parsed->parameters.maxNewTokens : std::nullopt;
+      g.parameters.seed = parsed->parameters.seed;
+      v = validator_.validate(g, Endpoint::kGenerate);
+    } else if (instance.contains("messages")) {
+      auto chat = parseChatRequest(instance.dump());
+      if (!chat.ok()) return fail(at + chat.status().message());
+      auto prompt = chatPrompt(*chat, /*withTools=*/true);
+      if (!prompt.ok()) return fail(at + prompt.status().message());
+      v = validator_.validate(prompt->request, Endpoint::kCompletions);
+    } else {
+      return fail(at + "neither `inputs` nor `messages`");
+    }
+    if (!v.ok()) return fail(at + v.status().message());
+    v->trace = trace->infer();
+    valid.push_back(std::move(*v));
+  }
+  trace->validated();
+  std::shared_ptr<Replica> replica = admit(responder, valid.front().inputIds);
+  if (!replica) return trace->finish(nullptr, std::nullopt, &kNotAdmitted);
+  std::vector<uint32_t> promptTokens, maxNewTokens;
+  for (const ValidRequest& v : valid) {
+    promptTokens.push_back(v.inputLength);
+    maxNewTokens.push_back(v.maxNewTokens);
+  }
+  auto sink = std::make_shared<CompletionSink>(
+      responder, nullptr, headers, options_.modelId, promptTokens, maxNewTokens, start,
+      [this] { inFlight_.fetch_sub(1); }, metrics_, /*includeUsage=*/false, Shape::kVertex);
   std::vector<std::shared_ptr<RequestControl>> controls;
   for (size_t i = 0; i < valid.size(); ++i) controls.push_back(std::make_shared<RequestControl>());
   cancelOnDisconnect(*responder, controls);

@@ -277,7 +277,7 @@ bool generationRoute(const HttpRequest& r) {
   const std::string& p = r.path;
   return r.method == "POST" &&
          (p == "/generate" || p == "/" || p == "/generate_stream" || p == "/v1/completions" ||
-          p == "/v1/chat/completions" || p == "/invocations");
+          p == "/v1/chat/completions" || p == "/invocations" || p == "/vertex");
 }
 
 }  // namespace
@@ -323,7 +323,7 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
   const bool work = request.method == "POST" &&
                     (p == "/generate" || p == "/" || p == "/generate_stream" ||
                      p == "/v1/completions" || p == "/tokenize" || p == "/v1/chat/completions" ||
-                     p == "/chat_tokenize" || p == "/invocations");
+                     p == "/chat_tokenize" || p == "/invocations" || p == "/vertex");
   if (work) {
     // Parsing, validation and tokenization on the validation workers, off the server's threads.
     auto task = [this, request, responder]() mutable {
@@ -391,6 +391,8 @@ void RouterApp::handleWork(const HttpRequest& request, std::shared_ptr<HttpRespo
     chatTokenize(request, responder);
   } else if (p == "/invocations") {
     invocations(request, responder);
+  } else if (p == "/vertex") {
+    vertex(request, responder);
   } else {
     tokenize(request, responder);
   }

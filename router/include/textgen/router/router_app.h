@@ -69,6 +69,7 @@ class RouterApp {
   void generateStream(const HttpRequest& request, std::shared_ptr<HttpResponder> responder,
                       bool compat = false);
   void completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void vertex(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void chatCompletions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void chatTokenize(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   // SageMaker's route: a chat (`messages`), a completion (`prompt`) or a TGI request (`inputs`).
