@@ -414,24 +414,26 @@ int run(int argc, char** argv) {
     std::shared_ptr<RouterApp> app;
   };
   auto slot = std::make_shared<AppSlot>();
-  auto server = startHttpServer({.host = f.hostname,
-                                 .port = f.port,
-                                 .payloadLimit = f.payloadLimit,
-                                 .headerTimeout = std::chrono::milliseconds(f.headerTimeoutMs),
-                                 .bodyTimeout = std::chrono::milliseconds(f.bodyTimeoutMs)},
-                                [slot, apiKey = f.apiKey, cors = f.cors, &metrics](
-                                    const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
-                                  std::shared_ptr<RouterApp> app;
-                                  {
-                                    std::lock_guard lock(slot->mutex);
-                                    app = slot->app;
-                                  }
-                                  if (app) {
-                                    app->handle(r, std::move(resp));
-                                  } else {
-                                    handleWithoutReplica(r, *resp, apiKey, cors, metrics);
-                                  }
-                                });
+  auto server = startHttpServer(
+      {.host = f.hostname,
+       .port = f.port,
+       .payloadLimit = f.payloadLimit,
+       .headerTimeout = std::chrono::milliseconds(f.headerTimeoutMs),
+       .bodyTimeout = std::chrono::milliseconds(f.bodyTimeoutMs),
+       .answerHeaders = [cors = f.cors](const HttpRequest& r) { return corsHeaders(r, cors); }},
+      [slot, apiKey = f.apiKey, cors = f.cors, &metrics](const HttpRequest& r,
+                                                         std::shared_ptr<HttpResponder> resp) {
+        std::shared_ptr<RouterApp> app;
+        {
+          std::lock_guard lock(slot->mutex);
+          app = slot->app;
+        }
+        if (app) {
+          app->handle(r, std::move(resp));
+        } else {
+          handleWithoutReplica(r, *resp, apiKey, cors, metrics);
+        }
+      });
   if (!server.ok()) return fail(server.status());
   // Owned here so that shutdown can end it (and with it the in-flight requests) before the
   // RouterApp their answers go through.

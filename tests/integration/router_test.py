@@ -526,7 +526,8 @@ def test_tgi_compat(s):
     # CORS: without --cors-allow-origin any origin, on every route (TGI's AllowOrigin::any()).
     for method, path, payload in (("GET", "/info", None), ("GET", "/health", None), ("GET", "/metrics", None),
                                   ("POST", "/generate", {"inputs": "x", "parameters": {"top_p": 1.5}}),
-                                  ("POST", "/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 1}})):
+                                  ("POST", "/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 1}}),
+                                  ("POST", "/generate", "x" * 3000000), ("GET", "/nope", None)):
         status, headers, _ = request(s.port, method, path, payload, {"Origin": "http://elsewhere.example"})
         check(headers.get("Access-Control-Allow-Origin") == "*", f"CORS on {method} {path} ({status}): {headers}")
     # OpenAI streams: not buffered by proxies; /v1/completions reports usage as TGI and OpenAI do.
@@ -535,17 +536,22 @@ def test_tgi_compat(s):
                           ("/v1/completions", {"prompt": prompt, "max_tokens": 2, "stream": True})):
         status, headers, _ = request(s.port, "POST", path, payload)
         check(status == 200 and headers.get("x-accel-buffering") == "no", f"{path} stream headers {headers}")
-    status, _, events = sse(s.port, "/v1/completions", {"prompt": [PROMPTS[0], PROMPTS[2]], "max_tokens": 3,
-                                                         "temperature": 0, "stream": True,
-                                                         "stream_options": {"include_usage": True}})
+    two = {"prompt": [PROMPTS[0], PROMPTS[2]], "max_tokens": 3, "temperature": 0, "stream": True}
+    status, _, events = sse(s.port, "/v1/completions", two)
     chunks = [json.loads(e) for e in events[:-1]]
     finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     check(status == 200 and events[-1] == "[DONE]" and len(finals) == 2 and
-          all(c["usage"]["completion_tokens"] == 3 for c in finals), f"each prompt's last chunk has its usage: {finals}")
+          all(c["usage"]["completion_tokens"] == 3 for c in finals) and
+          all("usage" not in c for c in chunks if c not in finals),
+          f"each prompt's last chunk has its usage (TGI's CompletionFinal): {finals}")
+    prompt_tokens = sum(c["usage"]["prompt_tokens"] for c in finals)
+    status, _, events = sse(s.port, "/v1/completions", {**two, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in events[:-1]]
     last = chunks[-1]
-    check(last["choices"] == [] and last["usage"]["completion_tokens"] == 6 and
-          last["usage"]["prompt_tokens"] == sum(c["usage"]["prompt_tokens"] for c in finals),
-          f"include_usage adds a last chunk with every prompt's usage: {last}")
+    check(status == 200 and events[-1] == "[DONE]" and last["choices"] == [] and
+          last["usage"]["completion_tokens"] == 6 and last["usage"]["prompt_tokens"] == prompt_tokens and
+          all("usage" not in c for c in chunks[:-1]),
+          f"include_usage: only a last chunk, with every prompt's usage (OpenAI's shape): {chunks[-3:]}")
     # What /v1/completions does not serve is refused, not ignored.
     for extra in ({"n": 2}, {"best_of": 3}, {"echo": True}, {"logprobs": 2}, {"stream_options": 5}):
         status, _, body = request(s.port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1, **extra})
@@ -988,7 +994,11 @@ def test_replicas(workdir):
                                      headers={**auth, "Origin": "https://app.example"})
         check(status == 200 and headers.get("Access-Control-Allow-Origin") == "https://app.example", f"auth + CORS {status}")
         status, headers, _ = request(port, "GET", "/info", headers={"Origin": "https://elsewhere.example"})
-        check(status == 200 and "Access-Control-Allow-Origin" not in headers, f"an origin not listed gets no CORS: {headers}")
+        check(status == 200 and "Access-Control-Allow-Origin" not in headers and headers.get("Vary") == "Origin",
+              f"an origin not listed gets no CORS, and caches key on Origin: {headers}")
+        status, headers, _ = request(port, "POST", "/generate", "x" * 3000000, headers={"Origin": "https://app.example"})
+        check(status == 413 and headers.get("Access-Control-Allow-Origin") == "https://app.example",
+              f"the server's own 413 carries CORS: {status} {headers}")
         # This model folder has no chat template and none was given: the chat routes are a clear 422.
         status, _, body = request(port, "POST", "/v1/chat/completions", {"messages": CHAT}, headers=auth)
         check(status == 422 and "no chat template" in body, f"chat without a template: {status} {body[:200]}")

@@ -79,8 +79,9 @@ class CompletionSink final : public std::enable_shared_from_this<CompletionSink>
                   {"logprobs", nullptr},
                   {"finish_reason", g.generatedText ? json(finish_[index]) : json(nullptr)}};
       json event = chunk(json::array({choice}), "text_completion");
-      // A prompt's last chunk carries its usage, as TGI's CompletionFinal does.
-      if (g.generatedText) event["usage"] = usage(index, index + 1);
+      // A prompt's last chunk carries its usage, as TGI's CompletionFinal does; with OpenAI's
+      // include_usage only the last chunk does (OpenAI's shape: clients may sum them).
+      if (g.generatedText && !includeUsage_) event["usage"] = usage(index, index + 1);
       if (!stream_->write("data: " + dump(event) + "\n\n")) {
         control->cancel();
       }

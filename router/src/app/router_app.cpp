@@ -159,25 +159,27 @@ void RouterApp::loadGauges() {
   }
 }
 
-namespace {
-
-// --cors-allow-origin: the request's origin when allowed, or "*". Without the flag any origin is
-// allowed, as TGI allows (tower-http's AllowOrigin::any() over every route).
 HttpHeaders corsHeaders(const HttpRequest& request, const std::vector<std::string>& allowOrigins) {
   HttpHeaders h;
   if (allowOrigins.empty()) {
     h["Access-Control-Allow-Origin"] = "*";
     return h;
   }
+  // The answer depends on the Origin header unless "*" is allowed: caches must key on it.
+  if (std::find(allowOrigins.begin(), allowOrigins.end(), "*") != allowOrigins.end()) {
+    h["Access-Control-Allow-Origin"] = "*";
+    return h;
+  }
+  h["Vary"] = "Origin";
   const std::string origin = request.header("origin");
-  for (const std::string& allowed : allowOrigins) {
-    if (allowed == "*" || allowed == origin) {
-      h["Access-Control-Allow-Origin"] = allowed == "*" ? "*" : origin;
-      break;
-    }
+  if (!origin.empty() &&
+      std::find(allowOrigins.begin(), allowOrigins.end(), origin) != allowOrigins.end()) {
+    h["Access-Control-Allow-Origin"] = origin;
   }
   return h;
 }
+
+namespace {
 
 // Puts the CORS headers on every answer of one request, whichever route or error path writes it
 // (a route's own headers win where both name one).

@@ -70,6 +70,26 @@ struct ServerState {
   std::vector<std::weak_ptr<Session>> sessions;
 };
 
+// The method, path, query and header fields (names lower-cased; repeats joined by ", ") of a
+// parsed request head.
+template <typename Message>
+HttpRequest requestHead(const Message& req) {
+  HttpRequest r;
+  r.method = std::string(req.method_string());
+  const std::string_view target(req.target().data(), req.target().size());
+  const size_t q = target.find('?');
+  r.path = std::string(target.substr(0, q));
+  if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
+  for (const auto& f : req) {
+    std::string key(f.name_string());
+    for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    std::string value(f.value());
+    auto [it, inserted] = r.headers.emplace(key, value);
+    if (!inserted) it->second += ", " + value;
+  }
+  return r;
+}
+
 class Session final : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<ServerState> state)
@@ -182,15 +202,21 @@ class ClosedStream final : public HttpStream {
 
 class BeastResponder final : public HttpResponder {
  public:
-  BeastResponder(std::shared_ptr<Session> session, std::string path, size_t streamLimit)
-      : session_(std::move(session)), path_(std::move(path)), streamLimit_(streamLimit) {}
+  BeastResponder(std::shared_ptr<Session> session, std::string path, size_t streamLimit,
+                 HttpHeaders fallback)
+      : session_(std::move(session)),
+        path_(std::move(path)),
+        streamLimit_(streamLimit),
+        fallback_(std::move(fallback)) {}
   ~BeastResponder() override {
     // A route whose client left answers nothing, by design; any other silence is a bug.
     if (!answered_.exchange(true) && !session_->gone()) {
       spdlog::error("{}: the handler gave no answer; answering 500", path_);
-      session_->reply(500, kInternalError, {});
+      session_->reply(500, kInternalError, fallback_);
     }
   }
+  // The server's own headers (HttpServerOptions::answerHeaders) for an answer it writes itself.
+  const HttpHeaders& fallback() const { return fallback_; }
   void reply(int status, const std::string& body, const HttpHeaders& headers) override {
     if (!claim()) return;
     session_->reply(status, body, headers);
@@ -218,6 +244,7 @@ class BeastResponder final : public HttpResponder {
   std::shared_ptr<Session> session_;
   std::string path_;
   size_t streamLimit_;
+  HttpHeaders fallback_;
   std::atomic<bool> answered_{false};
 };
 
@@ -298,11 +325,19 @@ void Session::failRead(error_code ec) {
   close();  // the client closed, reset, or overran its time
 }
 
-// Answers an unreadable request and closes the connection afterwards.
+// Answers an unreadable request and closes the connection afterwards, with the server's own
+// headers for what was read of it (the fields parsed so far: a Content-Length past the body limit
+// fails the header's read itself, its fields all parsed).
 void Session::refuse(int status, const char* body) {
   keepAlive_ = false;
   phase_ = Phase::kHandling;
-  reply(status, body, {});
+  HttpHeaders headers;
+  if (state_->options.answerHeaders) {
+    HttpRequest r;
+    if (parser_) r = requestHead(parser_->get());
+    headers = state_->options.answerHeaders(r);
+  }
+  reply(status, body, headers);
 }
 
 void Session::dispatch() {
@@ -312,32 +347,22 @@ void Session::dispatch() {
   gone_ = false;
   onGone_.clear();
   auto& req = parser_->get();
-  HttpRequest r;
-  r.method = std::string(req.method_string());
-  const std::string_view target(req.target().data(), req.target().size());
-  const size_t q = target.find('?');
-  r.path = std::string(target.substr(0, q));
-  if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
-  for (const auto& f : req) {
-    std::string key(f.name_string());
-    for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    std::string value(f.value());
-    auto [it, inserted] = r.headers.emplace(key, value);
-    if (!inserted) it->second += ", " + value;
-  }
+  HttpRequest r = requestHead(req);
   r.body = std::move(req.body());
   watch();
-  auto responder = std::make_shared<BeastResponder>(shared_from_this(), r.path,
-                                                    state_->options.streamBacklogLimit);
+  HttpHeaders fallback;
+  if (state_->options.answerHeaders) fallback = state_->options.answerHeaders(r);
+  auto responder = std::make_shared<BeastResponder>(
+      shared_from_this(), r.path, state_->options.streamBacklogLimit, std::move(fallback));
   // The one guard: nothing a handler throws reaches a server thread.
   try {
     state_->handler(r, responder);
   } catch (const std::exception& e) {
     spdlog::error("{} {}: unhandled exception: {}", r.method, r.path, e.what());
-    responder->reply(500, kInternalError, {});
+    responder->reply(500, kInternalError, responder->fallback());
   } catch (...) {
     spdlog::error("{} {}: unhandled exception", r.method, r.path);
-    responder->reply(500, kInternalError, {});
+    responder->reply(500, kInternalError, responder->fallback());
   }
 }
 

@@ -112,20 +112,24 @@ StatusOr<CompletionRequest> parseCompletionRequest(std::string_view body) {
   }
   // OpenAI's fields textgen does not serve here: refused, never ignored (a client that asked for
   // two choices must not index a second one that never comes).
-  std::optional<uint32_t> n, bestOf;
-  TG_RETURN_IF_ERROR(readNumber(j, "n", n, ""));
-  if (n && *n != 1) return invalidArgumentError("`n` must be 1: one choice per prompt");
-  TG_RETURN_IF_ERROR(readNumber(j, "best_of", bestOf, ""));
-  if (bestOf && *bestOf != 1)
-    return invalidArgumentError(
-        "`best_of` must be 1 on /v1/completions (TGI's best_of is on /generate)");
+  // 1 (or 1.0), false and 0 mean what textgen does anyway.
+  for (const char* key : {"n", "best_of"}) {
+    std::optional<double> v;
+    TG_RETURN_IF_ERROR(readNumber(j, key, v, ""));
+    if (v && *v != 1.0) {
+      return invalidArgumentError(std::string("`") + key +
+                                  "` must be 1 on /v1/completions: one choice per prompt");
+    }
+  }
   bool echo = false;
   TG_RETURN_IF_ERROR(readBool(j, "echo", echo, ""));
   if (echo) return invalidArgumentError("`echo` is not supported");
-  std::optional<uint32_t> logprobs;
-  TG_RETURN_IF_ERROR(readNumber(j, "logprobs", logprobs, ""));
-  if (logprobs && *logprobs != 0)
-    return invalidArgumentError("`logprobs` is not supported on /v1/completions");
+  if (auto lp = j.find("logprobs"); lp != j.end() && !lp->is_null()) {
+    const bool off =
+        lp->is_boolean() ? !lp->get<bool>() : lp->is_number() && lp->get<double>() == 0.0;
+    if (!lp->is_boolean() && !lp->is_number()) return fieldType("logprobs", "an integer");
+    if (!off) return invalidArgumentError("`logprobs` is not supported on /v1/completions");
+  }
   TG_RETURN_IF_ERROR(readNumber(j, "max_tokens", r.maxTokens, ""));
   TG_RETURN_IF_ERROR(readNumber(j, "temperature", r.temperature, ""));
   TG_RETURN_IF_ERROR(readNumber(j, "top_p", r.topP, ""));

@@ -360,6 +360,9 @@ TEST_F(ValidationTest, CompletionRequestsAreTyped) {
       {R"({"prompt": "x", "echo": true})", "`echo`"},
       {R"({"prompt": "x", "echo": "no"})", "echo"},
       {R"({"prompt": "x", "logprobs": 5})", "`logprobs`"},
+      {R"({"prompt": "x", "logprobs": true})", "`logprobs`"},
+      {R"({"prompt": "x", "logprobs": "no"})", "logprobs"},
+      {R"({"prompt": "x", "n": 1.5})", "`n`"},
   };
   for (const auto& [body, field] : bad) {
     auto r = parseCompletionRequest(body);
@@ -372,6 +375,10 @@ TEST_F(ValidationTest, CompletionRequestsAreTyped) {
           "stream": true, "stream_options": {"include_usage": true}})");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_TRUE(plain->includeUsage);
+  for (const char* off : {R"({"prompt": "x", "logprobs": false, "n": 1.0, "best_of": 1.0})",
+                          R"({"prompt": "x", "logprobs": 0})"}) {
+    EXPECT_TRUE(parseCompletionRequest(off).ok()) << off;
+  }
   auto negative = parseCompletionRequest(R"({"prompt": "x", "temperature": -1})");
   ASSERT_TRUE(negative.ok());
   auto v = validator_->validate(negative->toGenerate(0), Endpoint::kCompletions);

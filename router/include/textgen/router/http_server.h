@@ -68,6 +68,9 @@ struct HttpServerOptions {
   // Bytes of a stream queued for a client that does not read; past it the client counts as gone.
   size_t streamBacklogLimit = 4 * 1024 * 1024;
   unsigned threads = 4;
+  // Headers for the answers the server writes itself (413, 431, 400, and the 500 of a handler
+  // that threw or gave no answer), from what it read of the request (the router's CORS headers).
+  std::function<HttpHeaders(const HttpRequest&)> answerHeaders = nullptr;
 };
 
 class HttpServer {

@@ -117,6 +117,11 @@ class RouterApp {
 // GET /api-doc/openapi.json.
 std::string openApiDocument();
 
+// The CORS headers of an answer to `request` under --cors-allow-origin (`allowOrigins`): none
+// given, any origin ("*", as TGI); otherwise the request's origin when listed ("*" when "*" is
+// listed), with Vary: Origin.
+HttpHeaders corsHeaders(const HttpRequest& request, const std::vector<std::string>& allowOrigins);
+
 // TGI's error body: {"error": message, "error_type": type}.
 std::string errorJson(const std::string& message, const std::string& type);
 
