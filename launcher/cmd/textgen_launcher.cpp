@@ -111,6 +111,15 @@ const FlagSpec kFlags[] = {
     {"trust-remote-code", Kind::kSwitch},
     {"kv-cache-memory", Kind::kValue},  // textgen: the CPU KV pool budget (fraction or bytes)
     {"log-level", Kind::kValue},
+    {"prometheus-port", Kind::kRouter},  // TGI's default 9000 is not taken: off unless given
+    {"disable-grammar-support", Kind::kRouterSwitch},
+    {"usage-stats", Kind::kValue},               // on | off | no-stack: textgen sends none
+    {"enable-prefill-logprobs", Kind::kSwitch},  // textgen serves them whenever asked
+    {"env", Kind::kSwitch},                      // TGI's -e/--env: the runtime, printed first
+    {"lora-adapters", Kind::kUnsupported, "LoRA adapters are not supported yet"},
+    {"ngrok", Kind::kUnsupported, "textgen opens no ngrok tunnel; use an ingress"},
+    {"ngrok-authtoken", Kind::kUnsupported, "textgen opens no ngrok tunnel; use an ingress"},
+    {"ngrok-edge", Kind::kUnsupported, "textgen opens no ngrok tunnel; use an ingress"},
     // textgen: run only this machine's ranks of a group (a Kubernetes pod's), no router.
     {"shards-only", Kind::kSwitch, "", true},
     {"world-size", Kind::kValue, "", true},
@@ -265,10 +274,8 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
     if (const char* v = std::getenv(envName(f.name).c_str()); v && *v) {
       if (f.kind == Kind::kSwitch || f.kind == Kind::kRouterSwitch) {
         if (std::string(v) == "true" || std::string(v) == "1") p.switches.insert(f.name);
-      } else if (std::string(f.name) != "port" || std::getenv("TEXTGEN_LAUNCHER_PORT_FROM_ENV")) {
-        // PORT is commonly set by other tools; only --port or TEXTGEN_LAUNCHER_PORT_FROM_ENV honour
-        // it.
-        p.values[f.name] = {v};
+      } else {
+        p.values[f.name] = {v};  // PORT and HOSTNAME too, as TGI (its image sets PORT=80)
       }
     }
   }
@@ -278,6 +285,21 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
       std::printf("textgen-launcher %s\n", kVersion);
       return 0;
     }
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "textgen-launcher %s: TGI's launcher flags (docs/launcher.md); each --foo-bar also reads "
+          "FOO_BAR.\nflags:",
+          kVersion);
+      for (const FlagSpec& f : kFlags) {
+        std::printf("\n  --%s%s%s", f.name,
+                    f.kind == Kind::kValue || f.kind == Kind::kRouter ? " VALUE" : "",
+                    f.kind == Kind::kUnsupported ? "  (refused: " : "");
+        if (f.kind == Kind::kUnsupported) std::printf("%s)", f.why);
+      }
+      std::printf("\n");
+      return 0;
+    }
+    if (a == "-e") a = "--env";  // TGI's short form
     if (a.rfind("--", 0) != 0) return usage("unexpected argument '" + a + "'");
     std::string name = a.substr(2), value;
     const size_t eq = name.find('=');
@@ -292,12 +314,13 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
       p.switches.insert(name);
       continue;
     }
+    // Refused before its value is read: some (--ngrok) are switches in TGI.
+    if (f->kind == Kind::kUnsupported)
+      return usage("--" + name + " is not supported: " + std::string(f->why));
     if (eq == std::string::npos) {
       if (i + 1 >= argc) return usage("--" + name + " needs a value");
       value = argv[++i];
     }
-    if (f->kind == Kind::kUnsupported)
-      return usage("--" + name + " is not supported: " + std::string(f->why));
     if (name == "cors-allow-origin") {
       p.values[name].push_back(value);
     } else {
@@ -345,6 +368,11 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
       return usage("--kv-cache-dtype " + kv +
                    ": expected fp8_e4m3fn or fp8_e5m2 (without the flag the KV cache takes the "
                    "model's dtype)");
+  }
+  if (p.values.contains("usage-stats")) {
+    const std::string u = p.get("usage-stats", "");
+    if (u != "on" && u != "off" && u != "no-stack")
+      return usage("--usage-stats " + u + ": expected on, off or no-stack");
   }
   // --shards-only's flags need it; the router's flags are refused with it (it starts no router).
   const bool shardsOnly = p.switches.contains("shards-only");
@@ -540,6 +568,15 @@ int run(int argc, char** argv) {
   auto model = modelDirectory(p);
   if (auto* status = std::get_if<int>(&model)) return *status;
   const fs::path modelDir = std::get<fs::path>(model);
+  if (p.switches.contains("env")) {  // TGI's --env: what this launcher runs on, then it goes on
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::printf(
+        "textgen-launcher %s\nmodel: %s\nranks: %d on %s\nCUDA_VISIBLE_DEVICES: %s\n", kVersion,
+        modelDir.c_str(), plan->numShard,
+        plan->gpus.empty() ? "the CPU" : (std::to_string(plan->gpus.size()) + " GPUs").c_str(),
+        visible ? visible : "(unset)");
+    std::fflush(stdout);
+  }
   auto base = medusaBase(p, modelDir);
   if (auto* status = std::get_if<int>(&base)) return *status;
   const std::optional<fs::path> medusa = std::get<std::optional<fs::path>>(base);

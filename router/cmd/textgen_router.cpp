@@ -50,6 +50,10 @@ struct Flags {
   // OpenTelemetry (TGI's flags): spans to an OTLP/gRPC collector when an endpoint is given.
   std::string otlpEndpoint, otlpServiceName = "text-generation-inference.router";
   bool jsonOutput = false;
+  bool disableGrammar = false;  // TGI's --disable-grammar-support
+  // TGI's --prometheus-port: /metrics on a listener of its own as well (0, the default: none; TGI
+  // listens on 9000 always, which would make two servers on one machine collide).
+  int prometheusPort = 0;
 };
 
 std::atomic<bool> gStop{false};
@@ -76,6 +80,10 @@ StatusOr<Flags> parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--json-output") {
       f.jsonOutput = true;
+      continue;
+    }
+    if (a == "--disable-grammar-support") {
+      f.disableGrammar = true;
       continue;
     }
     if (a == "--version") {
@@ -111,6 +119,11 @@ StatusOr<Flags> parse(int argc, char** argv) {
       TG_RETURN_IF_ERROR(u32(p));
       if (p > 65535) return invalidArgumentError("--port must be <= 65535");
       f.port = static_cast<int>(p);
+    } else if (a == "--prometheus-port") {
+      uint32_t p = 0;
+      TG_RETURN_IF_ERROR(u32(p));
+      if (p > 65535) return invalidArgumentError("--prometheus-port must be <= 65535");
+      f.prometheusPort = static_cast<int>(p);
     } else if (a == "--master-shard-uds-path") {
       f.masters.push_back("unix://" + v);
     } else if (a == "--shard-master") {
@@ -414,6 +427,19 @@ int run(int argc, char** argv) {
     std::shared_ptr<RouterApp> app;
   };
   auto slot = std::make_shared<AppSlot>();
+  const HttpHandler handler = [slot, apiKey = f.apiKey, cors = f.cors, &metrics](
+                                  const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
+    std::shared_ptr<RouterApp> app;
+    {
+      std::lock_guard lock(slot->mutex);
+      app = slot->app;
+    }
+    if (app) {
+      app->handle(r, std::move(resp));
+    } else {
+      handleWithoutReplica(r, *resp, apiKey, cors, metrics);
+    }
+  };
   auto server = startHttpServer(
       {.host = f.hostname,
        .port = f.port,
@@ -421,20 +447,21 @@ int run(int argc, char** argv) {
        .headerTimeout = std::chrono::milliseconds(f.headerTimeoutMs),
        .bodyTimeout = std::chrono::milliseconds(f.bodyTimeoutMs),
        .answerHeaders = [cors = f.cors](const HttpRequest& r) { return corsHeaders(r, cors); }},
-      [slot, apiKey = f.apiKey, cors = f.cors, &metrics](const HttpRequest& r,
-                                                         std::shared_ptr<HttpResponder> resp) {
-        std::shared_ptr<RouterApp> app;
-        {
-          std::lock_guard lock(slot->mutex);
-          app = slot->app;
-        }
-        if (app) {
-          app->handle(r, std::move(resp));
-        } else {
-          handleWithoutReplica(r, *resp, apiKey, cors, metrics);
-        }
-      });
+      handler);
   if (!server.ok()) return fail(server.status());
+  // --prometheus-port: GET /metrics there too (TGI's Prometheus listener); anything else is a 404.
+  std::unique_ptr<HttpServer> prometheus;
+  if (f.prometheusPort != 0) {
+    auto p = startHttpServer({.host = f.hostname, .port = f.prometheusPort, .threads = 1},
+                             [handler](const HttpRequest& r, std::shared_ptr<HttpResponder> resp) {
+                               if (r.method == "GET" && r.path == "/metrics")
+                                 return handler(r, std::move(resp));
+                               resp->reply(404, errorJson("Not Found", "not_found"), {});
+                             });
+    if (!p.ok()) return fail(p.status());
+    prometheus = std::move(*p);
+    spdlog::info("Prometheus metrics also on {}:{}/metrics", f.hostname, prometheus->port());
+  }
   // Owned here so that shutdown can end it (and with it the in-flight requests) before the
   // RouterApp their answers go through.
   auto replicaSet = std::make_unique<ReplicaSet>(factory, [&metrics](size_t n) {
@@ -459,6 +486,7 @@ int run(int argc, char** argv) {
     return fail(s);
   }
   if (gStop && !limits) {  // stopped while waiting for a first replica
+    if (prometheus) prometheus->stop();
     (*server)->stop();
     discovery.reset();
     return 0;
@@ -474,7 +502,8 @@ int run(int argc, char** argv) {
                .maxTopNTokens = f.maxTopNTokens,
                .maxInputTokens = maxInput,
                .maxTotalTokens = maxTotal,
-               .encoderDecoder = encoderDecoder};
+               .encoderDecoder = encoderDecoder,
+               .disableGrammar = f.disableGrammar};
   ro.apiKey = f.apiKey;
   ro.validationWorkers = f.validationWorkers;
   ro.corsAllowOrigins = f.cors;
@@ -498,6 +527,7 @@ int run(int argc, char** argv) {
   spdlog::info("shutting down");
   // No new request, then no validation task left, then no replica (their in-flight requests end,
   // answered through the RouterApp), then the RouterApp.
+  if (prometheus) prometheus->stop();
   (*server)->stop();
   std::shared_ptr<RouterApp> app;
   {

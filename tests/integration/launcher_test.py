@@ -89,6 +89,7 @@ class Launcher:
                                    "--master-port", self.master_port, "--log-level", "warn", *args],
                                   stdout=subprocess.PIPE, stderr=self.err_file, text=True, env=full_env)
         self.port = None
+        self.early = []  # what it printed before its ready line
         if not wait_ready:
             return
         # A launcher that neither gets ready nor exits is killed: the test fails, it does not hang.
@@ -98,6 +99,7 @@ class Launcher:
             if line.startswith("textgen-launcher ready "):
                 self.port = int(line.rsplit(":", 1)[1])
                 break
+            self.early.append(line)
         timer.cancel()
 
     @property
@@ -183,6 +185,60 @@ def test_refused_flags():
     refused([], "--kv-cache-dtype int8: expected fp8_e4m3fn or fp8_e5m2", env={"KV_CACHE_DTYPE": "int8"})
     # A path that does not exist is not taken for a hub id (hub downloads: hub_test.py).
     refused(["--model-id", "/no/such/model"], "neither a local directory nor a hub id", code=1)
+
+
+def get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path)
+    r = c.getresponse()
+    return r.status, r.read().decode()
+
+
+def test_tgi_flags():
+    """TGI's launcher flags and variables that deployments set: all accepted, or refused by name."""
+    r = subprocess.run([LAUNCHER, "--help"], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 0 and "--model-id" in r.stdout and "--prometheus-port" in r.stdout, f"--help: {r.returncode}")
+    refused(["--lora-adapters", "org/adapter"], "LoRA adapters are not supported yet")
+    refused(["--ngrok"], "--ngrok is not supported")
+    refused(["--usage-stats", "sometimes"], "--usage-stats sometimes: expected on, off or no-stack")
+    refused([], "LORA_ADAPTERS is set, but it is not supported", env={"LORA_ADAPTERS": "a"})
+    prometheus = free_port()
+    la = Launcher("tgi-flags", ["--kv-cache-memory", "64000000", "--usage-stats", "off", "--enable-prefill-logprobs",
+                                "--disable-grammar-support", "--prometheus-port", str(prometheus), "-e"])
+    try:
+        if not check(la.port, f"launcher with TGI's flags ready: {la.stderr()[-2000:]}"):
+            return
+        check(any(line.startswith("textgen-launcher ") for line in la.early) and any("ranks: 1" in line for line in la.early),
+              f"-e prints the runtime first: {la.early}")
+        status, body = generate(la.port, parameters={"max_new_tokens": 3, "grammar": {"type": "regex", "value": "a+"}})
+        check(status == 422 and body.get("error") == "grammar is not supported", f"--disable-grammar-support: {status} {body}")
+        status, body = generate(la.port, parameters={"max_new_tokens": 3, "decoder_input_details": True})
+        check(status == 200 and len(body["details"]["prefill"]) > 0, f"prefill log-probabilities served: {status}")
+        status, text = get(prometheus, "/metrics")
+        check(status == 200 and "tgi_request_count" in text, f"--prometheus-port serves /metrics: {status}")
+        check(get(prometheus, "/info")[0] == 404, "and nothing else")
+    finally:
+        la.stop()
+    # Containers set HOSTNAME to their own name (TGI: not an address, so every interface), and TGI's
+    # image sets PORT: both are its flags' variables.
+    port = free_port()
+    uds = unique_uds("hostname-env")
+    os.makedirs(os.path.dirname(uds), exist_ok=True)
+    env = dict(os.environ, HOSTNAME="textgen-7f9c6d5b8-x2kqz", PORT=str(port))
+    p = subprocess.Popen([LAUNCHER, "--shard-uds-path", uds, "--master-port", str(free_port()), "--log-level", "warn",
+                          "--kv-cache-memory", "64000000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         text=True, env=env)
+    timer = threading.Timer(120, p.kill)
+    timer.start()
+    ready = next((line for line in p.stdout if line.startswith("textgen-launcher ready ")), "")
+    timer.cancel()
+    try:
+        check(ready.strip().endswith(f":{port}") and get(port, "/health")[0] == 200,
+              f"HOSTNAME=<pod name> and PORT from the environment: {ready!r}")
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        check(p.wait(timeout=30) == 0, "clean exit")
 
 
 def test_kv_cache_fp8_serves():
@@ -602,6 +658,7 @@ def main():
     test_start_generate_sigterm()
     test_crashed_shard()
     test_refused_flags()
+    test_tgi_flags()
     test_kv_cache_fp8_serves()
     test_bad_shard_flags()
     test_bad_shards_only_flags()

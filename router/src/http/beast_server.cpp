@@ -567,10 +567,18 @@ class BeastServer final : public HttpServer {
 
   Status listen() {
     error_code ec;
-    const auto address = asio::ip::make_address(state_->options.host, ec);
-    if (ec)
-      return invalidArgumentError("cannot listen on '" + state_->options.host +
-                                  "': " + ec.message());
+    auto address = asio::ip::make_address(state_->options.host, ec);
+    if (ec && state_->options.host == "localhost") {
+      address = asio::ip::address_v4::loopback();
+      ec.clear();
+    } else if (ec) {
+      // Not an address: as TGI, every interface. Containers set HOSTNAME (TGI's variable for
+      // --hostname) to their own name, which the launcher reads like any flag's variable.
+      spdlog::warn("--hostname '{}' is not an IP address; listening on 0.0.0.0",
+                   state_->options.host);
+      address = asio::ip::address_v4::any();
+      ec.clear();
+    }
     const tcp::endpoint endpoint(address, static_cast<unsigned short>(state_->options.port));
     acceptor_.open(endpoint.protocol(), ec);
     if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);

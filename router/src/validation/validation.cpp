@@ -522,6 +522,7 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   if (v.returnFullText) v.fullTextPrefix = request.inputs;
   v.addSpecialTokens = request.addSpecialTokens;
   if (p.grammar) {
+    if (limits_.disableGrammar) return error("grammar is not supported");
     TG_RETURN_IF_ERROR(checkGrammar(*p.grammar));
     v.grammar = p.grammar;
   }

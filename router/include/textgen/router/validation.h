@@ -135,6 +135,8 @@ struct ValidationLimits {
   // The model is an encoder-decoder (T5): return_full_text does not apply (the answer is not a
   // continuation of the prompt).
   bool encoderDecoder = false;
+  // TGI's --disable-grammar-support: a grammar (and so response_format and tools) is a 422.
+  bool disableGrammar = false;
 };
 
 // What the scheduler needs: a request ready for the shards.
