@@ -293,11 +293,10 @@ void RouterApp::completions(const HttpRequest& request, std::shared_ptr<HttpResp
 // TGI's /vertex (Google Vertex AI's prediction format): {"instances": [...]} -> {"predictions":
 // [generated_text, ...]}. An instance is {"inputs", "parameters"} or a chat request ("messages").
 // As TGI (router/src/vertex.rs): an "inputs" instance samples (do_sample) and takes only
-// max_new_tokens (absent with parameters: 100; without parameters: up to max_total_tokens) and seed
-// from its parameters; a chat instance goes through the chat template as /v1/chat/completions
-// does, and its prediction is the raw generated text. Every instance is validated before any runs
-// (a bad one is a 422 naming it; TGI answers 500 there); a failure after admission is TGI's 500
-// "Incomplete generation".
+// max_new_tokens (unset: up to max_total_tokens) and seed from its parameters; a chat instance goes
+// through the chat template as /v1/chat/completions does, and its prediction is the raw generated
+// text. Every instance is validated before any runs (a bad one is a 422 naming it; TGI answers 500
+// there); a failure after admission is TGI's 500 "Incomplete generation".
 void RouterApp::vertex(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
   const auto start = std::chrono::steady_clock::now();
   auto trace = std::make_shared<RequestTrace>(request, "vertex");
@@ -330,12 +329,10 @@ void RouterApp::vertex(const HttpRequest& request, std::shared_ptr<HttpResponder
     if (instance.contains("inputs")) {
       auto parsed = parseGenerateRequest(instance.dump());
       if (!parsed.ok()) return fail(at + parsed.status().message());
-      const auto params = instance.find("parameters");
-      const bool withParameters = params != instance.end() && !params->is_null();
       GenerateRequest g;
       g.inputs = std::move(parsed->inputs);
       g.parameters.doSample = true;
-      g.parameters.maxNewTokens = withParameters ? parsed->parameters.maxNewTokens : std::nullopt;
+      g.parameters.maxNewTokens = parsed->parameters.maxNewTokens;
       g.parameters.seed = parsed->parameters.seed;
       v = validator_.validate(g, Endpoint::kGenerate);
     } else if (instance.contains("messages")) {

@@ -292,7 +292,12 @@ StatusOr<GenerateRequest> parseGenerateRequest(std::string_view body) {
     r.addSpecialTokens = s->get<bool>();
   }
   auto params = j.find("parameters");
-  if (params == j.end() || params->is_null()) return r;
+  if (params == j.end() || params->is_null()) {
+    // TGI's default_parameters(), for a request without them: sampling (with "parameters": {} a
+    // request is greedy), and max_new_tokens up to the budget.
+    r.parameters.doSample = true;
+    return r;
+  }
   if (!params->is_object()) return fieldType("parameters", "an object");
   const json& p = *params;
   GenerateParameters& g = r.parameters;

@@ -34,10 +34,12 @@ class ValidationTest : public ::testing::Test {
 
 TEST_F(ValidationTest, DefaultsAsTgi) {
   Validator roomy(*tok_, ValidationLimits{.maxInputTokens = 1024, .maxTotalTokens = 2048});
-  auto v =
-      roomy.validate(*parseGenerateRequest(R"({"inputs": "Hello world"})"), Endpoint::kGenerate);
+  // TGI 3: max_new_tokens fills the budget; "parameters": {} is greedy (without parameters a
+  // request samples: ARequestWithoutParametersSamplesAsTgi).
+  auto v = roomy.validate(*parseGenerateRequest(R"({"inputs": "Hello world", "parameters": {}})"),
+                          Endpoint::kGenerate);
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(v->maxNewTokens, 100u);
+  EXPECT_EQ(v->maxNewTokens, 2048u - v->inputLength);
   EXPECT_EQ(v->temperature, 1.0f);
   EXPECT_EQ(v->topP, 1.0f);
   EXPECT_EQ(v->topK, 0u);
@@ -88,14 +90,31 @@ TEST_F(ValidationTest, DecoderInputDetailsBringTheDetails) {
   EXPECT_TRUE(v->decoderInputDetails);
 }
 
-TEST_F(ValidationTest, MaxNewTokensDefaultIs100AndNullFillsTheBudget) {
+TEST_F(ValidationTest, MaxNewTokensUnsetOrNullFillsTheBudgetAsTgi3) {
+  for (const char* body : {R"({"inputs": "Hello"})", R"({"inputs": "Hello", "parameters": {}})",
+                           R"({"inputs": "Hello", "parameters": {"max_new_tokens": null}})"}) {
+    auto v = check(body);
+    ASSERT_TRUE(v.ok()) << body << ": " << v.status();
+    EXPECT_EQ(v->maxNewTokens, 48u - v->inputLength) << body;
+  }
   const size_t n = tok_->encode("Hello")->size();
-  EXPECT_EQ(message(R"({"inputs": "Hello"})"),
+  EXPECT_EQ(message(R"({"inputs": "Hello", "parameters": {"max_new_tokens": 100}})"),
             "`inputs` tokens + `max_new_tokens` must be <= 48. Given: " + std::to_string(n) +
                 " `inputs` tokens and 100 `max_new_tokens`");
-  auto v = check(R"({"inputs": "Hello", "parameters": {"max_new_tokens": null}})");
-  ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(v->maxNewTokens, 48u - v->inputLength);
+}
+
+TEST_F(ValidationTest, ARequestWithoutParametersSamplesAsTgi) {
+  // TGI's default_parameters() has do_sample: true; "parameters": {} is greedy.
+  auto bare = parseGenerateRequest(R"({"inputs": "Hello"})");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_TRUE(bare->parameters.doSample);
+  EXPECT_FALSE(bare->parameters.maxNewTokens);
+  auto null = parseGenerateRequest(R"({"inputs": "Hello", "parameters": null})");
+  ASSERT_TRUE(null.ok());
+  EXPECT_TRUE(null->parameters.doSample);
+  auto empty = parseGenerateRequest(R"({"inputs": "Hello", "parameters": {}})");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_FALSE(empty->parameters.doSample);
 }
 
 TEST_F(ValidationTest, RulesAndMessages) {

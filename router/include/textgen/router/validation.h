@@ -45,7 +45,8 @@ struct GenerateParameters {
   std::optional<float> topP;
   std::optional<float> typicalP;
   bool doSample = false;
-  std::optional<uint32_t> maxNewTokens = 100;  // TGI's default for /generate
+  // Unset (absent or null): up to max_total_tokens - the prompt's tokens, as TGI 3.
+  std::optional<uint32_t> maxNewTokens;
   std::optional<bool> returnFullText;
   std::vector<std::string> stop;
   std::optional<uint32_t> truncate;
