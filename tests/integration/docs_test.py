@@ -526,7 +526,7 @@ COMMANDS = {
     ("README.md", "curl 127.0.0.1:3000/generate -X POST -H 'Content-Type: application/json' -d "
                   "'{\"inputs\":\"To open a file\",\"parameters\":{\"max_new_tokens\":24}}'"): None,
     ("README.md", "curl -N 127.0.0.1:3000/generate_stream -X POST -H 'Content-Type: application/json' -d "
-                  "'{\"inputs\":\"A list comprehension\",\"parameters\":{\"max_new_tokens\":4}}'"): None,
+                  "'{\"inputs\":\"A list comprehension\",\"parameters\":{\"max_new_tokens\":4,\"details\":true}}'"): None,
     ("README.md", "curl 127.0.0.1:3000/v1/completions -H 'Content-Type: application/json' -d "
                   "'{\"model\":\"textgen-demo\",\"prompt\":\"The Python interpreter\",\"max_tokens\":16,"
                   "\"temperature\":0}'"): None,

@@ -446,7 +446,8 @@ def test_chat_errors(s):
 
 
 def test_stream(s):
-    status, ctype, events = sse(s.port, "/generate_stream", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 9}})
+    status, ctype, events = sse(s.port, "/generate_stream", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 9,
+                                                                                                  "details": True}})
     check(status == 200 and ctype.startswith("text/event-stream"), f"stream status {status} {ctype}")
     payloads = [json.loads(e) for e in events]
     check([p["index"] for p in payloads] == list(range(1, 10)), "stream indexes")
@@ -455,6 +456,14 @@ def test_stream(s):
           "final event carries details")
     # The pieces add up to the final text (streaming detokenizer invariant; no special tokens here).
     check("".join(p["token"]["text"] for p in payloads) == payloads[-1]["generated_text"], "stream text adds up")
+    # As TGI's StreamResponse: details only when asked for, top_tokens only when there are some.
+    status, _, events = sse(s.port, "/generate_stream", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 3}})
+    plain = [json.loads(e) for e in events]
+    check(status == 200 and plain[-1]["details"] is None and plain[-1]["generated_text"] and
+          all("top_tokens" not in p for p in plain), f"a stream without details: {plain[-1:]}")
+    status, _, events = sse(s.port, "/generate_stream", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 3,
+                                                                                             "top_n_tokens": 2}})
+    check(status == 200 and all(len(json.loads(e)["top_tokens"]) == 2 for e in events), f"top_tokens when asked: {events[:1]}")
     # Compat route: POST / with stream, and without (a list).
     status, _, events = sse(s.port, "/", {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 3}, "stream": True})
     check(status == 200 and len(events) == 3, "POST / stream")
@@ -478,7 +487,8 @@ def test_stream(s):
 def test_many_streams(s):
     """Hundreds of concurrent streams (each HTTP connection must not hold a listener thread)."""
     out = in_parallel(200, lambda i: sse(s.port, "/generate_stream",
-                                         {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 5}}), timeout=120)
+                                         {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": 5, "details": True}}),
+                     timeout=120)
     good = sum(1 for r in out if r and r[0] == 200 and len(r[2]) == 5 and json.loads(r[2][-1])["details"])
     check(good == 200, f"200 concurrent streams: {good} complete")
 

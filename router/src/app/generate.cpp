@@ -275,10 +275,13 @@ class StreamSink final : public ResponseSink {
                  {"token", c_.tokens[i]},
                  {"generated_text", nullptr},
                  {"details", nullptr}};
-      event["top_tokens"] = i < c_.topTokens.size() ? c_.topTokens[i] : json(nullptr);
+      // As TGI's StreamResponse: top_tokens only when there are some, details on the last event
+      // only when the request asked for them.
+      if (i < c_.topTokens.size() && !c_.topTokens[i].empty())
+        event["top_tokens"] = c_.topTokens[i];
       const bool last = i + 1 == c_.tokens.size() && c_.generated;
-      if (last) {
-        event["generated_text"] = request_.fullTextPrefix + c_.generated->text;
+      if (last) event["generated_text"] = request_.fullTextPrefix + c_.generated->text;
+      if (last && request_.details) {
         event["details"] = {
             {"finish_reason", finishReason(c_.generated->reason)},
             {"generated_tokens", c_.generated->generatedTokens},
