@@ -527,6 +527,14 @@ def test_tgi_compat(s):
     status, _, body = request(s.port, "POST", "/generate", {"inputs": prompt, "parameters": {
         "max_new_tokens": 2, "truncate": 2, "return_full_text": True}})
     check(status == 200 and json.loads(body)["generated_text"].startswith(prompt), f"truncate + full text: {body}")
+    # TGI's x-compute-* headers: the inputs' Unicode characters, COMPUTE_TYPE's default.
+    accented = "h\u00e9llo w\u00f6rld \u2014 \U0001F600"
+    for path in ("/generate", "/generate_stream"):
+        status, headers, _ = request(s.port, "POST", path, {"inputs": accented, "parameters": {"max_new_tokens": 1}})
+        check(status == 200 and headers.get("x-compute-characters") == str(len(accented)) and
+              headers.get("x-compute-type") == "gpu+optimized", f"{path} x-compute headers: {headers}")
+    status, _, body = request(s.port, "GET", "/info")
+    check(json.loads(body)["validation_workers"] == 2, f"/info's validation_workers is the router's: {body}")
     # decoder_input_details alone brings the details (TGI: details || decoder_input_details).
     status, _, body = request(s.port, "POST", "/generate", {"inputs": prompt, "parameters": {
         "max_new_tokens": 2, "decoder_input_details": True}})

@@ -76,6 +76,15 @@ void absorb(Collected& c, const Generation& g) {
 }  // namespace
 
 // Request bookkeeping shared by the routes: timings, metrics and TGI's x-* headers.
+// TGI's x-compute-type: COMPUTE_TYPE from the environment, else its default.
+const std::string& computeType() {
+  static const std::string type = [] {
+    const char* t = std::getenv("COMPUTE_TYPE");
+    return std::string(t && *t ? t : "gpu+optimized");
+  }();
+  return type;
+}
+
 struct RequestTracker {
   RequestTracker(MetricsRegistry& m, std::atomic<uint32_t>& f, const HttpRequest& r,
                  const char* span)
@@ -86,6 +95,7 @@ struct RequestTracker {
   Clock::time_point start = Clock::now();
   Clock::time_point validated;
   uint32_t inputLength = 0;
+  uint64_t inputCharacters = 0;
   bool released = false;
 
   void release() {
@@ -106,9 +116,9 @@ struct RequestTracker {
     auto ms = [](auto d) {
       return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
     };
-    return {{"x-compute-type", "textgen"},
+    return {{"x-compute-type", computeType()},
             {"x-compute-time", std::to_string(duration<double>(total).count())},
-            {"x-compute-characters", std::to_string(inputLength)},
+            {"x-compute-characters", std::to_string(inputCharacters)},
             {"x-total-time", ms(total)},
             {"x-validation-time", ms(validation)},
             {"x-queue-time", ms(queue)},
@@ -367,6 +377,7 @@ void RouterApp::generate(const HttpRequest& request, std::shared_ptr<HttpRespond
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;
+  tracker->inputCharacters = v->inputCharacters;
   std::shared_ptr<Replica> replica = admit(responder, v->inputIds);
   if (!replica) return tracker->trace.finish(nullptr, std::nullopt, &kNotAdmitted);
   const size_t n = v->bestOf;
@@ -393,12 +404,14 @@ void RouterApp::generateStream(const HttpRequest& request, std::shared_ptr<HttpR
   if (!v) return;
   tracker->validated = Clock::now();
   tracker->inputLength = v->inputLength;
+  tracker->inputCharacters = v->inputCharacters;
   std::shared_ptr<Replica> replica = admit(responder, v->inputIds);
   if (!replica) return tracker->trace.finish(nullptr, std::nullopt, &kNotAdmitted);
   headers["Content-Type"] = "text/event-stream";
   headers["Cache-Control"] = "no-cache";
   headers["x-accel-buffering"] = "no";
-  headers["x-compute-type"] = "textgen";
+  headers["x-compute-type"] = computeType();
+  headers["x-compute-characters"] = std::to_string(v->inputCharacters);
   auto stream = responder->startStream(200, headers);
   auto control = std::make_shared<RequestControl>();
   cancelOnDisconnect(*responder, {control});  // also while it waits in the queue

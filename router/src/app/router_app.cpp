@@ -445,7 +445,7 @@ void RouterApp::info(std::shared_ptr<HttpResponder> responder) {
                {"max_stop_sequences", options_.limits.maxStopSequences},
                {"max_input_tokens", options_.limits.maxInputTokens},
                {"max_total_tokens", options_.limits.maxTotalTokens},
-               {"validation_workers", 1},
+               {"validation_workers", options_.validationWorkers},
                {"max_client_batch_size", options_.maxClientBatchSize},
                {"router", "textgen-router"},
                {"version", kVersion},

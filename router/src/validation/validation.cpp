@@ -496,6 +496,8 @@ StatusOr<ValidRequest> Validator::validate(const GenerateRequest& request,
   auto encoding = tokenizer_.encode(request.inputs, request.addSpecialTokens);
   if (!encoding.ok()) return error("tokenizer error " + encoding.status().message());
   v.inputs = request.inputs;
+  for (const char c : request.inputs)
+    v.inputCharacters += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   if (p.truncate && encoding->size() > *p.truncate) {
     encoding->truncateLeft(*p.truncate);
     v.inputs = tokenizer_.decode(encoding->ids, false);

@@ -148,6 +148,8 @@ struct ValidRequest {
   std::string inputs;  // after truncation (the decoded kept tokens when truncated)
   std::vector<uint32_t> inputIds;
   uint32_t inputLength = 0;
+  uint64_t inputCharacters =
+      0;  // the request's inputs in Unicode characters (x-compute-characters)
   uint32_t bestOf = 1;
   float temperature = 1.0f;
   float repetitionPenalty = 1.0f;
