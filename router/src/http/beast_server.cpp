@@ -93,7 +93,10 @@ HttpRequest requestHead(const Message& req) {
 class Session final : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<ServerState> state)
-      : state_(std::move(state)), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
+      : state_(std::move(state)),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        sseTimer_(socket_.get_executor()) {}
 
   void start() { readHeader(); }
   // Only with no server thread running (stop()).
@@ -138,10 +141,15 @@ class Session final : public std::enable_shared_from_this<Session> {
   void close();
   void lingerClose();
   void arm(std::chrono::milliseconds d);
+  void armKeepAlive();
+  void writeChunk(const std::string& data);
 
   std::shared_ptr<ServerState> state_;  // first: destroyed after the socket and timer
   tcp::socket socket_;
   asio::steady_timer timer_;
+  asio::steady_timer sseTimer_;  // an event stream's keep-alive comments
+  bool sse_ = false;             // the answer is a text/event-stream
+  std::chrono::steady_clock::time_point lastStreamWrite_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Phase phase_ = Phase::kHeader;
@@ -433,35 +441,61 @@ void Session::reply(int status, const std::string& body, const HttpHeaders& head
 
 void Session::beginStream(int status, const HttpHeaders& headers) {
   std::string head = statusLine(status, version_);
+  bool events = false;
   for (const auto& [k, v] : headers) {
     if (beast::iequals(k, "content-length") || beast::iequals(k, "connection") ||
         beast::iequals(k, "transfer-encoding"))
       continue;
+    if (beast::iequals(k, "content-type") && v.rfind("text/event-stream", 0) == 0) events = true;
     head += headerLine(k, v);
   }
-  post([self = shared_from_this(), head = std::move(head)]() {
+  post([self = shared_from_this(), head = std::move(head), events]() {
     self->stream_ = true;
     if (self->version_ == 10) self->keepAlive_ = false;  // no chunking: the close ends the body
     std::string h = head;
     if (self->version_ != 10) h += "Transfer-Encoding: chunked\r\n";
     if (!self->keepAlive_) h += "Connection: close\r\n";
     self->enqueue(h + "\r\n", false);
+    self->sse_ = events && self->state_->options.sseKeepAlive.count() > 0;
+    self->lastStreamWrite_ = std::chrono::steady_clock::now();
+    if (self->sse_) self->armKeepAlive();
   });
+}
+
+// On the strand: one piece of a stream's body, chunked unless HTTP/1.0.
+void Session::writeChunk(const std::string& data) {
+  lastStreamWrite_ = std::chrono::steady_clock::now();
+  if (version_ == 10) return enqueue(data, false);
+  char size[20];
+  std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+  enqueue(size + data + "\r\n", false);
 }
 
 void Session::streamWrite(std::string data) {
   if (data.empty()) return;
   backlog_ += data.size();
-  post([self = shared_from_this(), data = std::move(data)]() {
-    if (self->version_ == 10) return self->enqueue(data, false);
-    char size[20];
-    std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-    self->enqueue(size + data + "\r\n", false);
+  post([self = shared_from_this(), data = std::move(data)]() { self->writeChunk(data); });
+}
+
+// An event stream idle for sseKeepAlive gets ":\n\n", an SSE comment clients skip. The wait is
+// re-armed from the last write; it ends with the stream (or the connection).
+void Session::armKeepAlive() {
+  sseTimer_.expires_at(lastStreamWrite_ + state_->options.sseKeepAlive);
+  sseTimer_.async_wait([self = shared_from_this()](error_code ec) {
+    if (ec || self->phase_ == Phase::kClosed || self->answerDone_ || !self->stream_ ||
+        !self->sse_ || self->gone_)
+      return;
+    if (std::chrono::steady_clock::now() >=
+        self->lastStreamWrite_ + self->state_->options.sseKeepAlive)
+      self->writeChunk(":\n\n");
+    self->armKeepAlive();
   });
 }
 
 void Session::endStream() {
   post([self = shared_from_this()]() {
+    self->sse_ = false;
+    self->sseTimer_.cancel();
     self->enqueue(self->version_ == 10 ? std::string() : std::string("0\r\n\r\n"), true);
   });
 }
@@ -550,6 +584,7 @@ void Session::lingerClose() {
 void Session::close() {
   phase_ = Phase::kClosed;
   timer_.cancel();
+  sseTimer_.cancel();
   // A pending write still reads the front piece: it stays until that write completes.
   while (out_.size() > (writing_ ? 1u : 0u)) out_.pop_back();
   backlog_ = 0;

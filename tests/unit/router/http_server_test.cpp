@@ -115,6 +115,47 @@ TEST(HttpServerTest, StreamsChunksAndSeesDisconnects) {
   EXPECT_TRUE(saw.get());
 }
 
+TEST(HttpServerTest, AnIdleEventStreamGetsKeepAliveComments) {
+  // An event stream quiet for longer than sseKeepAlive gets ":" comments (TGI's SSE keep-alive);
+  // a busy one and a stream of another type get none.
+  auto server = startHttpServer(
+      {.host = "127.0.0.1", .port = 0, .sseKeepAlive = std::chrono::milliseconds(40)},
+      [](const HttpRequest& r, auto responder) {
+        const bool events = r.path != "/plain";
+        auto stream = responder->startStream(
+            200, {{"Content-Type", events ? "text/event-stream" : "application/x-ndjson"}});
+        const bool quiet = r.path != "/busy";
+        std::thread([stream, quiet] {
+          for (int i = 0; i < 3; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(quiet ? 150 : 10));
+            stream->write("data:" + std::to_string(i) + "\n\n");
+          }
+          stream->close();
+        }).detach();
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto comments = [](const std::string& s) {
+    size_t n = 0;
+    for (size_t at = s.find("\r\n:\n\n\r\n"); at != std::string::npos;
+         at = s.find("\r\n:\n\n\r\n", at + 1))
+      ++n;
+    return n;
+  };
+  const std::string quiet =
+      request(port, "GET /quiet HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_GE(comments(quiet), 3u) << quiet;  // about three a 150 ms gap
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NE(quiet.find("data:" + std::to_string(i) + "\n\n"), std::string::npos) << quiet;
+  EXPECT_NE(quiet.find("0\r\n\r\n"), std::string::npos) << quiet;
+  const std::string busy =
+      request(port, "GET /busy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(comments(busy), 0u) << busy;
+  const std::string plain =
+      request(port, "GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(comments(plain), 0u) << plain;
+}
+
 // Reads until the peer closes or `timeout` passes; `closed` tells which.
 std::string readAll(int fd, std::chrono::milliseconds timeout, bool* closed) {
   std::string out;

@@ -67,6 +67,10 @@ struct HttpServerOptions {
   std::chrono::milliseconds writeTimeout{60'000};
   // Bytes of a stream queued for a client that does not read; past it the client counts as gone.
   size_t streamBacklogLimit = 4 * 1024 * 1024;
+  // A Server-Sent Events stream (text/event-stream) with nothing written for this long gets a
+  // comment line (":"), as TGI's (axum's) KeepAlive sends: proxies with idle timeouts keep it
+  // open through a long queue or prefill. 0: none.
+  std::chrono::milliseconds sseKeepAlive{15'000};
   unsigned threads = 4;
   // Headers for the answers the server writes itself (413, 431, 400, and the 500 of a handler
   // that threw or gave no answer), from what it read of the request (the router's CORS headers).
