@@ -299,7 +299,10 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
       std::printf("\n");
       return 0;
     }
-    if (a == "-e") a = "--env";  // TGI's short form
+    // TGI's short forms.
+    if (a == "-e") a = "--env";
+    if (a == "-p") a = "--port";
+    if (a == "-g") a = "--graceful-termination-timeout";
     if (a.rfind("--", 0) != 0) return usage("unexpected argument '" + a + "'");
     std::string name = a.substr(2), value;
     const size_t eq = name.find('=');

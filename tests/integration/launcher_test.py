@@ -226,8 +226,8 @@ def test_tgi_flags():
     os.makedirs(os.path.dirname(uds), exist_ok=True)
     env = dict(os.environ, HOSTNAME="textgen-7f9c6d5b8-x2kqz", PORT=str(port))
     p = subprocess.Popen([LAUNCHER, "--shard-uds-path", uds, "--master-port", str(free_port()), "--log-level", "warn",
-                          "--kv-cache-memory", "64000000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         text=True, env=env)
+                          "--kv-cache-memory", "64000000", "-g", "20"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, env=env)
     timer = threading.Timer(120, p.kill)
     timer.start()
     ready = next((line for line in p.stdout if line.startswith("textgen-launcher ready ")), "")
