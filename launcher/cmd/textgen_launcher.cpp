@@ -117,9 +117,11 @@ const FlagSpec kFlags[] = {
     {"enable-prefill-logprobs", Kind::kSwitch},  // textgen serves them whenever asked
     {"env", Kind::kSwitch},                      // TGI's -e/--env: the runtime, printed first
     {"lora-adapters", Kind::kUnsupported, "LoRA adapters are not supported yet"},
-    {"ngrok", Kind::kUnsupported, "textgen opens no ngrok tunnel; use an ingress"},
-    {"ngrok-authtoken", Kind::kUnsupported, "textgen opens no ngrok tunnel; use an ingress"},
-    {"ngrok-edge", Kind::kUnsupported, "textgen opens no ngrok tunnel; use an ingress"},
+    // --ngrok (or NGROK=true) is refused below; its token and edge mean nothing without it, and
+    // NGROK_AUTHTOKEN is ngrok's own variable, often set in a shell: read, and ignored, as TGI.
+    {"ngrok", Kind::kSwitch},
+    {"ngrok-authtoken", Kind::kValue},
+    {"ngrok-edge", Kind::kValue},
     // textgen: run only this machine's ranks of a group (a Kubernetes pod's), no router.
     {"shards-only", Kind::kSwitch, "", true},
     {"world-size", Kind::kValue, "", true},
@@ -335,6 +337,8 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
       return usage(envName(name) + " is set, but it is not supported: " + std::string(f->why));
     }
   }
+  if (p.switches.contains("ngrok"))
+    return usage("--ngrok is not supported: textgen opens no ngrok tunnel; use an ingress");
   if (p.switches.contains("trust-remote-code")) {
     return usage(
         "--trust-remote-code is refused: textgen never runs code from a model repository; "
@@ -379,6 +383,9 @@ std::optional<int> parseFlags(int argc, char** argv, Parsed& p) {
   }
   // --shards-only's flags need it; the router's flags are refused with it (it starts no router).
   const bool shardsOnly = p.switches.contains("shards-only");
+  // There --port is the first rank's gRPC port: TGI's PORT (the HTTP port an image or a platform
+  // sets) must not move it; the command line only.
+  if (shardsOnly && !p.onCommandLine.contains("port")) p.values.erase("port");
   for (const std::string& name : p.onCommandLine) {
     const FlagSpec* f = findFlag(name);
     if (!shardsOnly && f->shardsOnly) return usage("--" + name + " needs --shards-only");

@@ -200,6 +200,9 @@ def test_tgi_flags():
     check(r.returncode == 0 and "--model-id" in r.stdout and "--prometheus-port" in r.stdout, f"--help: {r.returncode}")
     refused(["--lora-adapters", "org/adapter"], "LoRA adapters are not supported yet")
     refused(["--ngrok"], "--ngrok is not supported")
+    refused([], "--ngrok is not supported", env={"NGROK": "true"})
+    # ngrok's own token variable, often set in a shell, means nothing without --ngrok (as TGI).
+    refused(["--kv-cache-dtype", "int8"], "--kv-cache-dtype int8: expected", env={"NGROK_AUTHTOKEN": "abc", "NGROK": "false"})
     refused(["--usage-stats", "sometimes"], "--usage-stats sometimes: expected on, off or no-stack")
     refused([], "LORA_ADAPTERS is set, but it is not supported", env={"LORA_ADAPTERS": "a"})
     prometheus = free_port()
@@ -307,6 +310,8 @@ def test_bad_shards_only_flags():
     refused([*so, "--port", "0"], "--port must be a port number", env=no_gpu)
     refused([*so, "--port", "http"], "--port must be a port number", env=no_gpu)
     refused([*so, "--world-size", "4"], "--shard-urls is needed: ranks of this group run elsewhere too", env=no_gpu)
+    # TGI's PORT (an HTTP port) never moves the ranks' gRPC ports: there --port is read from the command line only.
+    refused([*so, "--world-size", "4"], "--shard-urls is needed", env={**no_gpu, "PORT": "abc"})
     refused([*so, "--max-input-tokens", "5"], "--max-input-tokens is the router's, and --shards-only starts no router",
             env=no_gpu)
     refused([*so, "--shard-uds-path", "/tmp/x"], "--shard-uds-path is the router's", env=no_gpu)
