@@ -28,6 +28,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_gemm_impl.h"
+#include "textgen/kernels/fast_div.h"
 
 namespace textgen::kernels {
 namespace {
@@ -377,10 +378,31 @@ __device__ __forceinline__ float2 pairToFloats(Pair<T> p) {
 // kScaled: the pairs are value * scale computed in fp32 and rounded to T once (the dequantized
 // weight the reference defines, rounded as the dequantize + cuBLASLt path rounds it); else the
 // integer values q - zero themselves (exact in T; the scale is applied to the mma's fp32 sums).
+// zeroHigh (fp16 uint4 only): the pair 64 + zero, for codes decoded sixteen times too large.
 template <typename T, QuantCode C, bool kScaled>
-__device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, float zeroF, float scaleF,
-                                            const uint32_t* lut, uint32_t (&b)[kPairs<C>]) {
-  if constexpr (C == QuantCode::kUint4) {
+__device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, Pair<T> zeroHigh, float zeroF,
+                                            float scaleF, const uint32_t* lut,
+                                            uint32_t (&b)[kPairs<C>]) {
+  if constexpr (C == QuantCode::kUint4 && std::is_same_v<T, __half>) {
+    // Pairs 1 and 3 without their shifts: codes in bits 4-7 of each half give 1024 + 16 q, and
+    // (1024 + 16 q) / 16 - (64 + zero) is q - zero, exact in fp16 as the others are (one shift and
+    // eight operations a word instead of three and eleven).
+    const uint32_t hi = q >> 8;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t src = j < 2 ? q : hi;
+      const uint32_t t = (src & (j % 2 ? 0x00F000F0u : 0x000F000Fu)) | kMagic<T>;
+      const Pair<T> d = j % 2 ? __hfma2(asPair<T>(t), __half2{__half(0.0625f), __half(0.0625f)},
+                                        __hneg2(zeroHigh))
+                              : __hsub2(asPair<T>(t), zero);
+      if constexpr (kScaled) {
+        const float2 f = pairToFloats<T>(d);
+        b[j] = floatsToPair<T>(f.x * scaleF, f.y * scaleF);
+      } else {
+        b[j] = asBits<T>(d);
+      }
+    }
+  } else if constexpr (C == QuantCode::kUint4) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t t = ((q >> (4 * j)) & 0x000F000Fu) | kMagic<T>;
@@ -484,7 +506,7 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
     quantMmaGemvKernel(const uint8_t* __restrict__ x, const uint8_t* __restrict__ packed,
                        const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
                        const float* __restrict__ xScale, T* __restrict__ y, int rows, int in,
-                       int out, int groupSize, Activation act) {
+                       int out, int groupSize, FastDivisor groupDiv, Activation act) {
   static_assert(!kGated || kTiles == 1);
   constexpr int kVec = kCodesPerVec<C>;  // codes of a lane's 16-byte vector
   constexpr int kStep = 4 * kVec;        // inputs of one step (the four lanes of a row)
@@ -504,28 +526,40 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
   const int64_t rowBytes = static_cast<int64_t>(in) * quantBits(C) / 8;
   // Rows of the lane's weight vectors (t = 0, 1: output o0 + 8t + g; gated: gate and up of output
   // o0 + g), clamped inside the matrix (the sums of outputs past the end are computed and dropped).
+  constexpr int kPipe = kMmaPipe<C, kW8A8, kTiles>;
+  // With one step loaded ahead, the rows' codes, scales and zero points are addressed once here
+  // rather than on every step; two steps ahead (8-bit codes) have no registers for the pointers
+  // (ptxas spills) and recompute the addresses from the rows.
+  constexpr bool kHoist = kPipe == 1;
   int64_t wRow[2];
+  const uint8_t* wBase[2];
+  const float* sBase[2];
+  const uint8_t* zBase[2];
   bool rowOk[2];
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
     const int o = kGated ? o0 + g : o0 + 8 * t + g;
     rowOk[t] = o < nOut;
     wRow[t] = static_cast<int64_t>(min(o, nOut - 1)) + (kGated && t == 1 ? nOut : 0);
+    wBase[t] = packed + wRow[t] * rowBytes;
+    sBase[t] = scales + wRow[t] * groups;
+    zBase[t] = quantHasZeros(C) ? zeros + wRow[t] * groups : nullptr;
   }
   auto load = [&](int s, MmaStage& st) {
     const int k0 = s * kStep + c * kVec;
     const bool ok = s < steps && k0 < in;
-    const int gr = min(k0, in - 1) / groupSize;
+    const int gr = static_cast<int>(fastDivide(static_cast<uint32_t>(min(k0, in - 1)), groupDiv));
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
+      const int64_t kb = static_cast<int64_t>(k0) * quantBits(C) / 8;
       st.w[t] =
-          loadOrZero(packed + wRow[t] * rowBytes + static_cast<int64_t>(k0) * quantBits(C) / 8,
-                     ok && rowOk[t]);
-      if constexpr (!kW8A8) st.scale[t] = ok ? __ldg(scales + wRow[t] * groups + gr) : 0.0f;
-      if constexpr (quantHasZeros(C)) st.zero[t] = __ldg(zeros + wRow[t] * groups + gr);
+          loadOrZero(kHoist ? wBase[t] + kb : packed + wRow[t] * rowBytes + kb, ok && rowOk[t]);
+      if constexpr (!kW8A8)
+        st.scale[t] = ok ? __ldg(kHoist ? sBase[t] + gr : scales + wRow[t] * groups + gr) : 0.0f;
+      if constexpr (quantHasZeros(C))
+        st.zero[t] = __ldg(kHoist ? zBase[t] + gr : zeros + wRow[t] * groups + gr);
     }
   };
-  constexpr int kPipe = kMmaPipe<C, kW8A8, kTiles>;
   MmaStage cur[kPipe];
 #pragma unroll
   for (int u = 0; u < kPipe; ++u) load(warp + u * kWarps, cur[u]);
@@ -566,7 +600,7 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
             xw[n][4 * i + 3] = v.w;
           }
         }
-        Pair<T> zero[2];
+        Pair<T> zero[2], zeroHigh[2];
         float zeroF[2] = {}, scaleF[2];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
@@ -574,6 +608,10 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
           scaleF[t] = kScaleAfter ? 1.0f : st.scale[t];
           const T z16 = cuda::Convert<T>::fromFloat(kMagicValue<T> + zeroF[t]);
           zero[t] = Pair<T>{z16, z16};
+          if constexpr (C == QuantCode::kUint4 && std::is_same_v<T, __half>) {
+            const T h16 = cuda::Convert<T>::fromFloat(64.0f + zeroF[t]);
+            zeroHigh[t] = Pair<T>{h16, h16};
+          }
         }
         float sums[kTiles][4] = {};
         float(&dst)[kTiles][4] = kScaleAfter ? sums : acc;
@@ -584,7 +622,8 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
           uint32_t w[2][kPairs<C>];
 #pragma unroll
           for (int t = 0; t < 2; ++t)
-            decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], zeroF[t], scaleF[t], lut, w[t]);
+            decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], zeroHigh[t], zeroF[t], scaleF[t],
+                                            lut, w[t]);
 #pragma unroll
           for (int n = 0; n < kTiles; ++n) {
             uint32_t xp[kPairs<C>];
@@ -774,7 +813,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 2)
     const auto* sc = reinterpret_cast<const float*>(st + S::kX + S::kW);
     const int s = it * kKS + kp, k0 = s * kStep + c * kVec;
     const int gr = min(k0, in - 1) / groupSize;
-    Pair<T> zero[2];
+    Pair<T> zero[2], zeroHigh[2];
     float zeroF[2] = {}, scaleAfter[2], scaleF[2];
     uint32_t words[2][4];
 #pragma unroll
@@ -795,6 +834,10 @@ __global__ void __launch_bounds__(kTileWarps * 32, 2)
       scaleF[t] = kScaleAfter ? 1.0f : scaleAfter[t];
       const T z16 = cuda::Convert<T>::fromFloat(kMagicValue<T> + zeroF[t]);
       zero[t] = Pair<T>{z16, z16};
+      if constexpr (C == QuantCode::kUint4 && std::is_same_v<T, __half>) {
+        const T h16 = cuda::Convert<T>::fromFloat(64.0f + zeroF[t]);
+        zeroHigh[t] = Pair<T>{h16, h16};
+      }
     }
     float sums[kTiles][4] = {};
     float(&dst)[kTiles][4] = kScaleAfter ? sums : acc;
@@ -817,7 +860,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, 2)
         uint32_t w[2][kPairs<C>];
 #pragma unroll
         for (int t = 0; t < 2; ++t)
-          decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], zeroF[t], scaleF[t], lut, w[t]);
+          decodePairs<T, C, !kScaleAfter>(words[t][i], zero[t], zeroHigh[t], zeroF[t], scaleF[t],
+                                          lut, w[t]);
 #pragma unroll
         for (int n = 0; n < kTiles; ++n) {
           uint32_t xp[kPairs<C>];
@@ -1370,11 +1414,12 @@ Status mmaGemvWith(const QuantGemmParams& p, const uint8_t* x, const float* xSca
   auto* y = static_cast<T*>(p.y);
   const int rows = static_cast<int>(p.rows), in = static_cast<int>(p.in),
             out = static_cast<int>(p.out), gs = static_cast<int>(p.w.groupSize);
+  const FastDivisor groupDiv = makeFastDivisor(static_cast<uint32_t>(gs));
 #define TG_MMA(C, W8A8, AFTER)                                                                   \
   return cuda::launch(kGated ? "quant mma gemv (gated)" : "quant mma gemv",                      \
                       quantMmaGemvKernel<T, C, W8A8, AFTER, kWarps, kTiles, kGated>, grid,       \
                       kWarps * 32, 0, stream, x, packed, p.w.scales, p.w.zeros, xScale, y, rows, \
-                      in, out, gs, act)
+                      in, out, gs, groupDiv, act)
   if constexpr (kTiles == 1)
     if (w8a8) TG_MMA(QuantCode::kFp8E4M3, true, false);
   // Integer codes whose groups hold whole steps (4 vectors) scale the fp32 sums.
