@@ -378,7 +378,7 @@ __device__ __forceinline__ float2 pairToFloats(Pair<T> p) {
 // kScaled: the pairs are value * scale computed in fp32 and rounded to T once (the dequantized
 // weight the reference defines, rounded as the dequantize + cuBLASLt path rounds it); else the
 // integer values q - zero themselves (exact in T; the scale is applied to the mma's fp32 sums).
-// zeroHigh (fp16 uint4 only): the pair 64 + zero, for codes decoded sixteen times too large.
+// zeroHigh (fp16 uint4 only): the pair -(64 + zero), for codes decoded sixteen times too large.
 template <typename T, QuantCode C, bool kScaled>
 __device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, Pair<T> zeroHigh, float zeroF,
                                             float scaleF, const uint32_t* lut,
@@ -392,8 +392,8 @@ __device__ __forceinline__ void decodePairs(uint32_t q, Pair<T> zero, Pair<T> ze
     for (int j = 0; j < 4; ++j) {
       const uint32_t src = j < 2 ? q : hi;
       const uint32_t t = (src & (j % 2 ? 0x00F000F0u : 0x000F000Fu)) | kMagic<T>;
-      const Pair<T> d = j % 2 ? __hfma2(asPair<T>(t), __half2{__half(0.0625f), __half(0.0625f)},
-                                        __hneg2(zeroHigh))
+      constexpr uint32_t kSixteenth = 0x2C002C00u;  // fp16 1/16, twice
+      const Pair<T> d = j % 2 ? __hfma2(asPair<T>(t), asPair<T>(kSixteenth), zeroHigh)
                               : __hsub2(asPair<T>(t), zero);
       if constexpr (kScaled) {
         const float2 f = pairToFloats<T>(d);
@@ -589,15 +589,21 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
 #pragma unroll
         for (int n = 0; n < kTiles; ++n) {
           const int r = 8 * n + g;
-          const T* xr = reinterpret_cast<const T*>(x) + static_cast<int64_t>(r) * in + k0;
+          uint4 v[kXVecs];
+#pragma unroll
+          for (int i = 0; i < kXVecs; ++i) v[i] = make_uint4(0, 0, 0, 0);
+          if (r < rows && kOk) {  // one branch, one address for the vector's inputs
+            const auto* xr = reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(x) +
+                                                            static_cast<int64_t>(r) * in + k0);
+#pragma unroll
+            for (int i = 0; i < kXVecs; ++i) v[i] = xr[i];
+          }
 #pragma unroll
           for (int i = 0; i < kXVecs; ++i) {
-            const uint4 v = r < rows && kOk ? *reinterpret_cast<const uint4*>(xr + 8 * i)
-                                            : make_uint4(0, 0, 0, 0);
-            xw[n][4 * i] = v.x;
-            xw[n][4 * i + 1] = v.y;
-            xw[n][4 * i + 2] = v.z;
-            xw[n][4 * i + 3] = v.w;
+            xw[n][4 * i] = v[i].x;
+            xw[n][4 * i + 1] = v[i].y;
+            xw[n][4 * i + 2] = v[i].z;
+            xw[n][4 * i + 3] = v[i].w;
           }
         }
         Pair<T> zero[2], zeroHigh[2];
@@ -609,7 +615,7 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
           const T z16 = cuda::Convert<T>::fromFloat(kMagicValue<T> + zeroF[t]);
           zero[t] = Pair<T>{z16, z16};
           if constexpr (C == QuantCode::kUint4 && std::is_same_v<T, __half>) {
-            const T h16 = cuda::Convert<T>::fromFloat(64.0f + zeroF[t]);
+            const T h16 = cuda::Convert<T>::fromFloat(-64.0f - zeroF[t]);
             zeroHigh[t] = Pair<T>{h16, h16};
           }
         }
@@ -835,7 +841,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 2)
       const T z16 = cuda::Convert<T>::fromFloat(kMagicValue<T> + zeroF[t]);
       zero[t] = Pair<T>{z16, z16};
       if constexpr (C == QuantCode::kUint4 && std::is_same_v<T, __half>) {
-        const T h16 = cuda::Convert<T>::fromFloat(64.0f + zeroF[t]);
+        const T h16 = cuda::Convert<T>::fromFloat(-64.0f - zeroF[t]);
         zeroHigh[t] = Pair<T>{h16, h16};
       }
     }
