@@ -775,11 +775,18 @@ __global__ void __launch_bounds__(kTileWarps * 32, 2)
         cpAsync4(sc + (warp * 2 + t) * 32 + lane, scales + wRow[t] * groups + gr, ok);
       }
       if (quantHasZeros(C) && (!kScaleAfter || c == 0)) {
-        // The aligned word holding the zero point (it lies inside the zeros' allocation).
-        const auto a = reinterpret_cast<uintptr_t>(zeros + wRow[t] * groups + gr);
+        // The aligned word holding the zero point. It starts inside the zeros' [out, groups]
+        // bytes; where it would run past their end (their last 1-3 bytes, when out * groups is
+        // not a multiple of 4), the byte alone is stored at its place in the word instead.
+        const uint8_t* zp = zeros + wRow[t] * groups + gr;
+        const auto a = reinterpret_cast<uintptr_t>(zp);
+        const uintptr_t word = a & ~uintptr_t{3};
         auto* zw = reinterpret_cast<uint32_t*>(st + S::kX + S::kW + S::kScales);
-        cpAsync4(zw + (warp * 2 + t) * 32 + lane, reinterpret_cast<const void*>(a & ~uintptr_t{3}),
-                 true);
+        uint32_t* dst = zw + (warp * 2 + t) * 32 + lane;
+        if (word + 4 <= reinterpret_cast<uintptr_t>(zeros + static_cast<int64_t>(out) * groups))
+          cpAsync4(dst, reinterpret_cast<const void*>(word), true);
+        else
+          *dst = static_cast<uint32_t>(*zp) << (8 * (a & 3));
       }
     }
   };
