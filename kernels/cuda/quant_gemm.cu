@@ -606,7 +606,7 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles > 1            ? 1
             xw[n][4 * i + 3] = v[i].w;
           }
         }
-        Pair<T> zero[2], zeroHigh[2];
+        Pair<T> zero[2], zeroHigh[2] = {};
         float zeroF[2] = {}, scaleF[2];
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
@@ -731,7 +731,8 @@ template <typename T, QuantCode C, bool kScaleAfter, int kMT, int kTiles>
 __global__ void __launch_bounds__(kTileWarps * 32, 2)
     quantMmaTileKernel(const T* __restrict__ x, const uint8_t* __restrict__ packed,
                        const float* __restrict__ scales, const uint8_t* __restrict__ zeros,
-                       T* __restrict__ y, int rows, int in, int out, int groupSize) {
+                       T* __restrict__ y, int rows, int in, int out, int groupSize,
+                       FastDivisor groupDiv) {
   using S = TileStage<C, kMT, kTiles>;
   constexpr int kVec = kCodesPerVec<C>, kStep = S::kStep, kKS = S::kKS, kRows = S::kRows;
   constexpr int kXVecs = kVec / 8;  // x's 16-byte chunks of a lane's vector
@@ -763,7 +764,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, 2)
     uint4* st = slot(it);
     const int s = it * kKS + kp, k0 = s * kStep + c * kVec;
     const bool ok = s < steps && k0 < in;
-    const int gr = min(k0, in - 1) / groupSize;
+    const int gr = static_cast<int>(fastDivide(static_cast<uint32_t>(min(k0, in - 1)), groupDiv));
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       cpAsync16(st + S::kX + (warp * 2 + t) * 32 + lane,
@@ -825,8 +826,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, 2)
     const uint4* st = slot(it);
     const auto* sc = reinterpret_cast<const float*>(st + S::kX + S::kW);
     const int s = it * kKS + kp, k0 = s * kStep + c * kVec;
-    const int gr = min(k0, in - 1) / groupSize;
-    Pair<T> zero[2], zeroHigh[2];
+    const int gr = static_cast<int>(fastDivide(static_cast<uint32_t>(min(k0, in - 1)), groupDiv));
+    Pair<T> zero[2], zeroHigh[2] = {};
     float zeroF[2] = {}, scaleAfter[2], scaleF[2];
     uint32_t words[2][4];
 #pragma unroll
@@ -1478,7 +1479,8 @@ Status tileWith(const QuantGemmParams& p, const T* x, cudaStream_t stream) {
   return cuda::launch("quant mma tile", kernel, grid, kTileWarps * 32, smem, stream, x,
                       static_cast<const uint8_t*>(p.w.packed), p.w.scales, p.w.zeros,
                       static_cast<T*>(p.y), static_cast<int>(p.rows), static_cast<int>(p.in),
-                      static_cast<int>(p.out), static_cast<int>(p.w.groupSize));
+                      static_cast<int>(p.out), static_cast<int>(p.w.groupSize),
+                      makeFastDivisor(static_cast<uint32_t>(p.w.groupSize)));
 }
 
 // The tile kernel's instances: 4-bit codes at every size it takes, 8-bit codes past 32 rows (up
