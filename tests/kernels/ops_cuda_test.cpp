@@ -1290,6 +1290,11 @@ TEST_F(OpsCudaTest, PagedAttentionPrefillAndChunks) {
     // Chunked prefill beside running requests: many one-to-few-row sequences and a long chunk.
     runAttention({dt, 12, 8, 2, 128, 16, 0, 300, 70}, rng_);
     runAttention({dt, 8, 4, 2, 64, 16, 100, 300, 40}, rng_);
+    // Cache blocks other than 16 tokens (the tile loader divides positions by the block size):
+    // 7 (not a power of two, a K/V tile over ten blocks) and 32, whole tiles and split keys.
+    runAttention({dt, 2, 8, 4, 128, 7, 0, 300, 90}, rng_);
+    runAttention({dt, 1, 16, 16, 128, 7, 0, 1500, 64}, rng_);
+    runAttention({dt, 2, 8, 8, 64, 32, 0, 500, 80}, rng_);
   }
 }
 

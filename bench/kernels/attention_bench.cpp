@@ -1,0 +1,218 @@
+// Prefill attention on the GPU (the tensor-core flash kernel of paged_attention.cu): one sequence's
+// new rows over a paged cache already holding `cached` positions, causal, heads of 128, bfloat16,
+// blocks of 16 tokens scattered over the pool as the shard's allocator leaves them. Prints, per
+// shape, µs per call and the achieved TFLOP/s counting the causal products (Q·Kᵀ and P·V over the
+// keys each row sees), then one JSON line. Usage: bench_attention [--iters N] [--shapes R:C,...]
+// [--heads H] [--kv-heads H]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "textgen/kernels/paged_attention.h"
+
+namespace {
+
+using textgen::kernels::DType;
+
+#define BENCH_CUDA(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+struct Shape {
+  int64_t rows, cached;
+};
+
+struct Result {
+  Shape shape;
+  double us, tflops;
+};
+
+// bfloat16 bits of small random values (|x| < 1), so that scores stay in a realistic range.
+std::vector<uint16_t> randomBf16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) {
+    const float f = u(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<uint16_t>(bits >> 16);
+  }
+  return v;
+}
+
+bool parseShapes(const char* s, std::vector<Shape>& out) {
+  out.clear();
+  while (*s) {
+    char* end = nullptr;
+    const long r = std::strtol(s, &end, 10);
+    if (end == s || *end != ':') return false;
+    s = end + 1;
+    const long c = std::strtol(s, &end, 10);
+    if (end == s || r <= 0 || r > 16384 || c < 0 || c > 65536) return false;
+    out.push_back({r, c});
+    s = *end == ',' ? end + 1 : end;
+    if (*end && *end != ',') return false;
+  }
+  return !out.empty();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 50;
+  int64_t heads = 32, kvHeads = 32;
+  std::vector<Shape> shapes = {{512, 0},   {512, 512}, {512, 2048}, {2048, 0},
+                               {64, 2048}, {16, 2048}, {64, 128}};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--heads") == 0 && i + 1 < argc) {
+      heads = std::atol(argv[++i]);
+    } else if (std::strcmp(argv[i], "--kv-heads") == 0 && i + 1 < argc) {
+      kvHeads = std::atol(argv[++i]);
+    } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
+      if (!parseShapes(argv[++i], shapes)) {
+        std::fprintf(stderr, "--shapes: ROWS:CACHED[,ROWS:CACHED...]\n");
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--iters N] [--shapes R:C,...] [--heads H] [--kv-heads H]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (iters <= 0 || heads <= 0 || kvHeads <= 0 || heads % kvHeads != 0 || heads > 128) {
+    std::fprintf(stderr, "bad --iters, --heads or --kv-heads\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  constexpr int64_t kHd = 128, kBlock = 16;
+  const size_t kWorkspace = size_t{64} << 20;  // the CUDA backend's attention workspace
+  void* workspace = nullptr;
+  BENCH_CUDA(cudaMalloc(&workspace, kWorkspace));
+  BENCH_CUDA(cudaMemset(workspace, 0, kWorkspace));
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+
+  std::vector<Result> results;
+  for (const Shape& sh : shapes) {
+    const int64_t context = sh.cached + sh.rows;
+    const int64_t nBlocks = (context + kBlock - 1) / kBlock;
+    // A pool twice the sequence's blocks, the sequence's blocks a random subset of it.
+    const int64_t pool = 2 * nBlocks + 8;
+    std::vector<int32_t> order(pool);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(7));
+    std::vector<int32_t> table(order.begin(), order.begin() + nBlocks);
+    const size_t cacheElems = static_cast<size_t>(pool * kBlock * kvHeads * kHd);
+    const size_t qElems = static_cast<size_t>(sh.rows * heads * kHd);
+    std::vector<uint16_t> hk = randomBf16(cacheElems, 1), hv = randomBf16(cacheElems, 2),
+                          hq = randomBf16(qElems, 3);
+    void *q, *k, *v, *out;
+    int32_t *seqStarts, *startPos, *tables;
+    BENCH_CUDA(cudaMalloc(&q, qElems * 2));
+    BENCH_CUDA(cudaMalloc(&out, qElems * 2));
+    BENCH_CUDA(cudaMalloc(&k, cacheElems * 2));
+    BENCH_CUDA(cudaMalloc(&v, cacheElems * 2));
+    BENCH_CUDA(cudaMalloc(&seqStarts, 2 * sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&startPos, sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&tables, table.size() * sizeof(int32_t)));
+    BENCH_CUDA(cudaMemcpy(q, hq.data(), qElems * 2, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(k, hk.data(), cacheElems * 2, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(v, hv.data(), cacheElems * 2, cudaMemcpyHostToDevice));
+    const int32_t hStarts[2] = {0, static_cast<int32_t>(sh.rows)};
+    const int32_t hStart = static_cast<int32_t>(sh.cached);
+    BENCH_CUDA(cudaMemcpy(seqStarts, hStarts, sizeof(hStarts), cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(startPos, &hStart, sizeof(hStart), cudaMemcpyHostToDevice));
+    BENCH_CUDA(
+        cudaMemcpy(tables, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    textgen::kernels::PagedAttentionParams p;
+    p.q = q;
+    p.qRowStride = heads * kHd;
+    p.kCache = k;
+    p.vCache = v;
+    p.out = out;
+    p.seqStarts = seqStarts;
+    p.startPos = startPos;
+    p.blockTables = tables;
+    p.rows = sh.rows;
+    p.numSeqs = 1;
+    p.maxBlocksPerSeq = nBlocks;
+    p.numHeads = heads;
+    p.numKvHeads = kvHeads;
+    p.headDim = kHd;
+    p.blockSize = kBlock;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+    p.maxNewRows = sh.rows;
+    p.maxContext = context;
+    p.minNewRows = sh.rows;
+    p.dtype = DType::kBF16;
+    p.workspace = workspace;
+    p.workspaceBytes = kWorkspace;
+    auto call = [&] {
+      const textgen::Status s = textgen::kernels::invokePagedAttention(p, stream);
+      if (!s.ok()) {
+        std::fprintf(stderr, "%s\n", s.toString().c_str());
+        std::exit(1);
+      }
+    };
+    for (int i = 0; i < 3; ++i) call();
+    cudaEvent_t start, stop;
+    BENCH_CUDA(cudaEventCreate(&start));
+    BENCH_CUDA(cudaEventCreate(&stop));
+    BENCH_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < iters; ++i) call();
+    BENCH_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    const double us = 1e3 * ms / iters;
+    // Keys row t sees: cached + t + 1; two products of 2 * hd flops per (row, key, head).
+    const double keys = static_cast<double>(sh.rows) * sh.cached +
+                        static_cast<double>(sh.rows) * (sh.rows + 1) / 2.0;
+    const double flops = keys * heads * 4.0 * kHd;
+    results.push_back({sh, us, flops / (us * 1e-6) / 1e12});
+    BENCH_CUDA(cudaEventDestroy(start));
+    BENCH_CUDA(cudaEventDestroy(stop));
+    for (void* ptr : {q, out, k, v}) BENCH_CUDA(cudaFree(ptr));
+    for (int32_t* ptr : {seqStarts, startPos, tables}) BENCH_CUDA(cudaFree(ptr));
+  }
+  std::printf("prefill attention, bf16, %lld heads over %lld KV heads of %lld, on %s\n",
+              static_cast<long long>(heads), static_cast<long long>(kvHeads),
+              static_cast<long long>(kHd), prop.name);
+  std::printf("%8s %8s %12s %10s\n", "rows", "cached", "us", "TFLOP/s");
+  for (const Result& r : results) {
+    std::printf("%8lld %8lld %12.2f %10.1f\n", static_cast<long long>(r.shape.rows),
+                static_cast<long long>(r.shape.cached), r.us, r.tflops);
+  }
+  std::string json = "{\"bench\":\"attention\",\"device\":\"" + std::string(prop.name) +
+                     "\",\"heads\":" + std::to_string(heads) +
+                     ",\"kv_heads\":" + std::to_string(kvHeads) + ",\"results\":[";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    json += (i ? "," : "") + std::string("{\"rows\":") + std::to_string(r.shape.rows) +
+            ",\"cached\":" + std::to_string(r.shape.cached) + ",\"us\":" + std::to_string(r.us) +
+            ",\"tflops\":" + std::to_string(r.tflops) + "}";
+  }
+  json += "]}";
+  std::printf("%s\n", json.c_str());
+  BENCH_CUDA(cudaFree(workspace));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
