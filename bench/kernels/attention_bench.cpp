@@ -2,8 +2,10 @@
 // new rows over a paged cache already holding `cached` positions, causal, heads of 128, bfloat16,
 // blocks of 16 tokens scattered over the pool as the shard's allocator leaves them. Prints, per
 // shape, µs per call and the achieved TFLOP/s counting the causal products (Q·Kᵀ and P·V over the
-// keys each row sees), then one JSON line. Usage: bench_attention [--iters N] [--shapes R:C,...]
-// [--heads H] [--kv-heads H]
+// keys each row sees), then one JSON line. --decode: each shape is S:C, S sequences of one new row
+// after C cached positions (a decode step's attention), reported as the cache's bytes read per
+// second. Usage: bench_attention [--iters N] [--shapes R:C,...] [--heads H] [--kv-heads H]
+// [--decode]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,19 +40,20 @@ struct Shape {
 
 struct Result {
   Shape shape;
-  double us, tflops;
+  double us, tflops, gbps;
 };
 
-// bfloat16 bits of small random values (|x| < 1), so that scores stay in a realistic range.
+// bfloat16 bits of small random values (|x| < 1), so that scores stay in a realistic range
+// (xorshift: the decode shapes' caches hold billions of values).
 std::vector<uint16_t> randomBf16(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<uint16_t> v(n);
-  for (auto& x : v) {
-    const float f = u(rng);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    x = static_cast<uint16_t>(bits >> 16);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& e : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    // sign, exponent 117-126 (2^-10 to 2^-1), 7 mantissa bits
+    e = static_cast<uint16_t>((x & 0x8000u) | ((117u + (x >> 7) % 10) << 7) | (x & 0x7Fu));
   }
   return v;
 }
@@ -76,6 +79,7 @@ bool parseShapes(const char* s, std::vector<Shape>& out) {
 int main(int argc, char** argv) {
   int iters = 50;
   int64_t heads = 32, kvHeads = 32;
+  bool decode = false;
   std::vector<Shape> shapes = {{512, 0},   {512, 512}, {512, 2048}, {2048, 0},
                                {64, 2048}, {16, 2048}, {64, 128}};
   for (int i = 1; i < argc; ++i) {
@@ -85,6 +89,9 @@ int main(int argc, char** argv) {
       heads = std::atol(argv[++i]);
     } else if (std::strcmp(argv[i], "--kv-heads") == 0 && i + 1 < argc) {
       kvHeads = std::atol(argv[++i]);
+    } else if (std::strcmp(argv[i], "--decode") == 0) {
+      decode = true;
+      shapes = {{1, 2048}, {8, 2048}, {32, 512}, {64, 128}, {64, 512}, {64, 2048}, {256, 512}};
     } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
       if (!parseShapes(argv[++i], shapes)) {
         std::fprintf(stderr, "--shapes: ROWS:CACHED[,ROWS:CACHED...]\n");
@@ -112,16 +119,19 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   for (const Shape& sh : shapes) {
-    const int64_t context = sh.cached + sh.rows;
+    // Prefill: one sequence of sh.rows new rows after sh.cached. Decode: sh.rows sequences of one
+    // new row each after sh.cached.
+    const int64_t seqs = decode ? sh.rows : 1, rowsPerSeq = decode ? 1 : sh.rows;
+    const int64_t rows = seqs * rowsPerSeq, context = sh.cached + rowsPerSeq;
     const int64_t nBlocks = (context + kBlock - 1) / kBlock;
-    // A pool twice the sequence's blocks, the sequence's blocks a random subset of it.
-    const int64_t pool = 2 * nBlocks + 8;
+    // A pool a little larger than the sequences' blocks, each sequence's blocks scattered in it.
+    const int64_t pool = seqs * nBlocks + nBlocks + 8;
     std::vector<int32_t> order(pool);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), std::mt19937(7));
-    std::vector<int32_t> table(order.begin(), order.begin() + nBlocks);
+    std::vector<int32_t> table(order.begin(), order.begin() + seqs * nBlocks);
     const size_t cacheElems = static_cast<size_t>(pool * kBlock * kvHeads * kHd);
-    const size_t qElems = static_cast<size_t>(sh.rows * heads * kHd);
+    const size_t qElems = static_cast<size_t>(rows * heads * kHd);
     std::vector<uint16_t> hk = randomBf16(cacheElems, 1), hv = randomBf16(cacheElems, 2),
                           hq = randomBf16(qElems, 3);
     void *q, *k, *v, *out;
@@ -130,16 +140,18 @@ int main(int argc, char** argv) {
     BENCH_CUDA(cudaMalloc(&out, qElems * 2));
     BENCH_CUDA(cudaMalloc(&k, cacheElems * 2));
     BENCH_CUDA(cudaMalloc(&v, cacheElems * 2));
-    BENCH_CUDA(cudaMalloc(&seqStarts, 2 * sizeof(int32_t)));
-    BENCH_CUDA(cudaMalloc(&startPos, sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&seqStarts, (seqs + 1) * sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&startPos, seqs * sizeof(int32_t)));
     BENCH_CUDA(cudaMalloc(&tables, table.size() * sizeof(int32_t)));
     BENCH_CUDA(cudaMemcpy(q, hq.data(), qElems * 2, cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemcpy(k, hk.data(), cacheElems * 2, cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemcpy(v, hv.data(), cacheElems * 2, cudaMemcpyHostToDevice));
-    const int32_t hStarts[2] = {0, static_cast<int32_t>(sh.rows)};
-    const int32_t hStart = static_cast<int32_t>(sh.cached);
-    BENCH_CUDA(cudaMemcpy(seqStarts, hStarts, sizeof(hStarts), cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(startPos, &hStart, sizeof(hStart), cudaMemcpyHostToDevice));
+    std::vector<int32_t> hStarts(seqs + 1), hPos(seqs, static_cast<int32_t>(sh.cached));
+    for (int64_t i = 0; i <= seqs; ++i) hStarts[i] = static_cast<int32_t>(i * rowsPerSeq);
+    BENCH_CUDA(cudaMemcpy(seqStarts, hStarts.data(), hStarts.size() * sizeof(int32_t),
+                          cudaMemcpyHostToDevice));
+    BENCH_CUDA(
+        cudaMemcpy(startPos, hPos.data(), hPos.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     BENCH_CUDA(
         cudaMemcpy(tables, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     textgen::kernels::PagedAttentionParams p;
@@ -151,17 +163,17 @@ int main(int argc, char** argv) {
     p.seqStarts = seqStarts;
     p.startPos = startPos;
     p.blockTables = tables;
-    p.rows = sh.rows;
-    p.numSeqs = 1;
+    p.rows = rows;
+    p.numSeqs = seqs;
     p.maxBlocksPerSeq = nBlocks;
     p.numHeads = heads;
     p.numKvHeads = kvHeads;
     p.headDim = kHd;
     p.blockSize = kBlock;
     p.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-    p.maxNewRows = sh.rows;
+    p.maxNewRows = rowsPerSeq;
     p.maxContext = context;
-    p.minNewRows = sh.rows;
+    p.minNewRows = rowsPerSeq;
     p.dtype = DType::kBF16;
     p.workspace = workspace;
     p.workspaceBytes = kWorkspace;
@@ -184,31 +196,37 @@ int main(int argc, char** argv) {
     BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
     const double us = 1e3 * ms / iters;
     // Keys row t sees: cached + t + 1; two products of 2 * hd flops per (row, key, head).
-    const double keys = static_cast<double>(sh.rows) * sh.cached +
-                        static_cast<double>(sh.rows) * (sh.rows + 1) / 2.0;
+    const double keys =
+        static_cast<double>(seqs) * (static_cast<double>(rowsPerSeq) * sh.cached +
+                                     static_cast<double>(rowsPerSeq) * (rowsPerSeq + 1) / 2.0);
     const double flops = keys * heads * 4.0 * kHd;
-    results.push_back({sh, us, flops / (us * 1e-6) / 1e12});
+    // The cache's bytes: each sequence's keys and values once, every KV head.
+    const double bytes = static_cast<double>(seqs) * context * kvHeads * kHd * 2.0 * 2.0;
+    results.push_back({sh, us, flops / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / 1e9});
     BENCH_CUDA(cudaEventDestroy(start));
     BENCH_CUDA(cudaEventDestroy(stop));
     for (void* ptr : {q, out, k, v}) BENCH_CUDA(cudaFree(ptr));
     for (int32_t* ptr : {seqStarts, startPos, tables}) BENCH_CUDA(cudaFree(ptr));
   }
-  std::printf("prefill attention, bf16, %lld heads over %lld KV heads of %lld, on %s\n",
-              static_cast<long long>(heads), static_cast<long long>(kvHeads),
-              static_cast<long long>(kHd), prop.name);
-  std::printf("%8s %8s %12s %10s\n", "rows", "cached", "us", "TFLOP/s");
+  std::printf("%s attention, bf16, %lld heads over %lld KV heads of %lld, on %s\n",
+              decode ? "decode" : "prefill", static_cast<long long>(heads),
+              static_cast<long long>(kvHeads), static_cast<long long>(kHd), prop.name);
+  std::printf("%8s %8s %12s %10s %10s\n", decode ? "seqs" : "rows", "cached", "us", "TFLOP/s",
+              "cache GB/s");
   for (const Result& r : results) {
-    std::printf("%8lld %8lld %12.2f %10.1f\n", static_cast<long long>(r.shape.rows),
-                static_cast<long long>(r.shape.cached), r.us, r.tflops);
+    std::printf("%8lld %8lld %12.2f %10.1f %10.0f\n", static_cast<long long>(r.shape.rows),
+                static_cast<long long>(r.shape.cached), r.us, r.tflops, r.gbps);
   }
-  std::string json = "{\"bench\":\"attention\",\"device\":\"" + std::string(prop.name) +
+  std::string json = std::string("{\"bench\":\"attention\",\"mode\":\"") +
+                     (decode ? "decode" : "prefill") + "\",\"device\":\"" + std::string(prop.name) +
                      "\",\"heads\":" + std::to_string(heads) +
                      ",\"kv_heads\":" + std::to_string(kvHeads) + ",\"results\":[";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     json += (i ? "," : "") + std::string("{\"rows\":") + std::to_string(r.shape.rows) +
             ",\"cached\":" + std::to_string(r.shape.cached) + ",\"us\":" + std::to_string(r.us) +
-            ",\"tflops\":" + std::to_string(r.tflops) + "}";
+            ",\"tflops\":" + std::to_string(r.tflops) +
+            ",\"cache_gbps\":" + std::to_string(r.gbps) + "}";
   }
   json += "]}";
   std::printf("%s\n", json.c_str());

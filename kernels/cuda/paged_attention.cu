@@ -1088,7 +1088,14 @@ struct MmaFlashSmem {
                 "the merge's scratch for kMaxFlashSplits splits");
 };
 
-template <typename T, int kD>
+// 2^x (PTX ex2.approx, as __expf computes e^x = 2^(x log2 e)).
+__device__ __forceinline__ float exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T, int kD, bool kFold>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     mmaFlashKernel(PagedAttentionParams p, int tilesPerSeq, int numSplits, int minRows,
                    FastDivisor blockDiv) {
@@ -1195,7 +1202,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int warpLo = window > 0 ? max(0, warpPos + 15 - window + 1) : 0;
   const int warpHi = p.causal ? warpPos : keyLast;
   float o[kD / 8][4] = {};
+  // kFold: mA and mB are maxima of the raw products q·k (scaled when written out).
   float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
+  const float log2Scale = p.scale * 1.44269504088896341f;
   int stage = 0;
   for (int kt = myFirst; kt < myEnd; ++kt, stage ^= 1) {
     const int kvStart = kt * kTileKeys;
@@ -1221,7 +1230,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       }
     }
 
-    // Online softmax; a row's four lanes (a quad) hold its 64 scores.
+    // Online softmax; a row's four lanes (a quad) hold its 64 scores. kFold (scale > 0): the
+    // maxima are taken over the raw products (the same maxima, scaled: rounding is monotonic) and
+    // each probability is 2^(s * scale log2 e - m scale log2 e), one fma and one exp2 a score.
     const bool whole = kvStart >= warpLo && kvStart + kTileKeys - 1 <= warpHi;
     float mxA = -INFINITY, mxB = -INFINITY;
 #pragma unroll
@@ -1229,16 +1240,37 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int j = kvStart + nb * 8 + 2 * quad + e;
-        float va = sc[nb][e] * p.scale, vb = sc[nb][2 + e] * p.scale;
+        float va = kFold ? sc[nb][e] : sc[nb][e] * p.scale;
+        float vb = kFold ? sc[nb][2 + e] : sc[nb][2 + e] * p.scale;
         if (!whole) {
           if (j < loA || j > hiA) va = -INFINITY;
           if (j < loB || j > hiB) vb = -INFINITY;
         }
         sc[nb][e] = va;
         sc[nb][2 + e] = vb;
-        mxA = fmaxf(mxA, va);
-        mxB = fmaxf(mxB, vb);
+        if constexpr (!kFold) {
+          mxA = fmaxf(mxA, va);
+          mxB = fmaxf(mxB, vb);
+        }
       }
+    }
+    if constexpr (kFold) {  // a tree: four dependent maxima a row instead of sixteen
+      float ta[kTileKeys / 8], tb[kTileKeys / 8];
+#pragma unroll
+      for (int nb = 0; nb < kTileKeys / 8; ++nb) {
+        ta[nb] = fmaxf(sc[nb][0], sc[nb][1]);
+        tb[nb] = fmaxf(sc[nb][2], sc[nb][3]);
+      }
+#pragma unroll
+      for (int w = kTileKeys / 16; w >= 1; w /= 2) {
+#pragma unroll
+        for (int i = 0; i < w; ++i) {
+          ta[i] = fmaxf(ta[i], ta[i + w]);
+          tb[i] = fmaxf(tb[i], tb[i + w]);
+        }
+      }
+      mxA = ta[0];
+      mxB = tb[0];
     }
 #pragma unroll
     for (int off = 1; off < 4; off *= 2) {
@@ -1246,22 +1278,50 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, off));
     }
     const float newA = fmaxf(mA, mxA), newB = fmaxf(mB, mxB);
-    const float useA = newA == -INFINITY ? 0.0f : newA, useB = newB == -INFINITY ? 0.0f : newB;
-    const float alphaA = mA == -INFINITY ? 0.0f : __expf(mA - useA);
-    const float alphaB = mB == -INFINITY ? 0.0f : __expf(mB - useB);
-    mA = newA;
-    mB = newB;
-    float sumA = 0.0f, sumB = 0.0f;
+    float sumA = 0.0f, sumB = 0.0f, alphaA, alphaB;
+    if constexpr (kFold) {
+      const float useA = newA == -INFINITY ? 0.0f : newA * log2Scale;
+      const float useB = newB == -INFINITY ? 0.0f : newB * log2Scale;
+      alphaA = mA == -INFINITY ? 0.0f : exp2Approx(fmaf(mA, log2Scale, -useA));
+      alphaB = mB == -INFINITY ? 0.0f : exp2Approx(fmaf(mB, log2Scale, -useB));
+      float ta[kTileKeys / 8], tb[kTileKeys / 8];
 #pragma unroll
-    for (int nb = 0; nb < kTileKeys / 8; ++nb) {
+      for (int nb = 0; nb < kTileKeys / 8; ++nb) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sc[nb][e] = __expf(sc[nb][e] - useA);
-        sc[nb][2 + e] = __expf(sc[nb][2 + e] - useB);
-        sumA += sc[nb][e];
-        sumB += sc[nb][2 + e];
+        for (int e = 0; e < 2; ++e) {
+          sc[nb][e] = exp2Approx(fmaf(sc[nb][e], log2Scale, -useA));
+          sc[nb][2 + e] = exp2Approx(fmaf(sc[nb][2 + e], log2Scale, -useB));
+        }
+        ta[nb] = sc[nb][0] + sc[nb][1];
+        tb[nb] = sc[nb][2] + sc[nb][3];
+      }
+#pragma unroll
+      for (int w = kTileKeys / 16; w >= 1; w /= 2) {  // summed as a tree, as the maxima
+#pragma unroll
+        for (int i = 0; i < w; ++i) {
+          ta[i] += ta[i + w];
+          tb[i] += tb[i + w];
+        }
+      }
+      sumA = ta[0];
+      sumB = tb[0];
+    } else {
+      const float useA = newA == -INFINITY ? 0.0f : newA, useB = newB == -INFINITY ? 0.0f : newB;
+      alphaA = mA == -INFINITY ? 0.0f : __expf(mA - useA);
+      alphaB = mB == -INFINITY ? 0.0f : __expf(mB - useB);
+#pragma unroll
+      for (int nb = 0; nb < kTileKeys / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          sc[nb][e] = __expf(sc[nb][e] - useA);
+          sc[nb][2 + e] = __expf(sc[nb][2 + e] - useB);
+          sumA += sc[nb][e];
+          sumB += sc[nb][2 + e];
+        }
       }
     }
+    mA = newA;
+    mB = newB;
     lA = lA * alphaA + sumA;
     lB = lB * alphaB + sumB;
 #pragma unroll
@@ -1309,8 +1369,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     sO[(rA + 8) * L::kOPitch + col + 1] = o[nd][3];
   }
   if (quad == 0) {
-    sM[rA] = mA;
-    sM[rA + 8] = mB;
+    sM[rA] = kFold ? mA * p.scale : mA;
+    sM[rA + 8] = kFold ? mB * p.scale : mB;
     sL[rA] = lA;
     sL[rA + 8] = lB;
   }
@@ -1344,6 +1404,16 @@ int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDi
   splits =
       std::min<int64_t>(splits, static_cast<int64_t>(p.workspaceBytes - kCounterBytes) / perSplit);
   return std::clamp<int64_t>(splits, 1, kMaxFlashSplits);
+}
+
+// TEXTGEN_FLASH_FOLD=0: the tensor-core kernel scales scores before the maxima (as flashKernel
+// does), for comparison.
+bool flashFoldOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_FLASH_FOLD");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
 }
 
 // TEXTGEN_FLASH_MMA=0: every prompt tile on flashKernel (WMMA), for comparison.
@@ -1382,20 +1452,22 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minR
     if (mmaFlashOn()) {
       using M = MmaFlashSmem<T, kD>;
       static std::atomic<uint64_t> mmaOptedIn{0};
+      const auto kernel = p.scale > 0.0f && flashFoldOn() ? mmaFlashKernel<T, kD, true>
+                                                          : mmaFlashKernel<T, kD, false>;
       if (!(mmaOptedIn.load(std::memory_order_acquire) & bit)) {
-        const cudaError_t attr =
-            cudaFuncSetAttribute(mmaFlashKernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(M::kBytes));
-        if (attr != cudaSuccess) {
-          return internalError(std::string("paged_attention: shared memory opt-in failed: ") +
-                               cudaGetErrorString(attr));
+        for (const auto k : {mmaFlashKernel<T, kD, true>, mmaFlashKernel<T, kD, false>}) {
+          const cudaError_t attr = cudaFuncSetAttribute(
+              k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(M::kBytes));
+          if (attr != cudaSuccess) {
+            return internalError(std::string("paged_attention: shared memory opt-in failed: ") +
+                                 cudaGetErrorString(attr));
+          }
         }
         mmaOptedIn.fetch_or(bit, std::memory_order_release);
       }
-      return cuda::launch("paged_attention (flash mma)", mmaFlashKernel<T, kD>, grid, kWarps * 32,
-                          M::kBytes, stream, p, static_cast<int>(tilesPerSeq),
-                          static_cast<int>(splits), minRows,
-                          makeFastDivisor(static_cast<uint32_t>(p.blockSize)));
+      return cuda::launch("paged_attention (flash mma)", kernel, grid, kWarps * 32, M::kBytes,
+                          stream, p, static_cast<int>(tilesPerSeq), static_cast<int>(splits),
+                          minRows, makeFastDivisor(static_cast<uint32_t>(p.blockSize)));
     }
   }
   return cuda::launch("paged_attention (flash)", flashKernel<T, kCache, kD, kBias>, grid,
