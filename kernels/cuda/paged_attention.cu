@@ -1067,9 +1067,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 // in registers (mma.sync m16n8k16; the scores' accumulator fragments are the probabilities' A
 // fragments once rounded to T), and the block's K and V tiles come in two shared-memory stages by
 // cp.async, the next tile's loads in flight while this one is multiplied. The tiling, the splits
-// and their partials are flashKernel's, and so are the arithmetic's roundings (P rounded to T for
-// P·V, the sums of its unrounded terms); only the order of some float sums differs. Blocks take
-// their sequence's tiles from the last (a causal prompt's heaviest: the most keys) to the first.
+// and their partials are flashKernel's, and so is P rounded to T for P·V (the sums of its
+// unrounded terms). kFold (a positive scale, the default) computes each probability as one fma
+// and one exp2 against the raw maximum, so its exponents differ from flashKernel's by an ulp or
+// two, and the row maximum it writes for the merge (m · scale) can differ from the one its sums
+// are relative to (m · (scale log2 e), rounded) by a few roundings of |m · scale|: below bf16's
+// and fp16's resolution unless scaled logits reach thousands. Without kFold only the order of
+// some float sums differs from flashKernel. Blocks take their sequence's tiles from the last (a
+// causal prompt's heaviest: the most keys) to the first.
 template <typename T, int kD>
 struct MmaFlashSmem {
   // Row pitch (elements) of Q, K and V: 16 bytes past a multiple of 128, so that the eight rows an
