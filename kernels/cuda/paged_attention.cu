@@ -498,14 +498,43 @@ int multiprocessorCount() {
   return count;
 }
 
-// Query heads per block: 8 where a KV head serves at least that many, heads are 33 to 128 wide
-// (Falcon, StarCoder, grouped models of 8 or more heads a group), and one head a block would give
-// the device enough blocks without splitting the context (`rows * numHeads >= target`); else 1.
-// With fewer rows the tiles leave SMs idle: Falcon-7B's batch-1 decode took 6.19 ms with them
-// against 5.55 ms without (H100), while 256 sequences went from 12.8k to 18.9k tokens/s. Each
-// instantiation costs pack size (device code of every binary), so only these two.
-int headsPerBlock(int64_t group, int64_t headDim, int64_t rowHeads, int64_t target) {
-  return group >= 8 && headDim > 32 && headDim <= 128 && rowHeads >= target ? 8 : 1;
+// Query heads per block, for a group of `group` query heads a KV head and `rowHeads` = sequences x
+// query heads, where one head a block would give the device enough blocks without splitting the
+// context (rowHeads >= target, 8 blocks a multiprocessor); else 1:
+// - 8 where a KV head serves at least that many and heads are 33 to 128 wide (Falcon, StarCoder,
+//   grouped models of 8 or more heads a group). With fewer rows the tiles leave SMs idle:
+//   Falcon-7B's batch-1 decode took 6.19 ms with them against 5.55 ms without (H100), while 256
+//   sequences went from 12.8k to 18.9k tokens/s.
+// - 4 for groups of 2 to 7 with heads of 128 on the 16-lane pipelined kernel (fourHeads: it
+//   applies to the cache and the bias), each key and value load shared by the tile. With one head
+//   a block each key was read once a query head: 64 sequences x 2048 keys of Llama-3-8B's 32 heads
+//   over 8 took 605 µs against 646 for Llama-2's 32 KV heads (H200), a quarter of the cache at the
+//   same cost. H200, bench_attention --decode, µs, one head a block -> 4-head tiles: 32 over 8
+//   (Llama-3-8B, Mistral-7B) 64 x 512 156 -> 126, 64 x 2048 606 -> 389, 128 x 1024 569 -> 359,
+//   256 x 512 560 -> 371, 256 x 2048 2156 -> 1401; 28 over 4 (Qwen2.5-7B, a group's second tile of
+//   3) 64 x 2048 514 -> 345; 32 over 16 64 x 2048 615 -> 553. Two keys a lane group were slower
+//   (64 x 2048 389 -> 439). The 8-head tiles of 32 lanes, half idle, were slower for groups of 4
+//   than one head a block (64 x 512: 157 -> 196). TEXTGEN_ATTN_GQA4=0 keeps one head a block (for
+//   comparison).
+// Measured on the same kernel and not enabled (no GPU time was left to run the tests on them; see
+// bench/README.md): 4-head tiles for groups of 8 and up instead of the 8-head ones (64 over 8,
+// Llama-2-70B: 32 x 2048 516 -> 374, 64 x 2048 856 -> 682, 256 x 512 927 -> 707), and from an
+// eighth of the target on (32 over 8: 8 x 2048 85 -> 77, 32 x 2048 326 -> 208; but 1 and 2
+// sequences 21.1 -> 22.1 and 27.5 -> 31.5; 8 over 1, 64 x 2048 156 -> 116).
+// Each instantiation costs pack size (device code of every binary), so only these.
+int headsPerBlock(int64_t group, int64_t headDim, int64_t rowHeads, int64_t target,
+                  bool fourHeads) {
+  if (rowHeads < target) return 1;
+  if (group >= 8 && headDim > 32 && headDim <= 128) return 8;
+  return fourHeads && group >= 2 && headDim == 128 ? 4 : 1;
+}
+
+bool gqa4On() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_GQA4");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
 }
 
 template <typename T, KvCacheDType kCache, int kEpl, Bias kBias>
@@ -605,6 +634,9 @@ bool tailSplitOn() {
   return on;
 }
 
+template <typename T, Bias kBias>
+constexpr bool kFourHeads = sizeof(T) == 2 && kBias == Bias::kNone;
+
 // The kernel for a head size and tile. pipelined: split keys go to the pipelined kernel of many
 // rows rather than the split kernel of few (launchSplit: two or more sequences, or a partial
 // second wave split in two).
@@ -625,6 +657,12 @@ SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool sp
   if (headDim == 128 && heads == 1 && vectorLoads && lanes16On())
     return pipeOn() ? splitKernel<T, kCache, 8, 1, kBias, 16, 1, false, true>
                     : splitKernel<T, kCache, 8, 1, kBias, 16, 2>;
+  // Tiles of 4 heads (headsPerBlock: groups of 2 to 7), the same pipelined kernel; only 16-bit
+  // models without a bias have it (pack size).
+  if constexpr (kFourHeads<T, kBias>) {
+    if (headDim == 128 && heads == 4 && vectorLoads)
+      return splitKernel<T, kCache, 8, 4, kBias, 16, 1, false, true>;
+  }
   return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)
          : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kBias>(heads)
          : headDim <= 128 ? splitKernelHeads<T, kCache, 4, kBias>(heads)
@@ -648,7 +686,16 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // (Up to 8 rows a sequence; longer chunks keep sizing by rows, as splits help them little.)
   const bool bySeqs = p.numSeqs > 0 && p.maxNewRows <= 8;
   const int64_t seqs = bySeqs ? std::min(p.numSeqs, p.rows) : p.rows;
-  const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target);
+  // The 8-lane groups load 8 cache elements at once: both caches aligned to that (every layer's
+  // cache is an allocation of its own; a view at another offset takes the scalar loads).
+  const auto alignedTo = [](const void* ptr, size_t bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+  };
+  const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
+  const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
+  const bool fourHeads =
+      vec && !p.alibiSlopes && !p.relativeBias && gqa4On() && kFourHeads<T, Bias::kNone>;
+  const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target, fourHeads);
   const int64_t tilesPerKv = (group + heads - 1) / heads;
   const int64_t blocks = seqs * p.numKvHeads * tilesPerKv;
   // Split only under half the target, into about the target's blocks: at 32 sequences of 256
@@ -664,15 +711,9 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // long: 36 sequences 10.17-10.21 ms, 40 10.41-10.45 (10.86-10.90), 48 10.88-10.99
   // (11.20-11.23). Past 1.5 waves (64 sequences, 1.94) it cost more than it gained (12.29 ->
   // 12.73), and the split kernel of few rows was slower than no split at all (36: 12.0 ms).
-  // The 8-lane groups load 8 cache elements at once: both caches aligned to that (every layer's
-  // cache is an allocation of its own; a view at another offset takes the scalar loads).
-  const auto alignedTo = [](const void* ptr, size_t bytes) {
-    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-  };
-  const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
-  const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
-  // Only on the kernel it was measured with (the 16-lane pipelined one).
-  const bool pipeKernel = p.headDim == 128 && heads == 1 && vec && lanes16On() && pipeOn();
+  // Only on the kernel it was measured with (the 16-lane pipelined one, also the 4-head tiles').
+  const bool pipeKernel =
+      p.headDim == 128 && vec && ((heads == 1 && lanes16On() && pipeOn()) || heads == 4);
   const bool tail =
       splits == 1 && blocks > target && 2 * blocks <= 3 * target && pipeKernel && tailSplitOn();
   if (tail) splits = 2;

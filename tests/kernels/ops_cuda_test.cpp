@@ -1168,6 +1168,13 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 6, 1, 32, 8, 0, 300, 1}, rng_);
     runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1}, rng_);
     runAttention({dt, 80, 16, 2, 64, 16, 50, 300, 1}, rng_);  // tiles, sliding window
+    // Groups of 2 to 7 with heads of 128 past 8 blocks per SM (any GPU up to 160 SMs): tiles of 4
+    // heads on the pipelined 16-lane kernel, as Llama-3-8B and Mistral-7B (32 over 8) decode
+    // (above, 64 sequences), Qwen2.5-7B's 28 over 4 (a group's second tile of 3), 32 over 16 (a
+    // tile half idle, a sliding window), and split in two a little past one wave.
+    runAttention({dt, 64, 28, 4, 128, 16, 0, 400, 1}, rng_);
+    runAttention({dt, 48, 32, 16, 128, 16, 50, 300, 1}, rng_);
+    runAttention({dt, 48, 32, 8, 128, 16, 0, 700, 1}, rng_);
     // A decode graph's maxContext (the model's whole context) over short live contexts: each row's
     // keys split by its own length, the same bits as the call with the batch's own longest context
     // (one sequence, eight, a large batch with GQA tiles, a sliding window, ALiBi, and contexts of
@@ -1182,6 +1189,7 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention(graph({dt, 4, 8, 8, 64, 16, 100, 900, 1}), rng_);
     runAttention(graph({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true}), rng_);
     runAttention(graph({dt, 6, 8, 2, 128, 16, 0, 3, 1}), rng_);
+    runAttention(graph({dt, 64, 32, 8, 128, 16, 0, 300, 1}), rng_);  // tiles of 4 heads
   }
 }
 
@@ -1357,6 +1365,7 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1, false, 0.0f, kv}, rng_);    // head size 256
       runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // heads of 128
       runAttention({dt, 8, 32, 32, 128, 16, 0, 900, 1, false, 0.0f, kv}, rng_);   // 2-16 seqs
+      runAttention({dt, 64, 32, 8, 128, 16, 0, 400, 1, false, 0.0f, kv}, rng_);   // 4-head tiles
       runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
       runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
     }
