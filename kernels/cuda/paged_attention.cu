@@ -634,8 +634,11 @@ bool tailSplitOn() {
   return on;
 }
 
-template <typename T, Bias kBias>
-constexpr bool kFourHeads = sizeof(T) == 2 && kBias == Bias::kNone;
+// The 4-head tiles' kernel exists for 16-bit models with a 16-bit cache and no bias (pack size; an
+// fp8 cache's would take 181-183 registers, two blocks a multiprocessor, and was not measured).
+template <typename T, KvCacheDType kCache, Bias kBias>
+constexpr bool kFourHeads = sizeof(T) == 2 && (kCache == KvCacheDType::kAuto) &&
+                            (kBias == Bias::kNone);
 
 // The kernel for a head size and tile. pipelined: split keys go to the pipelined kernel of many
 // rows rather than the split kernel of few (launchSplit: two or more sequences, or a partial
@@ -657,11 +660,15 @@ SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool sp
   if (headDim == 128 && heads == 1 && vectorLoads && lanes16On())
     return pipeOn() ? splitKernel<T, kCache, 8, 1, kBias, 16, 1, false, true>
                     : splitKernel<T, kCache, 8, 1, kBias, 16, 2>;
-  // Tiles of 4 heads (headsPerBlock: groups of 2 to 7), the same pipelined kernel; only 16-bit
-  // models without a bias have it (pack size).
-  if constexpr (kFourHeads<T, kBias>) {
-    if (headDim == 128 && heads == 4 && vectorLoads)
-      return splitKernel<T, kCache, 8, 4, kBias, 16, 1, false, true>;
+  // Tiles of 4 heads (headsPerBlock: groups of 2 to 7), the same pipelined kernel (kFourHeads).
+  // Nothing else serves 4 heads a block: none (launchSplit's error) rather than a kernel of other
+  // tiles that would leave heads unwritten, should launchSplit's choice and this one part.
+  if (heads == 4) {
+    if constexpr (kFourHeads<T, kCache, kBias>) {
+      if (headDim == 128 && vectorLoads)
+        return splitKernel<T, kCache, 8, 4, kBias, 16, 1, false, true>;
+    }
+    return nullptr;
   }
   return headDim <= 32    ? splitKernelHeads<T, kCache, 1, kBias>(heads)
          : headDim <= 64  ? splitKernelHeads<T, kCache, 2, kBias>(heads)
@@ -694,7 +701,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
   const bool fourHeads =
-      vec && !p.alibiSlopes && !p.relativeBias && gqa4On() && kFourHeads<T, Bias::kNone>;
+      vec && !p.alibiSlopes && !p.relativeBias && gqa4On() && kFourHeads<T, kCache, Bias::kNone>;
   const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target, fourHeads);
   const int64_t tilesPerKv = (group + heads - 1) / heads;
   const int64_t blocks = seqs * p.numKvHeads * tilesPerKv;
@@ -754,6 +761,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
       : p.relativeBias
           ? splitKernelFor<T, kCache, Bias::kRelative>(p.headDim, heads, vec, split, pipelined)
           : splitKernelFor<T, kCache, Bias::kNone>(p.headDim, heads, vec, split, pipelined);
+  if (!kernel) return internalError("paged_attention: no split kernel for tiles of 4 heads");
   return cuda::launch("paged_attention (split)", kernel, grid, kWarps * 32, 0, stream, p, s,
                       static_cast<int>(tilesPerKv), flashMinRows, minPartition(), earlyKeysOn());
 }

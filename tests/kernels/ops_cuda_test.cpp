@@ -1171,7 +1171,7 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     // Groups of 2 to 7 with heads of 128 past 8 blocks per SM (any GPU up to 160 SMs): tiles of 4
     // heads on the pipelined 16-lane kernel, as Llama-3-8B and Mistral-7B (32 over 8) decode
     // (above, 64 sequences), Qwen2.5-7B's 28 over 4 (a group's second tile of 3), 32 over 16 (a
-    // tile half idle, a sliding window), and split in two a little past one wave.
+    // tile half idle, a sliding window), and 48 sequences.
     runAttention({dt, 64, 28, 4, 128, 16, 0, 400, 1}, rng_);
     runAttention({dt, 48, 32, 16, 128, 16, 50, 300, 1}, rng_);
     runAttention({dt, 48, 32, 8, 128, 16, 0, 700, 1}, rng_);
@@ -1365,7 +1365,7 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1, false, 0.0f, kv}, rng_);    // head size 256
       runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // heads of 128
       runAttention({dt, 8, 32, 32, 128, 16, 0, 900, 1, false, 0.0f, kv}, rng_);   // 2-16 seqs
-      runAttention({dt, 64, 32, 8, 128, 16, 0, 400, 1, false, 0.0f, kv}, rng_);   // 4-head tiles
+      runAttention({dt, 64, 32, 8, 128, 16, 0, 400, 1, false, 0.0f, kv}, rng_);   // GQA, 64 seqs
       runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
       runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
     }
