@@ -44,6 +44,15 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
+// The transpose of an 8x8 matrix of 16-bit elements held one register a lane (row lane / 4,
+// columns 2 (lane % 4)..+1): each lane gets its row of the transpose, that is, column lane / 4 of
+// the matrix at rows 2 (lane % 4)..+1 (sm_75 on).
+__device__ __forceinline__ uint32_t movmatrixTrans(uint32_t a) {
+  uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(a));
+  return r;
+}
+
 // Four 8x8 matrices of 16-bit elements from shared memory: lanes 8i..8i+7 give the addresses of
 // matrix i's rows; register i holds matrix i (row lane / 4, columns 2 (lane % 4)..+1), or with
 // Trans its transpose (row 2 (lane % 4)..+1 of the stored matrix, column lane / 4).

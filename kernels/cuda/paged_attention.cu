@@ -1,10 +1,13 @@
-// Paged attention on CUDA (see paged_attention.h). Two kernels:
+// Paged attention on CUDA (see paged_attention.h). The kernels:
 //  - splitKernel: one block per (row, tile of up to 8 query heads sharing a KV head, split of the
 //    context), each key and value loaded once for the tile's heads; each warp walks keys with an
 //    online softmax and the block merges its warps. With more than one split the partial
 //    (max, sum, unnormalised output) go to the workspace and the last split block of each
 //    (row, head) to finish combines them ("flash-decoding", without a second kernel). Used for
-//    decode rows and whatever the tensor-core kernel does not cover.
+//    decode rows and whatever the tensor-core kernels do not cover.
+//  - mmaDecodeKernel: decode rows of grouped query heads (2 to 8 heads of 128 a KV head, a cache
+//    of T, no bias) on tensor cores, the group's heads the rows of the mma tiles; same splits,
+//    partials and merge as splitKernel.
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
 //    T5's encoder (no causal mask) and decoder prompts (causal) with the relative bias run here
@@ -14,7 +17,7 @@
 //    K/V tiles in two cp.async stages.
 // Both are templated on the bias (Bias: none, ALiBi's or T5's relative bias): it joins the scores
 // only in the instantiations launched with one, so the kernels without it are the same code as
-// before. Cross-attention (contextLens) takes the split kernel alone (its rows are decode rows);
+// before. Cross-attention (contextLens) takes the decode kernels alone (its rows are decode rows);
 // and on kCache, the cache's element type (kv_cache.cuh): T, or fp8 codes widened to float as they
 // are loaded (into T for the tensor cores, exactly).
 #include <mma.h>
@@ -77,6 +80,137 @@ __device__ __forceinline__ int64_t slotOf(const int32_t* blocks, int blockSize, 
   return static_cast<int64_t>(blocks[pos / blockSize]) * blockSize + pos % blockSize;
 }
 
+// The end of a split block whose partials [max, sum, unnormalised output] per head are written:
+// the last split of this (row, tile of heads) to finish merges them all (no second kernel), then
+// resets the counter (the tile's first head's) for the next call. kStaged: the merge's L2 loads
+// issued many at a time (below); kMaxDim: the widest head.
+template <typename T, bool kStaged, int kMaxDim>
+__device__ __forceinline__ void finishSplits(const PagedAttentionParams& p, int64_t rowHead0,
+                                             int nHeads, int numSplits, int last) {
+  using C = Convert<T>;
+  constexpr int first = 0;
+  const int hd = static_cast<int>(p.headDim);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* partials =
+      reinterpret_cast<const float*>(static_cast<const char*>(p.workspace) + kCounterBytes);
+  // Every thread's partial stores are fenced before thread 0 announces the block: without the
+  // barrier it could arrive while other warps' stores were still in flight, and the merging block
+  // read stale partials.
+  __threadfence();
+  __syncthreads();
+  __shared__ bool isLast;
+  unsigned int* counter = static_cast<unsigned int*>(p.workspace) + rowHead0;
+  if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(last - first);
+  __syncthreads();
+  if (!isLast) return;
+  __threadfence();
+  // The merge. On the 16-lane kernels of heads of 128 without a bias (the decode kernels of most
+  // models), its L2 loads are issued many at a time: the max over the splits by every thread, then
+  // kWarps * 32 splits at a time their weights exp(m - mMax) and sums staged in shared memory by
+  // every thread, and the output's sums taken over them four loads at a time, in split order (the
+  // same bits as one split after another: max is exact). H200, Llama-2-7B shape, batch-1 decode
+  // at 2k context (33 splits a head): 4.83 -> 4.72-4.75 ms. On the other kernels it cost
+  // registers, up to a block a multiprocessor (hd 256, ALiBi, T5's bias; not measured), so they
+  // keep loading one split after another.
+  if constexpr (kStaged) {
+    constexpr int kStage = kWarps * 32, kDims = (kMaxDim + kStage - 1) / kStage;
+    __shared__ float sW[kStage], sLp[kStage], sMax[kWarps];
+    for (int t = 0; t < nHeads; ++t) {
+      const float* mine = partials + (rowHead0 + t) * numSplits * (hd + 2);
+      float mMax = -INFINITY;
+      for (int sp = first + static_cast<int>(threadIdx.x); sp <= last; sp += kStage)
+        mMax = fmaxf(mMax, __ldcg(mine + sp * (hd + 2)));
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) mMax = fmaxf(mMax, __shfl_xor_sync(0xffffffffu, mMax, o));
+      if (lane == 0) sMax[warp] = mMax;
+      __syncthreads();
+      mMax = sMax[0];
+      for (int w = 1; w < kWarps; ++w) mMax = fmaxf(mMax, sMax[w]);
+      float lSum = 0.0f;
+      T* out = static_cast<T*>(p.out) + (rowHead0 + t) * hd;
+      float o[kDims] = {};  // dimensions threadIdx.x, + kStage (heads up to kEpl * kLanes)
+      for (int base = first; base <= last; base += kStage) {
+        const int n = min(kStage, last + 1 - base);
+        if (static_cast<int>(threadIdx.x) < n) {
+          const float* at = mine + (base + threadIdx.x) * (hd + 2);
+          sW[threadIdx.x] = __expf(__ldcg(at) - mMax);
+          sLp[threadIdx.x] = __ldcg(at + 1);
+        }
+        __syncthreads();
+        for (int i = 0; i < n; ++i) lSum += sLp[i] * sW[i];
+#pragma unroll
+        for (int k = 0; k < kDims; ++k) {
+          const int d = static_cast<int>(threadIdx.x) + k * kStage;
+          if (d >= hd) break;
+          const float* col = mine + base * (hd + 2) + 2 + d;
+          int i = 0;
+          for (; i + 4 <= n; i += 4) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = __ldcg(col + (i + u) * (hd + 2));
+#pragma unroll
+            for (int u = 0; u < 4; ++u) o[k] += v[u] * sW[i + u];
+          }
+          for (; i < n; ++i) o[k] += __ldcg(col + i * (hd + 2)) * sW[i];
+        }
+        __syncthreads();  // the stage is read before the next is written
+      }
+#pragma unroll
+      for (int k = 0; k < kDims; ++k) {
+        const int d = static_cast<int>(threadIdx.x) + k * kStage;
+        if (d < hd) out[d] = C::fromFloat(lSum > 0.0f ? o[k] / lSum : 0.0f);
+      }
+    }
+  } else {
+    for (int t = 0; t < nHeads; ++t) {
+      const float* mine = partials + (rowHead0 + t) * numSplits * (hd + 2);
+      float mMax = -INFINITY;
+      for (int sp = first; sp <= last; ++sp) mMax = fmaxf(mMax, __ldcg(mine + sp * (hd + 2)));
+      float lSum = 0.0f;
+      for (int sp = first; sp <= last; ++sp)
+        lSum += __ldcg(mine + sp * (hd + 2) + 1) * __expf(__ldcg(mine + sp * (hd + 2)) - mMax);
+      T* out = static_cast<T*>(p.out) + (rowHead0 + t) * hd;
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int sp = first; sp <= last; ++sp)
+          o += __ldcg(mine + sp * (hd + 2) + 2 + d) * __expf(__ldcg(mine + sp * (hd + 2)) - mMax);
+        out[d] = C::fromFloat(lSum > 0.0f ? o / lSum : 0.0f);
+      }
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
+
+// A row's keys and its split's share of them. Keys [lo, keyEnd): causal up to the row's own
+// position; else the sequence's whole context, or contextLens[s] (cross-attention). They are cut
+// into at most numSplits parts of whole minPartition multiples, sized from the row's own keys alone
+// (not the batch's or a graph's longest context): split i takes keys [lo + i * partition, ...). A
+// row's sums so depend on its keys and numSplits only, whatever else runs beside it, eagerly or in
+// a graph. With no keys (contextLens 0) split 0 writes zeros. last: the last split holding keys.
+struct KeySplit {
+  int begin, end, last;
+};
+
+__device__ __forceinline__ KeySplit keySplit(const PagedAttentionParams& p, int s, int pos,
+                                             int numSplits, int minPartition, int split) {
+  int lo = 0, keyEnd = pos + 1;
+  if (p.contextLens) {
+    keyEnd = p.contextLens[s];
+  } else if (!p.causal) {
+    keyEnd = p.startPos[s] + (p.seqStarts[s + 1] - p.seqStarts[s]);
+  } else if (p.slidingWindow > 0) {
+    lo = max(0, pos - static_cast<int>(p.slidingWindow) + 1);
+  }
+  const int span = max(keyEnd - lo, 0);
+  int partition = max(span, 1);
+  if (numSplits > 1) {
+    partition = (span + numSplits - 1) / numSplits;
+    partition = max(minPartition, (partition + minPartition - 1) / minPartition * minPartition);
+  }
+  const int begin = lo + split * partition;
+  return {begin, min(keyEnd, begin + partition), span == 0 ? 0 : (span - 1) / partition};
+}
+
 // Lane l owns dimensions [l*kEpl, l*kEpl + kEpl) of a head (kEpl = elements per lane). A block
 // serves up to kHeads query heads of one KV head (blockIdx.y: the KV head's tile of its group), so
 // grouped- and multi-query attention load each key and value once for all of them: Falcon-7B's 71
@@ -125,32 +259,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     return;
   }
   const int pos = p.startPos[s] + (row - p.seqStarts[s]);
-  // Keys [lo, keyEnd): causal up to the row's own position; else the sequence's whole context,
-  // or contextLens[s] (cross-attention).
-  int lo = 0, keyEnd = pos + 1;
-  if (p.contextLens) {
-    keyEnd = p.contextLens[s];
-  } else if (!p.causal) {
-    keyEnd = p.startPos[s] + (p.seqStarts[s + 1] - p.seqStarts[s]);
-  } else if (p.slidingWindow > 0) {
-    lo = max(0, pos - static_cast<int>(p.slidingWindow) + 1);
-  }
-  // The row's keys cut into at most numSplits parts of whole minPartition multiples, sized from
-  // its own keys alone (not the batch's or a graph's longest context): split i takes keys
-  // [lo + i * partition, ...). A row's sums so depend on its keys and numSplits only, whatever
-  // else runs beside it, eagerly or in a graph. With no keys (contextLens 0) split 0 writes zeros.
-  const int span = max(keyEnd - lo, 0);
-  int partition = max(span, 1);
-  if (numSplits > 1) {
-    partition = (span + numSplits - 1) / numSplits;
-    partition = max(minPartition, (partition + minPartition - 1) / minPartition * minPartition);
-  }
-  const int first = 0, last = span == 0 ? 0 : (span - 1) / partition;
+  const KeySplit ks = keySplit(p, s, pos, numSplits, minPartition, split);
+  const int first = 0, last = ks.last;
   if (split > last) {  // nothing here: the merge skips this split
     cuda::waitForPrimary();
     return;
   }
-  const int begin = lo + split * partition, end = min(keyEnd, begin + partition);
+  const int begin = ks.begin, end = ks.end;
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * p.headDim;
   const int d0 = sub * kEpl;
@@ -398,94 +513,238 @@ __global__ void __launch_bounds__(kWarps * 32)
       ws[1] = lAll[t];
     }
   }
-  // The last split of this (row, tile of heads) to finish merges them all (no second kernel), then
-  // resets the counter (the tile's first head's) for the next call.
-  // Every thread's partial stores are fenced before thread 0 announces the block: without the
-  // barrier it could arrive while other warps' stores were still in flight, and the merging block
-  // read stale partials.
-  __threadfence();
-  __syncthreads();
-  __shared__ bool isLast;
-  unsigned int* counter = static_cast<unsigned int*>(p.workspace) + rowHead0;
-  if (threadIdx.x == 0) isLast = atomicAdd(counter, 1u) == static_cast<unsigned>(last - first);
-  __syncthreads();
-  if (!isLast) return;
-  __threadfence();
-  // The merge. On the 16-lane kernels of heads of 128 without a bias (the decode kernels of most
-  // models), its L2 loads are issued many at a time: the max over the splits by every thread, then
-  // kWarps * 32 splits at a time their weights exp(m - mMax) and sums staged in shared memory by
-  // every thread, and the output's sums taken over them four loads at a time, in split order (the
-  // same bits as one split after another: max is exact). H200, Llama-2-7B shape, batch-1 decode
-  // at 2k context (33 splits a head): 4.83 -> 4.72-4.75 ms. On the other kernels it cost
-  // registers, up to a block a multiprocessor (hd 256, ALiBi, T5's bias; not measured), so they
-  // keep loading one split after another.
-  if constexpr (kLanes == 16 && kBias == Bias::kNone) {
-    constexpr int kStage = kWarps * 32, kDims = (kEpl * kLanes + kStage - 1) / kStage;
-    __shared__ float sW[kStage], sLp[kStage], sMax[kWarps];
-    for (int t = 0; t < nHeads; ++t) {
-      const float* mine = partials + (rowHead0 + t) * numSplits * (hd + 2);
-      float mMax = -INFINITY;
-      for (int sp = first + static_cast<int>(threadIdx.x); sp <= last; sp += kStage)
-        mMax = fmaxf(mMax, __ldcg(mine + sp * (hd + 2)));
+  finishSplits<T, kLanes == 16 && kBias == Bias::kNone, kEpl * kLanes>(p, rowHead0, nHeads,
+                                                                       numSplits, last);
+}
+
+// Decode rows of grouped query heads on the tensor cores (groups of 2 to 8 heads of 128 over a
+// cache of T, no bias): one block per (row, KV head, split), the group's heads the rows of m16n8k16
+// tiles (rows past the group zero), as FlashInfer's decode for groups does. Each warp takes 16 keys
+// at a time, loaded straight into registers (no shared memory): lane (g, c) loads dimensions
+// [32c, 32c + 32) of keys g and g + 8 as four 16-byte vectors. The dot product does not depend on
+// the order of its terms, so Q's fragments take the same permutation of the dimensions: S = Q Kᵀ is
+// 8 mmas a half of 16 keys with no shuffle. P (rounded to T, as the prefill kernel's) is the A
+// fragment of P V as FlashAttention-2 reuses it; V's B fragments come from each lane's vectors of
+// chunks c + 4r (r < 4) of its keys, transposed by movmatrix, so lane (g, c) ends with dimensions
+// 8 (c + 4r) + [0, 8) of head g. The warps' results merge in shared memory, the splits as the split
+// kernel's (finishSplits). Same key ranges and partials as splitKernel, other arithmetic: the
+// 4-head tiles of the CUDA cores ran at about a third of copy bandwidth (H200, 32 over 8, 64 x 2048
+// keys: 389 µs, 1.38 TB/s), limited by their per-key shuffles and fp32 products.
+constexpr int kMmaDecodeDim = 128, kMmaDecodeKeys = 16;
+
+// Each lane's next chunk is held in registers, requested a chunk ahead, and the cache offsets of
+// the chunk after it are looked up then (251 registers, two blocks a multiprocessor). A ring of 2
+// or 3 chunks in shared memory filled by cp.async, each lane reading back what it copied (158-165
+// registers, three blocks a multiprocessor with 2), was slower everywhere: H200, 32 over 8, µs,
+// registers / ring of 2 / ring of 3: 8 x 2048 27.4 / 38.6 / 36.3, 64 x 2048 130.7 / 226.1 /
+// 189.3, 256 x 2048 510.8 / 721.4 / 736.1.
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32)
+    mmaDecodeKernel(PagedAttentionParams p, int numSplits, int tilesPerKv, int flashMinRows,
+                    int minPartition, bool earlyKeys) {
+  static_assert(sizeof(T) == 2);
+  constexpr int kD = kMmaDecodeDim, kChunk = kMmaDecodeKeys, kMaxGroup = 8;
+  cuda::allowDependents();
+  const int kvHeads = static_cast<int>(p.numKvHeads);
+  const int row = static_cast<int>(blockIdx.x) / kvHeads,
+            kvh = static_cast<int>(blockIdx.x) % kvHeads;
+  const int split = static_cast<int>(blockIdx.y);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int group = static_cast<int>(p.numHeads / p.numKvHeads);
+  const int head0 = kvh * group;
+  const int s = sequenceOf(p.seqStarts, static_cast<int>(p.numSeqs), row);
+  if (flashMinRows > 0 && p.seqStarts[s + 1] - p.seqStarts[s] >= flashMinRows) {
+    cuda::waitForPrimary();
+    return;
+  }
+  const int pos = p.startPos[s] + (row - p.seqStarts[s]);
+  const KeySplit ks = keySplit(p, s, pos, numSplits, minPartition, split);
+  if (split > ks.last) {
+    cuda::waitForPrimary();
+    return;
+  }
+  const int end = ks.end;
+  const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
+  const int64_t kvWidth = p.numKvHeads * kD;
+  const T* kBase = static_cast<const T*>(p.kCache) + kvh * kD;
+  const T* vBase = static_cast<const T*>(p.vCache) + kvh * kD;
+  // Lane (g, c)'s vectors of key j at cache offset off (zeros past the end: a weight of 0 must
+  // meet finite values).
+  const auto load = [&](int j, int64_t off, uint32_t(&kw)[16], uint32_t(&vw)[16]) {
+    uint4 kv[4], vv[4];
+    if (j < end) {
+      const uint4* kp = reinterpret_cast<const uint4*>(kBase + off + 32 * c);
+      const T* vp = vBase + off + 8 * c;
 #pragma unroll
-      for (int o = 16; o > 0; o /= 2) mMax = fmaxf(mMax, __shfl_xor_sync(0xffffffffu, mMax, o));
-      if (lane == 0) sMax[warp] = mMax;
-      __syncthreads();
-      mMax = sMax[0];
-      for (int w = 1; w < kWarps; ++w) mMax = fmaxf(mMax, sMax[w]);
-      float lSum = 0.0f;
-      T* out = static_cast<T*>(p.out) + (rowHead0 + t) * hd;
-      float o[kDims] = {};  // dimensions threadIdx.x, + kStage (heads up to kEpl * kLanes)
-      for (int base = first; base <= last; base += kStage) {
-        const int n = min(kStage, last + 1 - base);
-        if (static_cast<int>(threadIdx.x) < n) {
-          const float* at = mine + (base + threadIdx.x) * (hd + 2);
-          sW[threadIdx.x] = __expf(__ldcg(at) - mMax);
-          sLp[threadIdx.x] = __ldcg(at + 1);
-        }
-        __syncthreads();
-        for (int i = 0; i < n; ++i) lSum += sLp[i] * sW[i];
-#pragma unroll
-        for (int k = 0; k < kDims; ++k) {
-          const int d = static_cast<int>(threadIdx.x) + k * kStage;
-          if (d >= hd) break;
-          const float* col = mine + base * (hd + 2) + 2 + d;
-          int i = 0;
-          for (; i + 4 <= n; i += 4) {
-            float v[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] = __ldcg(col + (i + u) * (hd + 2));
-#pragma unroll
-            for (int u = 0; u < 4; ++u) o[k] += v[u] * sW[i + u];
-          }
-          for (; i < n; ++i) o[k] += __ldcg(col + i * (hd + 2)) * sW[i];
-        }
-        __syncthreads();  // the stage is read before the next is written
+      for (int i = 0; i < 4; ++i) {
+        kv[i] = kp[i];
+        vv[i] = *reinterpret_cast<const uint4*>(vp + 32 * i);
       }
+    } else {
 #pragma unroll
-      for (int k = 0; k < kDims; ++k) {
-        const int d = static_cast<int>(threadIdx.x) + k * kStage;
-        if (d < hd) out[d] = C::fromFloat(lSum > 0.0f ? o[k] / lSum : 0.0f);
-      }
+      for (int i = 0; i < 4; ++i) kv[i] = vv[i] = make_uint4(0, 0, 0, 0);
     }
-  } else {
-    for (int t = 0; t < nHeads; ++t) {
-      const float* mine = partials + (rowHead0 + t) * numSplits * (hd + 2);
-      float mMax = -INFINITY;
-      for (int sp = first; sp <= last; ++sp) mMax = fmaxf(mMax, __ldcg(mine + sp * (hd + 2)));
-      float lSum = 0.0f;
-      for (int sp = first; sp <= last; ++sp)
-        lSum += __ldcg(mine + sp * (hd + 2) + 1) * __expf(__ldcg(mine + sp * (hd + 2)) - mMax);
-      T* out = static_cast<T*>(p.out) + (rowHead0 + t) * hd;
-      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int sp = first; sp <= last; ++sp)
-          o += __ldcg(mine + sp * (hd + 2) + 2 + d) * __expf(__ldcg(mine + sp * (hd + 2)) - mMax);
-        out[d] = C::fromFloat(lSum > 0.0f ? o / lSum : 0.0f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      kw[4 * i] = kv[i].x;
+      kw[4 * i + 1] = kv[i].y;
+      kw[4 * i + 2] = kv[i].z;
+      kw[4 * i + 3] = kv[i].w;
+      vw[4 * i] = vv[i].x;
+      vw[4 * i + 1] = vv[i].y;
+      vw[4 * i + 2] = vv[i].z;
+      vw[4 * i + 3] = vv[i].w;
+    }
+  };
+  // Cache offsets of a chunk's keys g and g + 8, looked up a chunk before their loads are issued,
+  // so that a load waits on no block-table read of its own.
+  const auto offsets = [&](int j0, int64_t(&off)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = j0 + 8 * h + g;
+      off[h] = j < end ? slotOf(blocks, static_cast<int>(p.blockSize), j) * kvWidth : 0;
+    }
+  };
+  constexpr int kStride = kWarps * kChunk;
+  const int jFirst = ks.begin + warp * kChunk;
+  // The next chunk's keys and values, requested a chunk ahead (halves: keys g and g + 8), and the
+  // cache offsets of the chunk after it. A warp's first chunk, where earlier steps wrote all of it
+  // (self-attention, before the sequence's first new position), is requested before the
+  // dependency wait, its latency overlapping the kernel before this one (as the split kernel's
+  // early keys: the step's metadata is copied before its first kernel).
+  uint32_t kNext[2][16], vNext[2][16];
+  int64_t offNext[2];
+  const int written = p.causal && !p.contextLens ? p.startPos[s] : 0;
+  const auto first = [&] {
+    int64_t off[2];
+    offsets(jFirst, off);
+    load(jFirst + g, off[0], kNext[0], vNext[0]);
+    load(jFirst + 8 + g, off[1], kNext[1], vNext[1]);
+    offsets(jFirst + kStride, offNext);
+  };
+  const bool early = earlyKeys && jFirst + kChunk <= min(written, end);
+  if (early) first();
+  cuda::waitForPrimary();
+  if (!early && jFirst < end) first();
+
+  // Q's fragments of head g (the tile's row g): dimensions [32c, 32c + 32) as 16 pairs, pair 2i of
+  // a k16 step i's columns 2c..2c+1 and pair 2i + 1 its columns 2c + 8..
+  uint32_t qf[16];
+  {
+    const bool ok = g < group;
+    const uint4* qv = reinterpret_cast<const uint4*>(
+        static_cast<const T*>(p.q) + row * p.qRowStride + (head0 + g) * kD + 32 * c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = ok ? qv[i] : make_uint4(0, 0, 0, 0);
+      qf[4 * i] = v.x;
+      qf[4 * i + 1] = v.y;
+      qf[4 * i + 2] = v.z;
+      qf[4 * i + 3] = v.w;
+    }
+  }
+  // o[4r + j]: head g's dimensions 8 (c + 4r) + 2j..+1 in [0], [1] ([2], [3]: the idle rows).
+  float o[16][4] = {};
+  float m = -INFINITY, l = 0.0f;  // head g's; l this lane's share of the sum
+  for (int j0 = jFirst; j0 < end; j0 += kStride) {
+    uint32_t kw[2][16], vw[2][16];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        kw[h][i] = kNext[h][i];
+        vw[h][i] = vNext[h][i];
+      }
+    if (j0 + kStride < end) {
+      load(j0 + kStride + g, offNext[0], kNext[0], vNext[0]);
+      load(j0 + kStride + 8 + g, offNext[1], kNext[1], vNext[1]);
+      offsets(j0 + 2 * kStride, offNext);
+    }
+    // S: [2h], [2h + 1] head g's scores of keys j0 + 8h + 2c..+1.
+    float sc[2][4] = {};
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        cuda::mmaK16<T>(sc[h], qf[2 * i], 0u, qf[2 * i + 1], 0u, kw[h][2 * i], kw[h][2 * i + 1]);
+    float sv[4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        sv[2 * h + e] = j0 + 8 * h + 2 * c + e < end ? sc[h][e] * p.scale : -INFINITY;
+    float mx = fmaxf(fmaxf(sv[0], sv[1]), fmaxf(sv[2], sv[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mNew = fmaxf(m, mx);      // finite: key j0 < end is the quad's
+    const float corr = __expf(m - mNew);  // 0 on the first chunk (m = -inf)
+    float pr[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) pr[k] = __expf(sv[k] - mNew);
+    l = l * corr + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
+    m = mNew;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[n][0] *= corr;
+      o[n][1] *= corr;
+    }
+    const uint32_t a0 = cuda::pack2<T>(pr[0], pr[1]), a2 = cuda::pack2<T>(pr[2], pr[3]);
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+      cuda::mmaK16<T>(o[n], a0, 0u, a2, 0u, cuda::movmatrixTrans(vw[0][n]),
+                      cuda::movmatrixTrans(vw[1][n]));
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // The warps' results: head g's max, sum and unnormalised output, merged per head.
+  __shared__ float sM[kWarps][kMaxGroup], sL[kWarps][kMaxGroup];
+  __shared__ __align__(16) float sO[kWarps][kMaxGroup][kD];
+  if (g < group) {
+    if (c == 0) {
+      sM[warp][g] = m;
+      sL[warp][g] = l;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float* dst = &sO[warp][g][8 * (c + 4 * r)];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        dst[2 * j] = o[4 * r + j][0];
+        dst[2 * j + 1] = o[4 * r + j][1];
       }
     }
   }
-  if (threadIdx.x == 0) *counter = 0;
+  __syncthreads();
+  const int64_t rowHead0 = static_cast<int64_t>(row) * p.numHeads + head0;
+  const bool lone = ks.last == 0;
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kCounterBytes);
+  for (int idx = threadIdx.x; idx < group * kD; idx += kWarps * 32) {
+    const int t = idx / kD, d = idx % kD;
+    float mAll = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mAll = fmaxf(mAll, sM[w][t]);
+    float lAll = 0.0f, out = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = sM[w][t] == -INFINITY ? 0.0f : __expf(sM[w][t] - mAll);
+      lAll += sL[w][t] * f;
+      out += sO[w][t][d] * f;
+    }
+    if (lone) {
+      static_cast<T*>(p.out)[(rowHead0 + t) * kD + d] =
+          Convert<T>::fromFloat(lAll > 0.0f ? out / lAll : 0.0f);
+    } else {
+      float* ws = partials + ((rowHead0 + t) * numSplits + split) * (kD + 2);
+      ws[2 + d] = out;
+      if (d == 0) {
+        ws[0] = mAll;
+        ws[1] = lAll;
+      }
+    }
+  }
+  if (lone) return;
+  finishSplits<T, true, kD>(p, rowHead0, group, numSplits, ks.last);
 }
 
 int multiprocessorCount() {
@@ -516,11 +775,12 @@ int multiprocessorCount() {
 //   (64 x 2048 389 -> 439). The 8-head tiles of 32 lanes, half idle, were slower for groups of 4
 //   than one head a block (64 x 512: 157 -> 196). TEXTGEN_ATTN_GQA4=0 keeps one head a block (for
 //   comparison).
-// Measured on the same kernel and not enabled (no GPU time was left to run the tests on them; see
-// bench/README.md): 4-head tiles for groups of 8 and up instead of the 8-head ones (64 over 8,
-// Llama-2-70B: 32 x 2048 516 -> 374, 64 x 2048 856 -> 682, 256 x 512 927 -> 707), and from an
-// eighth of the target on (32 over 8: 8 x 2048 85 -> 77, 32 x 2048 326 -> 208; but 1 and 2
-// sequences 21.1 -> 22.1 and 27.5 -> 31.5; 8 over 1, 64 x 2048 156 -> 116).
+// Groups of 2 to 8 over a cache of T take the tensor-core decode kernel (mmaDecodeKernel) instead,
+// where it applies; these tiles remain its comparison (TEXTGEN_ATTN_MMA_DECODE=0). Measured with
+// it off and not enabled: 4-head tiles for groups of 8 and up instead of the 8-head ones (64 over
+// 8: 32 x 2048 516 -> 374 µs, 64 x 2048 856 -> 682), and from an eighth of the target on (32 over
+// 8: 8 x 2048 85 -> 77, 32 x 2048 326 -> 208; but 1 and 2 sequences 21.1 -> 22.1 and 27.5 ->
+// 31.5). The tensor-core kernel took those shapes to 33-133 µs (bench/README.md).
 // Each instantiation costs pack size (device code of every binary), so only these.
 int headsPerBlock(int64_t group, int64_t headDim, int64_t rowHeads, int64_t target,
                   bool fourHeads) {
@@ -676,6 +936,79 @@ SplitKernel splitKernelFor(int64_t headDim, int heads, bool vectorLoads, bool sp
                           : splitKernelHeads<T, kCache, 8, kBias>(heads);
 }
 
+// Splits are cut to what the workspace holds: partials and counters are per (row, query head).
+int64_t splitsTheWorkspaceHolds(const PagedAttentionParams& p, int64_t splits) {
+  const int64_t rowHeads = p.rows * p.numHeads;
+  const int64_t perSplit = rowHeads * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
+  if (p.workspace && p.workspaceBytes > kCounterBytes &&
+      rowHeads * 4 <= static_cast<int64_t>(kCounterBytes)) {
+    splits = std::min<int64_t>(splits,
+                               static_cast<int64_t>(p.workspaceBytes - kCounterBytes) / perSplit);
+  } else {
+    splits = 1;
+  }
+  return std::clamp<int64_t>(splits, 1, 65535);
+}
+
+// TEXTGEN_ATTN_MMA_DECODE=0: grouped heads keep the CUDA-core kernels (for comparison).
+bool mmaDecodeOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_MMA_DECODE");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
+// Waves of the device's resident blocks that the tensor-core decode kernel's splits aim at: 1, or
+// TEXTGEN_ATTN_MMA_WAVES (1 to 16), for comparison. H200, 32 over 8 heads, µs, 2 waves -> 1: 64 x
+// 512 keys 66.6 -> 41.1, 64 x 2048 157.5 -> 129.8, 2 x 2048 19.9 -> 16.4 (4 waves: slower still).
+int64_t mmaDecodeWaves() {
+  static const int64_t waves = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_MMA_WAVES");
+    const int n = v ? std::atoi(v) : 0;
+    return n >= 1 && n <= 16 ? n : 1;
+  }();
+  return waves;
+}
+
+// Blocks of a call's sequences before any split (sequences x KV heads) from which the tensor-core
+// decode kernel is taken: 8, or TEXTGEN_ATTN_MMA_MIN_BLOCKS (1 to 64), for comparison.
+int64_t mmaDecodeMinBlocks() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("TEXTGEN_ATTN_MMA_MIN_BLOCKS");
+    const int b = v ? std::atoi(v) : 0;
+    return b >= 1 && b <= 64 ? b : 8;
+  }();
+  return n;
+}
+
+// The tensor-core decode kernel: one block a (row, KV head); the keys split while the blocks of
+// the call's sequences fill fewer than mmaDecodeWaves() waves of what the device holds at once.
+template <typename T>
+Status launchMmaDecode(const PagedAttentionParams& p, cudaStream_t stream, int flashMinRows,
+                       int64_t seqs) {
+  static const int64_t resident = [] {
+    int perSm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, mmaDecodeKernel<T>, kWarps * 32, 0) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();  // not left for an unrelated check to find
+      perSm = 1;
+    }
+    perSm = std::max(perSm, 1);
+    return static_cast<int64_t>(perSm) * multiprocessorCount();
+  }();
+  // Whole splits a block, at most the waves' blocks: a wave and a fifth ran as two.
+  const int64_t blocks = seqs * p.numKvHeads, want = mmaDecodeWaves() * resident;
+  int64_t splits = std::max<int64_t>(1, want / blocks);
+  splits = splitsTheWorkspaceHolds(p, splits);
+  const int64_t rowBlocks = p.rows * p.numKvHeads;
+  if (rowBlocks > INT32_MAX) return invalidArgumentError("paged_attention: too many rows x heads");
+  const dim3 grid(static_cast<unsigned>(rowBlocks), static_cast<unsigned>(splits));
+  return cuda::launch("paged_attention (mma decode)", mmaDecodeKernel<T>, grid, kWarps * 32, 0,
+                      stream, p, static_cast<int>(splits), 1, flashMinRows,
+                      std::max(minPartition(), kWarps * kMmaDecodeKeys), earlyKeysOn());
+}
+
 template <typename T, KvCacheDType kCache>
 Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flashMinRows = 0) {
   // With (rows x heads) blocks too few to keep eight per SM busy (decode is bound by the loads
@@ -700,6 +1033,19 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   };
   const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
+  // Groups of 2 to 8 heads of 128, a cache of T, no bias, at least 8 KV heads' blocks before any
+  // split: the tensor-core decode kernel. Fewer (a KV head or two of one sequence: batch-1 decode
+  // of a TP=8 shard) split the keys too finely for its 16 keys a warp (H200, 8 over 1, one
+  // sequence of 2048 keys: 21.2 µs against 10.6 on the CUDA cores). The kernel, not only the
+  // splits, then depends on the sequence count: a graph padded past 8 blocks and an eager call of
+  // fewer sequences compute with other arithmetic (their low bits differ), as the heads per block
+  // above already could.
+  if constexpr (sizeof(T) == 2 && kCache == KvCacheDType::kAuto) {
+    if (vec && p.headDim == 128 && group >= 2 && group <= 8 &&
+        seqs * p.numKvHeads >= mmaDecodeMinBlocks() && !p.alibiSlopes && !p.relativeBias &&
+        mmaDecodeOn() && alignedTo(p.q, 16) && p.qRowStride % 8 == 0)
+      return launchMmaDecode<T>(p, stream, flashMinRows, seqs);
+  }
   const bool fourHeads =
       vec && !p.alibiSlopes && !p.relativeBias && gqa4On() && kFourHeads<T, kCache, Bias::kNone>;
   const int heads = headsPerBlock(group, p.headDim, seqs * p.numHeads, target, fourHeads);
@@ -738,17 +1084,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // few rows (for comparison).
   const bool fewPipe = splits > 1 && bySeqs && seqs >= 2 && pipeKernel && fewPipeOn();
   if (fewPipe) splits = (2 * target + blocks - 1) / blocks;
-  // Partials and counters are per (row, query head).
-  const int64_t rowHeads = p.rows * p.numHeads;
-  const int64_t perSplit = rowHeads * (p.headDim + 2) * static_cast<int64_t>(sizeof(float));
-  if (p.workspace && p.workspaceBytes > kCounterBytes &&
-      rowHeads * 4 <= static_cast<int64_t>(kCounterBytes)) {
-    splits = std::min<int64_t>(splits,
-                               static_cast<int64_t>(p.workspaceBytes - kCounterBytes) / perSplit);
-  } else {
-    splits = 1;
-  }
-  splits = std::clamp<int64_t>(splits, 1, 65535);
+  splits = splitsTheWorkspaceHolds(p, splits);
   const int64_t rowBlocks = p.rows * p.numKvHeads * tilesPerKv;
   if (rowBlocks > INT32_MAX) return invalidArgumentError("paged_attention: too many rows x heads");
   const dim3 grid(static_cast<unsigned>(rowBlocks), static_cast<unsigned>(splits));

@@ -1019,6 +1019,7 @@ struct AttentionCase {
   // > 0: maxContext as a decode graph passes it (the model's whole context, past every row's), and
   // the output must equal, bit for bit, the same call with the batch's own longest context.
   int64_t graphContext = 0;
+  int64_t qPad = 0;  // elements past a fused qkv row (q's rows that much further apart)
 };
 
 std::string describe(const AttentionCase& c) {
@@ -1027,7 +1028,7 @@ std::string describe(const AttentionCase& c) {
          " headDim=" + std::to_string(c.headDim) + " block=" + std::to_string(c.blockSize) +
          " window=" + std::to_string(c.window) + " maxStart=" + std::to_string(c.maxStart) +
          " maxRows=" + std::to_string(c.maxRows) + (c.alibi ? " alibi" : "") +
-         (c.alibiBf16Divisor > 0 ? " falcon" : "") +
+         (c.alibiBf16Divisor > 0 ? " falcon" : "") + (c.qPad > 0 ? " qPad" : "") +
          " cache=" + std::string(kvCacheDTypeName(c.cache));
 }
 
@@ -1056,7 +1057,7 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
   std::vector<int32_t> tables(pool.begin(), pool.begin() + c.numSeqs * maxBlocks);
   const int64_t numSlots = numBlocks * c.blockSize, kvWidth = c.kvHeads * c.headDim;
   // q inside a fused qkv row, as the model lays it out.
-  const int64_t qStride = (c.heads + 2 * c.kvHeads) * c.headDim;
+  const int64_t qStride = (c.heads + 2 * c.kvHeads) * c.headDim + c.qPad;
   const auto q = encode(randomValues(rows * qStride, rng), dt);
   auto cacheOf = [&](const std::vector<float>& values) {
     if (c.cache == KvCacheDType::kAuto) return encode(values, dt);
@@ -1168,13 +1169,30 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 6, 1, 32, 8, 0, 300, 1}, rng_);
     runAttention({dt, 2, 16, 1, 256, 16, 0, 400, 1}, rng_);
     runAttention({dt, 80, 16, 2, 64, 16, 50, 300, 1}, rng_);  // tiles, sliding window
-    // Groups of 2 to 7 with heads of 128 past 8 blocks per SM (any GPU up to 160 SMs): tiles of 4
-    // heads on the pipelined 16-lane kernel, as Llama-3-8B and Mistral-7B (32 over 8) decode
-    // (above, 64 sequences), Qwen2.5-7B's 28 over 4 (a group's second tile of 3), 32 over 16 (a
-    // tile half idle, a sliding window), and 48 sequences.
+    // Groups of 2 to 8 with heads of 128 over a 16-bit cache: the tensor-core decode kernel, as
+    // Llama-3-8B and Mistral-7B (32 over 8; above, 64 sequences) and Llama-2-70B (64 over 8)
+    // decode; Qwen2.5-7B's 28 over 4 (groups of 7), groups of 2 (one with a sliding window),
+    // batch 1 over 3000 keys (many splits), 8 and 16 sequences (split), 160 (not), cache blocks of
+    // 7, and 64 x 8 over 1 (Llama-2-70B's TP=8 shard).
     runAttention({dt, 64, 28, 4, 128, 16, 0, 400, 1}, rng_);
-    runAttention({dt, 48, 32, 16, 128, 16, 50, 300, 1}, rng_);
     runAttention({dt, 48, 32, 8, 128, 16, 0, 700, 1}, rng_);
+    runAttention({dt, 8, 16, 8, 128, 16, 0, 500, 1}, rng_);
+    runAttention({dt, 48, 32, 16, 128, 16, 50, 300, 1}, rng_);
+    runAttention({dt, 1, 32, 8, 128, 16, 0, 3000, 1}, rng_);
+    runAttention({dt, 8, 32, 8, 128, 16, 0, 2000, 1}, rng_);
+    runAttention({dt, 16, 32, 8, 128, 16, 100, 900, 1}, rng_);
+    runAttention({dt, 16, 64, 8, 128, 16, 0, 1500, 1}, rng_);
+    runAttention({dt, 6, 32, 8, 128, 7, 0, 500, 1}, rng_);
+    runAttention({dt, 64, 8, 1, 128, 16, 0, 700, 1}, rng_);
+    runAttention({dt, 160, 32, 8, 128, 16, 0, 300, 1}, rng_);
+    // Larger groups of heads of 128 keep the CUDA cores: 16 x 32 over 2 (one head a block, split),
+    // 64 x 18 over 1 (tiles of 8 heads, a group's last tile of 2) and 32 x 48 over 1 (above).
+    runAttention({dt, 16, 32, 2, 128, 16, 0, 900, 1}, rng_);
+    runAttention({dt, 64, 18, 1, 128, 16, 0, 300, 1}, rng_);
+    // q rows an odd number of elements apart (no 16-byte loads of q): groups of 4 keep the CUDA
+    // cores, tiles of 4 heads for 64 sequences, one head a block (split) for 8.
+    runAttention({dt, 64, 32, 8, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1}, rng_);
+    runAttention({dt, 8, 32, 8, 128, 16, 0, 900, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1}, rng_);
     // A decode graph's maxContext (the model's whole context) over short live contexts: each row's
     // keys split by its own length, the same bits as the call with the batch's own longest context
     // (one sequence, eight, a large batch with GQA tiles, a sliding window, ALiBi, and contexts of
@@ -1189,7 +1207,8 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention(graph({dt, 4, 8, 8, 64, 16, 100, 900, 1}), rng_);
     runAttention(graph({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true}), rng_);
     runAttention(graph({dt, 6, 8, 2, 128, 16, 0, 3, 1}), rng_);
-    runAttention(graph({dt, 64, 32, 8, 128, 16, 0, 300, 1}), rng_);  // tiles of 4 heads
+    runAttention(graph({dt, 64, 32, 8, 128, 16, 0, 300, 1}), rng_);  // grouped heads
+    runAttention(graph({dt, 8, 32, 8, 128, 16, 0, 300, 1}), rng_);   // the same, split
   }
 }
 
@@ -1200,75 +1219,80 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
 // wave of blocks (the pipelined kernel, split), and a wave's worth (unsplit).
 TEST_F(OpsCudaTest, PagedAttentionVerificationRowsEqualDecodeRowsBitForBit) {
   constexpr int64_t kHeads = 32, kHeadDim = 128, kBlock = 16, kRows = 4;
-  constexpr int64_t kStride = 3 * kHeads * kHeadDim;  // q inside a fused qkv row
-  for (DType dt : {DType::kF16, DType::kBF16}) {
-    for (int64_t seqs : {1, 4, 16, 40}) {
-      SCOPED_TRACE(std::string(dtypeName(dt)) + " seqs=" + std::to_string(seqs));
-      const size_t es = dtypeSize(dt);
-      std::vector<int32_t> start(seqs);
-      int64_t maxBlocks = 0;
-      for (auto& st : start) {
-        st = static_cast<int32_t>(200 + rng_() % 600);
-        maxBlocks = std::max<int64_t>(maxBlocks, (st + kRows + kBlock - 1) / kBlock);
-      }
-      std::vector<int32_t> tables(seqs * maxBlocks);
-      std::iota(tables.begin(), tables.end(), 0);
-      std::shuffle(tables.begin(), tables.end(), rng_);
-      const int64_t slots = seqs * maxBlocks * kBlock, width = kHeads * kHeadDim;
-      auto dk = toDevice(encode(randomValues(slots * width, rng_), dt));
-      auto dv = toDevice(encode(randomValues(slots * width, rng_), dt));
-      const auto q = encode(randomValues(seqs * kRows * kStride, rng_), dt);
-      auto dTables = toDevice(tables);
-      DeviceBuffer workspace(16u << 20);
-      TG_ASSERT_CUDA(cudaMemset(workspace.get(), 0, workspace.bytes()));
-      // rowsPerSeq rows of each sequence from position start + first; q rows copied from the
-      // verification rows they stand for.
-      auto call = [&](int64_t rowsPerSeq, int64_t first) {
-        std::vector<int32_t> seqStarts{0}, startPos;
-        std::vector<uint8_t> qs;
-        int64_t maxContext = 0;
-        for (int64_t sq = 0; sq < seqs; ++sq) {
-          startPos.push_back(static_cast<int32_t>(start[sq] + first));
-          seqStarts.push_back(static_cast<int32_t>((sq + 1) * rowsPerSeq));
-          maxContext = std::max<int64_t>(maxContext, start[sq] + first + rowsPerSeq);
-          const auto* row = q.data() + (sq * kRows + first) * kStride * es;
-          qs.insert(qs.end(), row, row + rowsPerSeq * kStride * es);
+  // 32 KV heads, and 8 (the tensor-core decode kernel, split for up to 16 sequences on an H200).
+  for (const int64_t kvHeads : {kHeads, int64_t{8}}) {
+    const int64_t kStride = (kHeads + 2 * kvHeads) * kHeadDim;  // q inside a fused qkv row
+    for (DType dt : {DType::kF16, DType::kBF16}) {
+      for (int64_t seqs : {1, 4, 16, 40}) {
+        SCOPED_TRACE(std::string(dtypeName(dt)) + " seqs=" + std::to_string(seqs) +
+                     " kv heads=" + std::to_string(kvHeads));
+        const size_t es = dtypeSize(dt);
+        std::vector<int32_t> start(seqs);
+        int64_t maxBlocks = 0;
+        for (auto& st : start) {
+          st = static_cast<int32_t>(200 + rng_() % 600);
+          maxBlocks = std::max<int64_t>(maxBlocks, (st + kRows + kBlock - 1) / kBlock);
         }
-        auto dq = toDevice(qs), dStarts = toDevice(seqStarts), dPos = toDevice(startPos);
-        DeviceBuffer out(seqs * rowsPerSeq * width * es);
-        PagedAttentionParams p{.q = dq->get(),
-                               .qRowStride = kStride,
-                               .kCache = dk->get(),
-                               .vCache = dv->get(),
-                               .out = out.get(),
-                               .seqStarts = dStarts->as<int32_t>(),
-                               .startPos = dPos->as<int32_t>(),
-                               .blockTables = dTables->as<int32_t>(),
-                               .rows = seqs * rowsPerSeq,
-                               .numSeqs = seqs,
-                               .maxBlocksPerSeq = maxBlocks,
-                               .numHeads = kHeads,
-                               .numKvHeads = kHeads,
-                               .headDim = kHeadDim,
-                               .blockSize = kBlock,
-                               .scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim)),
-                               .maxNewRows = rowsPerSeq,
-                               .maxContext = maxContext,
-                               .minNewRows = rowsPerSeq,
-                               .dtype = dt,
-                               .workspace = workspace.get(),
-                               .workspaceBytes = workspace.bytes()};
-        EXPECT_TRUE(invokePagedAttention(p, nullptr).ok());
-        return fromDevice(out, out.bytes());
-      };
-      const std::vector<uint8_t> verified = call(kRows, 0);
-      const size_t rowBytes = width * es;
-      for (int64_t r = 0; r < kRows; ++r) {
-        const std::vector<uint8_t> decoded = call(1, r);
-        for (int64_t sq = 0; sq < seqs; ++sq) {
-          EXPECT_EQ(0, std::memcmp(verified.data() + (sq * kRows + r) * rowBytes,
-                                   decoded.data() + sq * rowBytes, rowBytes))
-              << "sequence " << sq << ", row " << r;
+        std::vector<int32_t> tables(seqs * maxBlocks);
+        std::iota(tables.begin(), tables.end(), 0);
+        std::shuffle(tables.begin(), tables.end(), rng_);
+        const int64_t slots = seqs * maxBlocks * kBlock, width = kHeads * kHeadDim,
+                      kvWidth = kvHeads * kHeadDim;
+        auto dk = toDevice(encode(randomValues(slots * kvWidth, rng_), dt));
+        auto dv = toDevice(encode(randomValues(slots * kvWidth, rng_), dt));
+        const auto q = encode(randomValues(seqs * kRows * kStride, rng_), dt);
+        auto dTables = toDevice(tables);
+        DeviceBuffer workspace(16u << 20);
+        TG_ASSERT_CUDA(cudaMemset(workspace.get(), 0, workspace.bytes()));
+        // rowsPerSeq rows of each sequence from position start + first; q rows copied from the
+        // verification rows they stand for.
+        auto call = [&](int64_t rowsPerSeq, int64_t first) {
+          std::vector<int32_t> seqStarts{0}, startPos;
+          std::vector<uint8_t> qs;
+          int64_t maxContext = 0;
+          for (int64_t sq = 0; sq < seqs; ++sq) {
+            startPos.push_back(static_cast<int32_t>(start[sq] + first));
+            seqStarts.push_back(static_cast<int32_t>((sq + 1) * rowsPerSeq));
+            maxContext = std::max<int64_t>(maxContext, start[sq] + first + rowsPerSeq);
+            const auto* row = q.data() + (sq * kRows + first) * kStride * es;
+            qs.insert(qs.end(), row, row + rowsPerSeq * kStride * es);
+          }
+          auto dq = toDevice(qs), dStarts = toDevice(seqStarts), dPos = toDevice(startPos);
+          DeviceBuffer out(seqs * rowsPerSeq * width * es);
+          PagedAttentionParams p{.q = dq->get(),
+                                 .qRowStride = kStride,
+                                 .kCache = dk->get(),
+                                 .vCache = dv->get(),
+                                 .out = out.get(),
+                                 .seqStarts = dStarts->as<int32_t>(),
+                                 .startPos = dPos->as<int32_t>(),
+                                 .blockTables = dTables->as<int32_t>(),
+                                 .rows = seqs * rowsPerSeq,
+                                 .numSeqs = seqs,
+                                 .maxBlocksPerSeq = maxBlocks,
+                                 .numHeads = kHeads,
+                                 .numKvHeads = kvHeads,
+                                 .headDim = kHeadDim,
+                                 .blockSize = kBlock,
+                                 .scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim)),
+                                 .maxNewRows = rowsPerSeq,
+                                 .maxContext = maxContext,
+                                 .minNewRows = rowsPerSeq,
+                                 .dtype = dt,
+                                 .workspace = workspace.get(),
+                                 .workspaceBytes = workspace.bytes()};
+          EXPECT_TRUE(invokePagedAttention(p, nullptr).ok());
+          return fromDevice(out, out.bytes());
+        };
+        const std::vector<uint8_t> verified = call(kRows, 0);
+        const size_t rowBytes = width * es;
+        for (int64_t r = 0; r < kRows; ++r) {
+          const std::vector<uint8_t> decoded = call(1, r);
+          for (int64_t sq = 0; sq < seqs; ++sq) {
+            EXPECT_EQ(0, std::memcmp(verified.data() + (sq * kRows + r) * rowBytes,
+                                     decoded.data() + sq * rowBytes, rowBytes))
+                << "sequence " << sq << ", row " << r;
+          }
         }
       }
     }
