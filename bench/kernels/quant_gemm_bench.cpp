@@ -1,11 +1,13 @@
 // Quantized linear layers on the GPU at decode batch sizes: time per call of invokeQuantGemm on
-// Llama-2-7B's four linear shapes for each weight format beside bf16 (cuBLASLt), and the bytes the
+// Llama-2-7B's four linear shapes for each weight format beside bf16 (the GEMM runner's choice, and
+// cuBLASLt alone), and the bytes the
 // call must read (packed codes, scales, zero points) per second against the measured device copy
 // bandwidth: at decode sizes the layer is memory-bound, so that fraction is its roofline fraction
 // (issue 16 asks 80% of it for the 4-bit decode GEMV). Weights rotate over copies larger than the
 // L2 cache together, so every call reads from DRAM as a model's decode step does, and the calls
 // run from one CUDA graph, as the model's decode step runs them.
-// Prints a table and one JSON line. Usage: bench_quant_gemm [--iters N]
+// Prints a table and one JSON line. Usage: bench_quant_gemm [--iters N] [--formats a,b] [--rows
+// 1,8,64]
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -106,7 +108,7 @@ struct Shape {
 
 struct Format {
   const char* name;
-  bool dense;
+  bool dense;  // 16-bit weights: the runner's choice ("bf16"), or cuBLASLt alone ("bf16-cublaslt")
   QuantCode code;
   ActQuant act;
   int64_t groupSize;  // 0: one group per output
@@ -161,11 +163,27 @@ void freeWeights(Weights& w) {
 
 int main(int argc, char** argv) {
   int iters = 200;
+  std::string only;  // comma-separated format names; empty: all
+  std::vector<int64_t> rowsList = {1, 2, 4, 8, 16, 32, 64};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--formats") == 0 && i + 1 < argc) {
+      only = "," + std::string(argv[++i]) + ",";
+    } else if (std::strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+      rowsList.clear();
+      for (const char* p = argv[++i]; *p;) {
+        char* end = nullptr;
+        const long long v = std::strtoll(p, &end, 10);
+        if (end == p || v < 1 || v > 64) {
+          std::fprintf(stderr, "--rows takes numbers from 1 to 64, comma-separated\n");
+          return 2;
+        }
+        rowsList.push_back(v);
+        p = *end == ',' ? end + 1 : end;
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--formats a,b] [--rows 1,8,64]\n", argv[0]);
       return 2;
     }
   }
@@ -186,23 +204,26 @@ int main(int argc, char** argv) {
   auto runnerOr = GemmRunner::create(stream, 64u << 20);
   check(runnerOr.status());
   GemmRunner& runner = **runnerOr;
+  auto ltOr = GemmRunner::create(stream, 64u << 20, /*smallBatchGemv=*/false);
+  check(ltOr.status());
+  GemmRunner& lt = **ltOr;
 
   const Shape shapes[] = {
       {"qkv", 12288, 4096}, {"o", 4096, 4096}, {"gate_up", 22016, 4096}, {"down", 4096, 11008}};
   const Format formats[] = {
       {"bf16", true, QuantCode::kUint4, ActQuant::kNone, 0},
+      {"bf16-cublaslt", true, QuantCode::kUint4, ActQuant::kNone, 0},
       {"gptq-4bit-g128", false, QuantCode::kUint4, ActQuant::kNone, 128},
       {"nf4", false, QuantCode::kNf4, ActQuant::kNone, 64},
       {"eetq-int8", false, QuantCode::kUint8, ActQuant::kNone, 0},
       {"fp8-w8a8", false, QuantCode::kFp8E4M3, ActQuant::kFp8, 0},
   };
-  const int64_t rowsList[] = {1, 4, 8, 16, 32, 64};
   float* tensorScale = nullptr;
   BENCH_CUDA(cudaMalloc(&tensorScale, 16));
   const float one = 0.01f;
   BENCH_CUDA(cudaMemcpy(tensorScale, &one, sizeof(float), cudaMemcpyHostToDevice));
   void *x = nullptr, *y = nullptr, *ws = nullptr;
-  const size_t maxX = 32 * 22016 * 2;
+  const size_t maxX = 64 * 22016 * 2;
   BENCH_CUDA(cudaMalloc(&x, maxX));
   BENCH_CUDA(cudaMemset(x, 0x3c, maxX));
   BENCH_CUDA(cudaMalloc(&y, maxX));
@@ -210,7 +231,11 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaMalloc(&ws, wsBytes));
 
   std::vector<Result> results;
+  auto wanted = [&](const Format& f) {
+    return only.empty() || only.find("," + std::string(f.name) + ",") != std::string::npos;
+  };
   for (const Format& f : formats) {
+    if (!wanted(f)) continue;
     for (const Shape& s : shapes) {
       std::vector<Weights> copies;
       size_t total = 0;
@@ -222,7 +247,8 @@ int main(int argc, char** argv) {
         auto call = [&](int i) {
           const Weights& w = copies[static_cast<size_t>(i) % copies.size()];
           if (f.dense) {
-            check(runner.run({x, w.packed, y, rows, s.in, s.out, DType::kBF16}));
+            GemmRunner& r = std::strcmp(f.name, "bf16") == 0 ? runner : lt;
+            check(r.run({x, w.packed, y, rows, s.in, s.out, DType::kBF16}));
             return;
           }
           QuantGemmParams p{.x = x,
@@ -266,6 +292,7 @@ int main(int argc, char** argv) {
   for (int64_t rows : rowsList) std::printf(" %8s%lld", "rows=", static_cast<long long>(rows));
   std::printf("\n");
   for (const Format& f : formats) {
+    if (!wanted(f)) continue;
     std::printf("%-16s", f.name);
     for (int64_t rows : rowsList) {
       double us = 0;

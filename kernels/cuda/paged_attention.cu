@@ -5,9 +5,9 @@
 //    (max, sum, unnormalised output) go to the workspace and the last split block of each
 //    (row, head) to finish combines them ("flash-decoding", without a second kernel). Used for
 //    decode rows and whatever the tensor-core kernels do not cover.
-//  - mmaDecodeKernel: decode rows of grouped query heads (2 to 8 heads of 128 a KV head, a cache
-//    of T, no bias) on tensor cores, the group's heads the rows of the mma tiles; same splits,
-//    partials and merge as splitKernel.
+//  - mmaDecodeKernel: decode rows of 1 to 8 query heads of 128 a KV head (multi-head and grouped
+//    attention over a cache of T, no bias) on tensor cores, the group's heads the rows of the mma
+//    tiles; same splits, partials and merge as splitKernel.
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
 //    T5's encoder (no causal mask) and decoder prompts (causal) with the relative bias run here
@@ -517,9 +517,9 @@ __global__ void __launch_bounds__(kWarps * 32)
                                                                        numSplits, last);
 }
 
-// Decode rows of grouped query heads on the tensor cores (groups of 2 to 8 heads of 128 over a
-// cache of T, no bias): one block per (row, KV head, split), the group's heads the rows of m16n8k16
-// tiles (rows past the group zero), as FlashInfer's decode for groups does. Each warp takes 16 keys
+// Decode rows on the tensor cores (groups of 1 to 8 query heads of 128 a KV head over a cache of T,
+// no bias): one block per (row, KV head, split), the group's heads the rows of m16n8k16 tiles (rows
+// past the group zero), as FlashInfer's decode for groups does. Each warp takes 16 keys
 // at a time, loaded straight into registers (no shared memory): lane (g, c) loads dimensions
 // [32c, 32c + 32) of keys g and g + 8 as four 16-byte vectors. The dot product does not depend on
 // the order of its terms, so Q's fragments take the same permutation of the dimensions: S = Q Kᵀ is
@@ -529,7 +529,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 // 8 (c + 4r) + [0, 8) of head g. The warps' results merge in shared memory, the splits as the split
 // kernel's (finishSplits). Same key ranges and partials as splitKernel, other arithmetic: the
 // 4-head tiles of the CUDA cores ran at about a third of copy bandwidth (H200, 32 over 8, 64 x 2048
-// keys: 389 µs, 1.38 TB/s), limited by their per-key shuffles and fp32 products.
+// keys: 389 µs, 1.38 TB/s), limited by their per-key shuffles and fp32 products. Multi-head
+// attention (a group of one, 15 of a tile's 16 rows idle: the products are not what bounds it) runs
+// here too: its 16-lane kernel read the cache at about 3.3 TB/s (H200, 32 over 32, 64 x 2048 keys:
+// 659 µs; here 486, 4.4 TB/s; one sequence of 2048 keys 23.5 -> 11.7 µs, of 128 5.5 -> 5.4).
 constexpr int kMmaDecodeDim = 128, kMmaDecodeKeys = 16;
 
 // Each lane's next chunk is held in registers, requested a chunk ahead, and the cache offsets of
@@ -775,8 +778,9 @@ int multiprocessorCount() {
 //   (64 x 2048 389 -> 439). The 8-head tiles of 32 lanes, half idle, were slower for groups of 4
 //   than one head a block (64 x 512: 157 -> 196). TEXTGEN_ATTN_GQA4=0 keeps one head a block (for
 //   comparison).
-// Groups of 2 to 8 over a cache of T take the tensor-core decode kernel (mmaDecodeKernel) instead,
-// where it applies; these tiles remain its comparison (TEXTGEN_ATTN_MMA_DECODE=0). Measured with
+// Groups of 1 to 8 over a cache of T take the tensor-core decode kernel (mmaDecodeKernel) instead,
+// where it applies; these tiles and the 16-lane kernel remain for the rest (ALiBi, fp8 caches, q
+// rows not 16-byte aligned) and its comparison (TEXTGEN_ATTN_MMA_DECODE=0). Measured with
 // it off and not enabled: 4-head tiles for groups of 8 and up instead of the 8-head ones (64 over
 // 8: 32 x 2048 516 -> 374 µs, 64 x 2048 856 -> 682), and from an eighth of the target on (32 over
 // 8: 8 x 2048 85 -> 77, 32 x 2048 326 -> 208; but 1 and 2 sequences 21.1 -> 22.1 and 27.5 ->
@@ -1033,7 +1037,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   };
   const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
-  // Groups of 2 to 8 heads of 128, a cache of T, no bias, at least 8 KV heads' blocks before any
+  // Groups of 1 to 8 heads of 128, a cache of T, no bias, at least 8 KV heads' blocks before any
   // split: the tensor-core decode kernel. Fewer (a KV head or two of one sequence: batch-1 decode
   // of a TP=8 shard) split the keys too finely for its 16 keys a warp (H200, 8 over 1, one
   // sequence of 2048 keys: 21.2 µs against 10.6 on the CUDA cores). The kernel, not only the
@@ -1041,7 +1045,7 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   // fewer sequences compute with other arithmetic (their low bits differ), as the heads per block
   // above already could.
   if constexpr (sizeof(T) == 2 && kCache == KvCacheDType::kAuto) {
-    if (vec && p.headDim == 128 && group >= 2 && group <= 8 &&
+    if (vec && p.headDim == 128 && group >= 1 && group <= 8 &&
         seqs * p.numKvHeads >= mmaDecodeMinBlocks() && !p.alibiSlopes && !p.relativeBias &&
         mmaDecodeOn() && alignedTo(p.q, 16) && p.qRowStride % 8 == 0)
       return launchMmaDecode<T>(p, stream, flashMinRows, seqs);

@@ -1139,20 +1139,21 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 2, 6, 3, 80, 16, 0, 200, 1}, rng_);     // head size 80 (partial lanes)
     runAttention({dt, 2, 4, 2, 16, 4, 0, 50, 1}, rng_);       // tiny heads
     runAttention({dt, 64, 32, 8, 128, 16, 0, 600, 1}, rng_);  // a large decode batch
-    // Unsplit heads of 128 (two groups of 16 lanes a warp, two keys each in flight): 32 and 48
-    // sequences (48 split in two on an H100, below), a sliding window.
+    // Multi-head attention with heads of 128 (the tensor-core decode kernel, a group of one; with
+    // q rows not 16-byte aligned, below, the 16-lane kernels these cases were written for): 32 and
+    // 48 sequences, a sliding window.
     runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1}, rng_);
     runAttention({dt, 48, 32, 32, 128, 16, 100, 300, 1}, rng_);
     // Blocks a little past one wave (up to 1.5 x 8 a multiprocessor: 33-49 sequences of 32 heads
     // on an H100's 132; the band moves with the multiprocessors) split each row's keys in two on
-    // the same kernel: 40 and 48 sequences there (the window above too), and as a decode graph
-    // runs them.
+    // the 16-lane kernel: 40 and 48 sequences there (the window above too), and as a decode graph
+    // runs them (with q 16-byte aligned, the tensor-core kernel's own splits).
     runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1}, rng_);
     runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 4096},
                  rng_);
-    // Two to 16 sequences of heads of 128 (under half the target's blocks) split on the same
-    // pipelined kernel into about twice the target's blocks; one sequence keeps the split kernel
-    // of few rows (above).
+    // Two to 16 sequences of heads of 128 (under half the target's blocks) split on the 16-lane
+    // pipelined kernel into about twice the target's blocks, one sequence on the split kernel of
+    // few rows (above); with q 16-byte aligned, as here, the tensor-core kernel's splits.
     runAttention({dt, 2, 32, 32, 128, 16, 0, 3000, 1}, rng_);
     runAttention({dt, 16, 32, 32, 128, 16, 0, 600, 1}, rng_);
     runAttention({dt, 12, 32, 32, 128, 16, 100, 600, 1}, rng_);  // sliding window
@@ -1190,9 +1191,17 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
     runAttention({dt, 16, 32, 2, 128, 16, 0, 900, 1}, rng_);
     runAttention({dt, 64, 18, 1, 128, 16, 0, 300, 1}, rng_);
     // q rows an odd number of elements apart (no 16-byte loads of q): groups of 4 keep the CUDA
-    // cores, tiles of 4 heads for 64 sequences, one head a block (split) for 8.
+    // cores, tiles of 4 heads for 64 sequences, one head a block (split) for 8; multi-head
+    // attention (which the tensor-core kernel otherwise takes, above) the 16-lane kernel: unsplit,
+    // split in two past a wave, split for a few sequences.
     runAttention({dt, 64, 32, 8, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1}, rng_);
     runAttention({dt, 8, 32, 8, 128, 16, 0, 900, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1}, rng_);
+    runAttention({dt, 32, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1},
+                 rng_);
+    runAttention({dt, 40, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1},
+                 rng_);
+    runAttention({dt, 4, 32, 32, 128, 16, 50, 900, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1},
+                 rng_);
     // A decode graph's maxContext (the model's whole context) over short live contexts: each row's
     // keys split by its own length, the same bits as the call with the batch's own longest context
     // (one sequence, eight, a large batch with GQA tiles, a sliding window, ALiBi, and contexts of
