@@ -5,7 +5,7 @@
 // keys each row sees), then one JSON line. --decode: each shape is S:C, S sequences of one new row
 // after C cached positions (a decode step's attention), reported as the cache's bytes read per
 // second. Usage: bench_attention [--iters N] [--shapes R:C,...] [--heads H] [--kv-heads H]
-// [--decode]
+// [--kv-cache-dtype fp8_e4m3fn|fp8_e5m2] [--decode]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "textgen/kernels/kv_cache_dtype.h"
 #include "textgen/kernels/paged_attention.h"
 
 namespace {
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   int iters = 50;
   int64_t heads = 32, kvHeads = 32;
   bool decode = false;
+  textgen::kernels::KvCacheDType cache = textgen::kernels::KvCacheDType::kAuto;
   std::vector<Shape> shapes = {{512, 0},   {512, 512}, {512, 2048}, {2048, 0},
                                {64, 2048}, {16, 2048}, {64, 128}};
   for (int i = 1; i < argc; ++i) {
@@ -89,6 +91,13 @@ int main(int argc, char** argv) {
       heads = std::atol(argv[++i]);
     } else if (std::strcmp(argv[i], "--kv-heads") == 0 && i + 1 < argc) {
       kvHeads = std::atol(argv[++i]);
+    } else if (std::strcmp(argv[i], "--kv-cache-dtype") == 0 && i + 1 < argc) {
+      const auto fp8 = textgen::kernels::fp8KvCacheDTypeOf(argv[++i]);
+      if (!fp8) {
+        std::fprintf(stderr, "--kv-cache-dtype: fp8_e4m3fn or fp8_e5m2\n");
+        return 2;
+      }
+      cache = *fp8;
     } else if (std::strcmp(argv[i], "--decode") == 0) {
       decode = true;
       shapes = {{1, 2048}, {8, 2048}, {32, 512}, {64, 128}, {64, 512}, {64, 2048}, {256, 512}};
@@ -98,7 +107,9 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--shapes R:C,...] [--heads H] [--kv-heads H]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--iters N] [--shapes R:C,...] [--heads H] [--kv-heads H] "
+                   "[--kv-cache-dtype fp8_e4m3fn|fp8_e5m2] [--decode]\n",
                    argv[0]);
       return 2;
     }
@@ -134,18 +145,33 @@ int main(int argc, char** argv) {
     const size_t qElems = static_cast<size_t>(rows * heads * kHd);
     std::vector<uint16_t> hk = randomBf16(cacheElems, 1), hv = randomBf16(cacheElems, 2),
                           hq = randomBf16(qElems, 3);
+    // An fp8 cache holds one byte an element: the random bits' low bytes with bit 6 clear (no
+    // NaN or infinity in either format).
+    const bool fp8 = cache != textgen::kernels::KvCacheDType::kAuto;
+    const size_t elemBytes = fp8 ? 1 : 2;
+    std::vector<uint8_t> hk8, hv8;
+    if (fp8) {
+      hk8.resize(cacheElems);
+      hv8.resize(cacheElems);
+      for (size_t i = 0; i < cacheElems; ++i) {
+        hk8[i] = static_cast<uint8_t>(hk[i] & 0xBF);
+        hv8[i] = static_cast<uint8_t>(hv[i] & 0xBF);
+      }
+    }
+    const void* hkBytes = fp8 ? static_cast<const void*>(hk8.data()) : hk.data();
+    const void* hvBytes = fp8 ? static_cast<const void*>(hv8.data()) : hv.data();
     void *q, *k, *v, *out;
     int32_t *seqStarts, *startPos, *tables;
     BENCH_CUDA(cudaMalloc(&q, qElems * 2));
     BENCH_CUDA(cudaMalloc(&out, qElems * 2));
-    BENCH_CUDA(cudaMalloc(&k, cacheElems * 2));
-    BENCH_CUDA(cudaMalloc(&v, cacheElems * 2));
+    BENCH_CUDA(cudaMalloc(&k, cacheElems * elemBytes));
+    BENCH_CUDA(cudaMalloc(&v, cacheElems * elemBytes));
     BENCH_CUDA(cudaMalloc(&seqStarts, (seqs + 1) * sizeof(int32_t)));
     BENCH_CUDA(cudaMalloc(&startPos, seqs * sizeof(int32_t)));
     BENCH_CUDA(cudaMalloc(&tables, table.size() * sizeof(int32_t)));
     BENCH_CUDA(cudaMemcpy(q, hq.data(), qElems * 2, cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(k, hk.data(), cacheElems * 2, cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(v, hv.data(), cacheElems * 2, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(k, hkBytes, cacheElems * elemBytes, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(v, hvBytes, cacheElems * elemBytes, cudaMemcpyHostToDevice));
     std::vector<int32_t> hStarts(seqs + 1), hPos(seqs, static_cast<int32_t>(sh.cached));
     for (int64_t i = 0; i <= seqs; ++i) hStarts[i] = static_cast<int32_t>(i * rowsPerSeq);
     BENCH_CUDA(cudaMemcpy(seqStarts, hStarts.data(), hStarts.size() * sizeof(int32_t),
@@ -175,6 +201,7 @@ int main(int argc, char** argv) {
     p.maxContext = context;
     p.minNewRows = rowsPerSeq;
     p.dtype = DType::kBF16;
+    p.cacheDtype = cache;
     p.workspace = workspace;
     p.workspaceBytes = kWorkspace;
     auto call = [&] {
@@ -201,15 +228,17 @@ int main(int argc, char** argv) {
                                      static_cast<double>(rowsPerSeq) * (rowsPerSeq + 1) / 2.0);
     const double flops = keys * heads * 4.0 * kHd;
     // The cache's bytes: each sequence's keys and values once, every KV head.
-    const double bytes = static_cast<double>(seqs) * context * kvHeads * kHd * 2.0 * 2.0;
+    const double bytes =
+        static_cast<double>(seqs) * context * kvHeads * kHd * 2.0 * static_cast<double>(elemBytes);
     results.push_back({sh, us, flops / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / 1e9});
     BENCH_CUDA(cudaEventDestroy(start));
     BENCH_CUDA(cudaEventDestroy(stop));
     for (void* ptr : {q, out, k, v}) BENCH_CUDA(cudaFree(ptr));
     for (int32_t* ptr : {seqStarts, startPos, tables}) BENCH_CUDA(cudaFree(ptr));
   }
-  std::printf("%s attention, bf16, %lld heads over %lld KV heads of %lld, on %s\n",
-              decode ? "decode" : "prefill", static_cast<long long>(heads),
+  const std::string cacheName(textgen::kernels::kvCacheDTypeName(cache));
+  std::printf("%s attention, bf16, cache %s, %lld heads over %lld KV heads of %lld, on %s\n",
+              decode ? "decode" : "prefill", cacheName.c_str(), static_cast<long long>(heads),
               static_cast<long long>(kvHeads), static_cast<long long>(kHd), prop.name);
   std::printf("%8s %8s %12s %10s %10s\n", decode ? "seqs" : "rows", "cached", "us", "TFLOP/s",
               "cache GB/s");
@@ -220,7 +249,8 @@ int main(int argc, char** argv) {
   std::string json = std::string("{\"bench\":\"attention\",\"mode\":\"") +
                      (decode ? "decode" : "prefill") + "\",\"device\":\"" + std::string(prop.name) +
                      "\",\"heads\":" + std::to_string(heads) +
-                     ",\"kv_heads\":" + std::to_string(kvHeads) + ",\"results\":[";
+                     ",\"kv_heads\":" + std::to_string(kvHeads) + ",\"kv_cache_dtype\":\"" +
+                     cacheName + "\",\"results\":[";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     json += (i ? "," : "") + std::string("{\"rows\":") + std::to_string(r.shape.rows) +

@@ -6,8 +6,8 @@
 //    (row, head) to finish combines them ("flash-decoding", without a second kernel). Used for
 //    decode rows and whatever the tensor-core kernels do not cover.
 //  - mmaDecodeKernel: decode rows of 1 to 8 query heads of 128 a KV head (multi-head and grouped
-//    attention over a cache of T, no bias) on tensor cores, the group's heads the rows of the mma
-//    tiles; same splits, partials and merge as splitKernel.
+//    attention over a cache of T or fp8 codes, no bias) on tensor cores, the group's heads the rows
+//    of the mma tiles; same splits, partials and merge as splitKernel.
 //  - flashKernel: prefill tiles of 64 rows of one sequence and one head on tensor cores (WMMA):
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
 //    T5's encoder (no causal mask) and decoder prompts (causal) with the relative bias run here
@@ -517,22 +517,23 @@ __global__ void __launch_bounds__(kWarps * 32)
                                                                        numSplits, last);
 }
 
-// Decode rows on the tensor cores (groups of 1 to 8 query heads of 128 a KV head over a cache of T,
-// no bias): one block per (row, KV head, split), the group's heads the rows of m16n8k16 tiles (rows
-// past the group zero), as FlashInfer's decode for groups does. Each warp takes 16 keys
-// at a time, loaded straight into registers (no shared memory): lane (g, c) loads dimensions
-// [32c, 32c + 32) of keys g and g + 8 as four 16-byte vectors. The dot product does not depend on
-// the order of its terms, so Q's fragments take the same permutation of the dimensions: S = Q Kᵀ is
-// 8 mmas a half of 16 keys with no shuffle. P (rounded to T, as the prefill kernel's) is the A
-// fragment of P V as FlashAttention-2 reuses it; V's B fragments come from each lane's vectors of
-// chunks c + 4r (r < 4) of its keys, transposed by movmatrix, so lane (g, c) ends with dimensions
-// 8 (c + 4r) + [0, 8) of head g. The warps' results merge in shared memory, the splits as the split
-// kernel's (finishSplits). Same key ranges and partials as splitKernel, other arithmetic: the
-// 4-head tiles of the CUDA cores ran at about a third of copy bandwidth (H200, 32 over 8, 64 x 2048
-// keys: 389 µs, 1.38 TB/s), limited by their per-key shuffles and fp32 products. Multi-head
-// attention (a group of one, 15 of a tile's 16 rows idle: the products are not what bounds it) runs
-// here too: its 16-lane kernel read the cache at about 3.3 TB/s (H200, 32 over 32, 64 x 2048 keys:
-// 659 µs; here 486, 4.4 TB/s; one sequence of 2048 keys 23.5 -> 11.7 µs, of 128 5.5 -> 5.4).
+// Decode rows on the tensor cores (groups of 1 to 8 query heads of 128 a KV head over a cache of T
+// or of fp8 codes widened to T, no bias): one block per (row, KV head, split), the group's heads
+// the rows of m16n8k16 tiles (rows past the group zero), as FlashInfer's decode for groups does.
+// Each warp takes 16 keys at a time, loaded straight into registers (no shared memory): lane (g, c)
+// loads dimensions [32c, 32c + 32) of keys g and g + 8 as four 16-byte vectors. The dot product
+// does not depend on the order of its terms, so Q's fragments take the same permutation of the
+// dimensions: S = Q Kᵀ is 8 mmas a half of 16 keys with no shuffle. P (rounded to T, as the prefill
+// kernel's) is the A fragment of P V as FlashAttention-2 reuses it; V's B fragments come from each
+// lane's vectors of chunks c + 4r (r < 4) of its keys, transposed by movmatrix, so lane (g, c) ends
+// with dimensions 8 (c + 4r) + [0, 8) of head g. The warps' results merge in shared memory, the
+// splits as the split kernel's (finishSplits). Same key ranges and partials as splitKernel, other
+// arithmetic: the 4-head tiles of the CUDA cores ran at about a third of copy bandwidth (H200, 32
+// over 8, 64 x 2048 keys: 389 µs, 1.38 TB/s), limited by their per-key shuffles and fp32 products.
+// Multi-head attention (a group of one, 15 of a tile's 16 rows idle: the products are not what
+// bounds it) runs here too: its 16-lane kernel read the cache at about 3.3 TB/s (H200, 32 over 32,
+// 64 x 2048 keys: 659 µs; here 486, 4.4 TB/s; one sequence of 2048 keys 23.5 -> 11.7 µs, of 128 5.5
+// -> 5.4).
 constexpr int kMmaDecodeDim = 128, kMmaDecodeKeys = 16;
 
 // Each lane's next chunk is held in registers, requested a chunk ahead, and the cache offsets of
@@ -541,12 +542,37 @@ constexpr int kMmaDecodeDim = 128, kMmaDecodeKeys = 16;
 // registers, three blocks a multiprocessor with 2), was slower everywhere: H200, 32 over 8, µs,
 // registers / ring of 2 / ring of 3: 8 x 2048 27.4 / 38.6 / 36.3, 64 x 2048 130.7 / 226.1 /
 // 189.3, 256 x 2048 510.8 / 721.4 / 736.1.
-template <typename T>
+// Two fp8 codes (the low 16 bits of `bits`) as a pair of T, exactly (every e4m3fn and e5m2 value is
+// a float16 and a bfloat16 value).
+template <typename T, KvCacheDType kCache>
+__device__ __forceinline__ uint32_t widenFp8Pair(uint32_t bits) {
+  constexpr __nv_fp8_interpretation_t kFormat =
+      kCache == KvCacheDType::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bits & 0xFFFFu), kFormat);
+  if constexpr (std::is_same_v<T, __half>) {
+    uint32_t r;
+    memcpy(&r, &h, 4);
+    return r;
+  } else {
+    __half2 hh;
+    memcpy(&hh, &h, 4);
+    const float2 f = __half22float2(hh);
+    return cuda::pack2<T>(f.x, f.y);
+  }
+}
+
+template <typename T, KvCacheDType kCache>
 __global__ void __launch_bounds__(kWarps * 32)
     mmaDecodeKernel(PagedAttentionParams p, int numSplits, int tilesPerKv, int flashMinRows,
                     int minPartition, bool earlyKeys) {
   static_assert(sizeof(T) == 2);
   constexpr int kD = kMmaDecodeDim, kChunk = kMmaDecodeKeys, kMaxGroup = 8;
+  // An fp8 cache's codes stay as loaded (half the registers) until their chunk is multiplied, then
+  // widen to T exactly: kRaw 32-bit words hold a lane's 32 elements of a key or a value.
+  constexpr bool kFp8 = kCache != KvCacheDType::kAuto;
+  constexpr int kRaw = kFp8 ? 8 : 16;
+  using E = typename CacheOf<T, kCache>::Elem;
   cuda::allowDependents();
   const int kvHeads = static_cast<int>(p.numKvHeads);
   const int row = static_cast<int>(blockIdx.x) / kvHeads,
@@ -569,34 +595,61 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int end = ks.end;
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * kD;
-  const T* kBase = static_cast<const T*>(p.kCache) + kvh * kD;
-  const T* vBase = static_cast<const T*>(p.vCache) + kvh * kD;
+  const E* kBase = static_cast<const E*>(p.kCache) + kvh * kD;
+  const E* vBase = static_cast<const E*>(p.vCache) + kvh * kD;
   // Lane (g, c)'s vectors of key j at cache offset off (zeros past the end: a weight of 0 must
   // meet finite values).
-  const auto load = [&](int j, int64_t off, uint32_t(&kw)[16], uint32_t(&vw)[16]) {
-    uint4 kv[4], vv[4];
-    if (j < end) {
-      const uint4* kp = reinterpret_cast<const uint4*>(kBase + off + 32 * c);
-      const T* vp = vBase + off + 8 * c;
+  const auto load = [&](int j, int64_t off, uint32_t(&kw)[kRaw], uint32_t(&vw)[kRaw]) {
+    if constexpr (kFp8) {
+      // Key dimensions [32c, 32c + 32) as two 16-byte vectors; value dimensions 8 (c + 4i) + [0,
+      // 8) as four 8-byte ones.
+      uint4 kv[2] = {};
+      uint2 vv[4] = {};
+      if (j < end) {
+        const uint4* kp = reinterpret_cast<const uint4*>(kBase + off + 32 * c);
+        const E* vp = vBase + off + 8 * c;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) kv[i] = kp[i];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) vv[i] = *reinterpret_cast<const uint2*>(vp + 32 * i);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        kw[4 * i] = kv[i].x;
+        kw[4 * i + 1] = kv[i].y;
+        kw[4 * i + 2] = kv[i].z;
+        kw[4 * i + 3] = kv[i].w;
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        kv[i] = kp[i];
-        vv[i] = *reinterpret_cast<const uint4*>(vp + 32 * i);
+        vw[2 * i] = vv[i].x;
+        vw[2 * i + 1] = vv[i].y;
       }
     } else {
+      uint4 kv[4], vv[4];
+      if (j < end) {
+        const uint4* kp = reinterpret_cast<const uint4*>(kBase + off + 32 * c);
+        const E* vp = vBase + off + 8 * c;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) kv[i] = vv[i] = make_uint4(0, 0, 0, 0);
-    }
+        for (int i = 0; i < 4; ++i) {
+          kv[i] = kp[i];
+          vv[i] = *reinterpret_cast<const uint4*>(vp + 32 * i);
+        }
+      } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      kw[4 * i] = kv[i].x;
-      kw[4 * i + 1] = kv[i].y;
-      kw[4 * i + 2] = kv[i].z;
-      kw[4 * i + 3] = kv[i].w;
-      vw[4 * i] = vv[i].x;
-      vw[4 * i + 1] = vv[i].y;
-      vw[4 * i + 2] = vv[i].z;
-      vw[4 * i + 3] = vv[i].w;
+        for (int i = 0; i < 4; ++i) kv[i] = vv[i] = make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        kw[4 * i] = kv[i].x;
+        kw[4 * i + 1] = kv[i].y;
+        kw[4 * i + 2] = kv[i].z;
+        kw[4 * i + 3] = kv[i].w;
+        vw[4 * i] = vv[i].x;
+        vw[4 * i + 1] = vv[i].y;
+        vw[4 * i + 2] = vv[i].z;
+        vw[4 * i + 3] = vv[i].w;
+      }
     }
   };
   // Cache offsets of a chunk's keys g and g + 8, looked up a chunk before their loads are issued,
@@ -615,7 +668,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // (self-attention, before the sequence's first new position), is requested before the
   // dependency wait, its latency overlapping the kernel before this one (as the split kernel's
   // early keys: the step's metadata is copied before its first kernel).
-  uint32_t kNext[2][16], vNext[2][16];
+  uint32_t kNext[2][kRaw], vNext[2][kRaw];
   int64_t offNext[2];
   const int written = p.causal && !p.contextLens ? p.startPos[s] : 0;
   const auto first = [&] {
@@ -650,13 +703,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   float o[16][4] = {};
   float m = -INFINITY, l = 0.0f;  // head g's; l this lane's share of the sum
   for (int j0 = jFirst; j0 < end; j0 += kStride) {
+    // Pair i of a lane's 32 elements: word i, or an fp8 cache's codes 2i, 2i + 1 widened.
     uint32_t kw[2][16], vw[2][16];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        kw[h][i] = kNext[h][i];
-        vw[h][i] = vNext[h][i];
+        if constexpr (kFp8) {
+          kw[h][i] = widenFp8Pair<T, kCache>(kNext[h][i / 2] >> (16 * (i % 2)));
+          vw[h][i] = widenFp8Pair<T, kCache>(vNext[h][i / 2] >> (16 * (i % 2)));
+        } else {
+          kw[h][i] = kNext[h][i];
+          vw[h][i] = vNext[h][i];
+        }
       }
     if (j0 + kStride < end) {
       load(j0 + kStride + g, offNext[0], kNext[0], vNext[0]);
@@ -988,13 +1047,13 @@ int64_t mmaDecodeMinBlocks() {
 
 // The tensor-core decode kernel: one block a (row, KV head); the keys split while the blocks of
 // the call's sequences fill fewer than mmaDecodeWaves() waves of what the device holds at once.
-template <typename T>
+template <typename T, KvCacheDType kCache>
 Status launchMmaDecode(const PagedAttentionParams& p, cudaStream_t stream, int flashMinRows,
                        int64_t seqs) {
   static const int64_t resident = [] {
     int perSm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, mmaDecodeKernel<T>, kWarps * 32, 0) !=
-        cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, mmaDecodeKernel<T, kCache>,
+                                                      kWarps * 32, 0) != cudaSuccess) {
       (void)cudaGetLastError();  // not left for an unrelated check to find
       perSm = 1;
     }
@@ -1008,8 +1067,8 @@ Status launchMmaDecode(const PagedAttentionParams& p, cudaStream_t stream, int f
   const int64_t rowBlocks = p.rows * p.numKvHeads;
   if (rowBlocks > INT32_MAX) return invalidArgumentError("paged_attention: too many rows x heads");
   const dim3 grid(static_cast<unsigned>(rowBlocks), static_cast<unsigned>(splits));
-  return cuda::launch("paged_attention (mma decode)", mmaDecodeKernel<T>, grid, kWarps * 32, 0,
-                      stream, p, static_cast<int>(splits), 1, flashMinRows,
+  return cuda::launch("paged_attention (mma decode)", mmaDecodeKernel<T, kCache>, grid, kWarps * 32,
+                      0, stream, p, static_cast<int>(splits), 1, flashMinRows,
                       std::max(minPartition(), kWarps * kMmaDecodeKeys), earlyKeysOn());
 }
 
@@ -1037,18 +1096,18 @@ Status launchSplit(const PagedAttentionParams& p, cudaStream_t stream, int flash
   };
   const size_t vecBytes = 8 * sizeof(typename CacheOf<T, kCache>::Elem);
   const bool vec = alignedTo(p.kCache, vecBytes) && alignedTo(p.vCache, vecBytes);
-  // Groups of 1 to 8 heads of 128, a cache of T, no bias, at least 8 KV heads' blocks before any
-  // split: the tensor-core decode kernel. Fewer (a KV head or two of one sequence: batch-1 decode
-  // of a TP=8 shard) split the keys too finely for its 16 keys a warp (H200, 8 over 1, one
-  // sequence of 2048 keys: 21.2 µs against 10.6 on the CUDA cores). The kernel, not only the
+  // Groups of 1 to 8 heads of 128, a cache of T or fp8 codes, no bias, at least 8 KV heads' blocks
+  // before any split: the tensor-core decode kernel. Fewer (a KV head or two of one sequence:
+  // batch-1 decode of a TP=8 shard) split the keys too finely for its 16 keys a warp (H200, 8 over
+  // 1, one sequence of 2048 keys: 21.2 µs against 10.6 on the CUDA cores). The kernel, not only the
   // splits, then depends on the sequence count: a graph padded past 8 blocks and an eager call of
   // fewer sequences compute with other arithmetic (their low bits differ), as the heads per block
   // above already could.
-  if constexpr (sizeof(T) == 2 && kCache == KvCacheDType::kAuto) {
-    if (vec && p.headDim == 128 && group >= 1 && group <= 8 &&
-        seqs * p.numKvHeads >= mmaDecodeMinBlocks() && !p.alibiSlopes && !p.relativeBias &&
-        mmaDecodeOn() && alignedTo(p.q, 16) && p.qRowStride % 8 == 0)
-      return launchMmaDecode<T>(p, stream, flashMinRows, seqs);
+  if constexpr (sizeof(T) == 2) {
+    if (vec && alignedTo(p.kCache, 16) && alignedTo(p.vCache, 16) && p.headDim == 128 &&
+        group >= 1 && group <= 8 && seqs * p.numKvHeads >= mmaDecodeMinBlocks() && !p.alibiSlopes &&
+        !p.relativeBias && mmaDecodeOn() && alignedTo(p.q, 16) && p.qRowStride % 8 == 0)
+      return launchMmaDecode<T, kCache>(p, stream, flashMinRows, seqs);
   }
   const bool fourHeads =
       vec && !p.alibiSlopes && !p.relativeBias && gqa4On() && kFourHeads<T, kCache, Bias::kNone>;

@@ -1384,7 +1384,8 @@ TEST_F(OpsCudaTest, PagedAttentionFalconAlibi) {
 }
 
 // An fp8 cache: codes widened to float in the split-K kernel, to the 16-bit dtype (exactly) for the
-// tensor-core prefill; the reference reads the same codes, so the usual tolerances hold.
+// tensor-core prefill and decode kernels; the reference reads the same codes, so the usual
+// tolerances hold.
 TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
   for (KvCacheDType kv : kFp8Caches) {
     for (DType dt : kDtypes) {
@@ -1399,8 +1400,16 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       runAttention({dt, 48, 32, 32, 128, 16, 0, 200, 1, false, 0.0f, kv}, rng_);  // heads of 128
       runAttention({dt, 8, 32, 32, 128, 16, 0, 900, 1, false, 0.0f, kv}, rng_);   // 2-16 seqs
       runAttention({dt, 64, 32, 8, 128, 16, 0, 400, 1, false, 0.0f, kv}, rng_);   // GQA, 64 seqs
-      runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);      // ALiBi
-      runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);        // Falcon's
+      // The tensor-core decode kernel (heads of 128 in groups of 1 to 8, at least 8 sequences x
+      // KV heads; the four cases of heads of 128 above but MQA's 3 x 1): a sliding window with
+      // splits, cache blocks of 7, a decode graph's context; q rows not 16-byte aligned keep the
+      // CUDA cores.
+      runAttention({dt, 16, 32, 8, 128, 16, 100, 900, 1, false, 0.0f, kv}, rng_);
+      runAttention({dt, 6, 32, 8, 128, 7, 0, 500, 1, false, 0.0f, kv}, rng_);
+      runAttention({dt, 8, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, kv, 4096}, rng_);
+      runAttention({dt, 64, 32, 8, 128, 16, 0, 300, 1, false, 0.0f, kv, 0, 1}, rng_);
+      runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);  // ALiBi
+      runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);    // Falcon's
     }
   }
 }
