@@ -521,7 +521,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // or of fp8 codes widened to T, no bias): one block per (row, KV head, split), the group's heads
 // the rows of m16n8k16 tiles (rows past the group zero), as FlashInfer's decode for groups does.
 // Each warp takes 16 keys at a time, loaded straight into registers (no shared memory): lane (g, c)
-// loads dimensions [32c, 32c + 32) of keys g and g + 8 as four 16-byte vectors. The dot product
+// loads dimensions [32c, 32c + 32) of keys g and g + 8 (four 16-byte vectors of T, two of fp8
+// codes). The dot product
 // does not depend on the order of its terms, so Q's fragments take the same permutation of the
 // dimensions: S = Q Kᵀ is 8 mmas a half of 16 keys with no shuffle. P (rounded to T, as the prefill
 // kernel's) is the A fragment of P V as FlashAttention-2 reuses it; V's B fragments come from each
@@ -837,9 +838,10 @@ int multiprocessorCount() {
 //   (64 x 2048 389 -> 439). The 8-head tiles of 32 lanes, half idle, were slower for groups of 4
 //   than one head a block (64 x 512: 157 -> 196). TEXTGEN_ATTN_GQA4=0 keeps one head a block (for
 //   comparison).
-// Groups of 1 to 8 over a cache of T take the tensor-core decode kernel (mmaDecodeKernel) instead,
-// where it applies; these tiles and the 16-lane kernel remain for the rest (ALiBi, fp8 caches, q
-// rows not 16-byte aligned) and its comparison (TEXTGEN_ATTN_MMA_DECODE=0). Measured with
+// Groups of 1 to 8 over a cache of T or fp8 codes take the tensor-core decode kernel
+// (mmaDecodeKernel) instead, where it applies; these tiles and the 16-lane kernel remain for the
+// rest (ALiBi, T5's bias, q rows not 16-byte aligned, fewer than 8 sequences x KV heads) and its
+// comparison (TEXTGEN_ATTN_MMA_DECODE=0). Measured with
 // it off and not enabled: 4-head tiles for groups of 8 and up instead of the 8-head ones (64 over
 // 8: 32 x 2048 516 -> 374 µs, 64 x 2048 856 -> 682), and from an eighth of the target on (32 over
 // 8: 8 x 2048 85 -> 77, 32 x 2048 326 -> 208; but 1 and 2 sequences 21.1 -> 22.1 and 27.5 ->
@@ -1013,7 +1015,8 @@ int64_t splitsTheWorkspaceHolds(const PagedAttentionParams& p, int64_t splits) {
   return std::clamp<int64_t>(splits, 1, 65535);
 }
 
-// TEXTGEN_ATTN_MMA_DECODE=0: grouped heads keep the CUDA-core kernels (for comparison).
+// TEXTGEN_ATTN_MMA_DECODE=0: multi-head and grouped heads of 128 keep the CUDA-core kernels (for
+// comparison).
 bool mmaDecodeOn() {
   static const bool on = [] {
     const char* v = std::getenv("TEXTGEN_ATTN_MMA_DECODE");

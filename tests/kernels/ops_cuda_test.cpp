@@ -1153,7 +1153,12 @@ TEST_F(OpsCudaTest, PagedAttentionDecodeSplitK) {
                  rng_);
     // Two to 16 sequences of heads of 128 (under half the target's blocks) split on the 16-lane
     // pipelined kernel into about twice the target's blocks, one sequence on the split kernel of
-    // few rows (above); with q 16-byte aligned, as here, the tensor-core kernel's splits.
+    // few rows; with q 16-byte aligned, as here and in the first case above, the tensor-core
+    // kernel's splits. The first case with q rows not 16-byte aligned keeps the split kernel of
+    // few rows under test (with heads of 128, batch-1 decode where the tensor-core kernel does not
+    // take it: fewer than 8 KV heads, as TP shards have).
+    runAttention({dt, 1, 32, 32, 128, 16, 0, 3000, 1, false, 0.0f, KvCacheDType::kAuto, 0, 1},
+                 rng_);
     runAttention({dt, 2, 32, 32, 128, 16, 0, 3000, 1}, rng_);
     runAttention({dt, 16, 32, 32, 128, 16, 0, 600, 1}, rng_);
     runAttention({dt, 12, 32, 32, 128, 16, 100, 600, 1}, rng_);  // sliding window
@@ -1403,11 +1408,13 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CacheDecodeSplitK) {
       // The tensor-core decode kernel (heads of 128 in groups of 1 to 8, at least 8 sequences x
       // KV heads; the four cases of heads of 128 above but MQA's 3 x 1): a sliding window with
       // splits, cache blocks of 7, a decode graph's context; q rows not 16-byte aligned keep the
-      // CUDA cores.
+      // CUDA cores (64 sequences of 4-head tiles, and one sequence on the split kernel of few rows,
+      // which the first case above took before).
       runAttention({dt, 16, 32, 8, 128, 16, 100, 900, 1, false, 0.0f, kv}, rng_);
       runAttention({dt, 6, 32, 8, 128, 7, 0, 500, 1, false, 0.0f, kv}, rng_);
       runAttention({dt, 8, 32, 32, 128, 16, 0, 300, 1, false, 0.0f, kv, 4096}, rng_);
       runAttention({dt, 64, 32, 8, 128, 16, 0, 300, 1, false, 0.0f, kv, 0, 1}, rng_);
+      runAttention({dt, 1, 32, 32, 128, 16, 0, 3000, 1, false, 0.0f, kv, 0, 1}, rng_);
       runAttention({dt, 5, 8, 2, 64, 16, 0, 1000, 1, true, 0.0f, kv}, rng_);  // ALiBi
       runAttention({dt, 3, 4, 1, 64, 4, 0, 300, 1, true, 8.0f, kv}, rng_);    // Falcon's
     }
