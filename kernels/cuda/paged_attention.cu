@@ -1526,15 +1526,19 @@ __global__ void __launch_bounds__(kWarps * 32)
 // and fp16's resolution unless scaled logits reach thousands. Without kFold only the order of
 // some float sums differs from flashKernel. Blocks take their sequence's tiles from the last (a
 // causal prompt's heaviest: the most keys) to the first.
-template <typename T, int kD>
+template <typename T, KvCacheDType kCache, int kD>
 struct MmaFlashSmem {
   // Row pitch (elements) of Q, K and V: 16 bytes past a multiple of 128, so that the eight rows an
   // ldmatrix reads fall in distinct bank groups.
   static constexpr int kPitch = kD + 8;
   static constexpr int kTileElems = kTileKeys * kPitch;  // one K or V tile
+  // An fp8 cache's tiles land as codes (two stages of K and V, kD bytes a key) and are widened
+  // into one stage of T before their products; a 16-bit cache's land in two stages of T.
+  static constexpr bool kFp8 = kCache != KvCacheDType::kAuto;
   static constexpr size_t kQ = 0;
   static constexpr size_t kKv = kQ + sizeof(T) * kTileRows * kPitch;  // [stage][K, V]
-  static constexpr size_t kStats = kKv + sizeof(T) * 4 * kTileElems;  // m, l per row
+  static constexpr size_t kRaw = kKv + sizeof(T) * (kFp8 ? 2 : 4) * kTileElems;
+  static constexpr size_t kStats = kRaw + (kFp8 ? 4 * kTileKeys * kD : 0);  // m, l per row
   static constexpr size_t kBytes = kStats + sizeof(float) * 2 * kTileRows;
   // After the last tile the stages hold O (float rows kOPitch apart), then the merge's weights.
   static constexpr int kOPitch = kD + 4;
@@ -1542,6 +1546,7 @@ struct MmaFlashSmem {
   static constexpr size_t kW = kO + sizeof(float) * kTileRows * kOPitch;
   static_assert(kW + sizeof(float) * 2 * kMaxFlashSplits * kTileRows <= kStats,
                 "the merge's scratch for kMaxFlashSplits splits");
+  static_assert(kRaw % 16 == 0 && kStats % 16 == 0);
 };
 
 // 2^x (PTX ex2.approx, as __expf computes e^x = 2^(x log2 e)).
@@ -1551,16 +1556,21 @@ __device__ __forceinline__ float exp2Approx(float x) {
   return y;
 }
 
-template <typename T, int kD, bool kFold>
+template <typename T, KvCacheDType kCache, int kD, bool kFold>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     mmaFlashKernel(PagedAttentionParams p, int tilesPerSeq, int numSplits, int minRows,
                    FastDivisor blockDiv) {
-  using L = MmaFlashSmem<T, kD>;
+  using L = MmaFlashSmem<T, kCache, kD>;
+  using E = typename CacheOf<T, kCache>::Elem;
   static_assert(kWarps * 16 == kTileRows && kTileKeys == 64 && kD % 16 == 0);
-  constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+  constexpr bool kFp8 = L::kFp8;
+  constexpr int kQChunks = kD / 8;              // 16-byte chunks of a row of Q
+  constexpr int kChunks = kD * sizeof(E) / 16;  // and of a key or value in the cache
+  constexpr int kChunkElems = 16 / sizeof(E);
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);
   T* sKv = reinterpret_cast<T*>(smem + L::kKv);
+  E* sRaw = reinterpret_cast<E*>(smem + L::kRaw);  // an fp8 cache's codes, [stage][K, V][key][kD]
   float* sM = reinterpret_cast<float*>(smem + L::kStats);
   float* sL = sM + kTileRows;
   cuda::waitForPrimary();
@@ -1581,12 +1591,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int kvh = head / static_cast<int>(p.numHeads / p.numKvHeads);
   const int32_t* blocks = p.blockTables + s * p.maxBlocksPerSeq;
   const int64_t kvWidth = p.numKvHeads * kD;
-  const T* kCache = static_cast<const T*>(p.kCache) + kvh * kD;
-  const T* vCache = static_cast<const T*>(p.vCache) + kvh * kD;
+  const E* kBase = static_cast<const E*>(p.kCache) + kvh * kD;
+  const E* vBase = static_cast<const E*>(p.vCache) + kvh * kD;
 
   // Q (rows past the sequence zero), then the first K/V tile: two groups of copies.
-  for (int i = threadIdx.x; i < kTileRows * kChunks; i += blockDim.x) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int i = threadIdx.x; i < kTileRows * kQChunks; i += blockDim.x) {
+    const int r = i / kQChunks, c = i % kQChunks;
     const T* src = static_cast<const T*>(p.q) + (rowBegin + min(r, numRows - 1)) * p.qRowStride +
                    head * kD + c * 8;
     cuda::cpAsync16(sQ + r * L::kPitch + c * 8, src, r < numRows);
@@ -1614,8 +1624,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   };
   // Keys outside [kvBegin, keyLast] (no row of the tile sees them) are zeros.
   const auto loadKv = [&](int kvStart, int stage) {
-    T* sK = sKv + stage * 2 * L::kTileElems;
-    T* sV = sK + L::kTileElems;
+    // Destination rows: T rows kPitch apart in a stage, or an fp8 stage's rows of kD codes.
+    E* sK = kFp8 ? sRaw + stage * 2 * kTileKeys * kD
+                 : reinterpret_cast<E*>(sKv + stage * 2 * L::kTileElems);
+    E* sV = sK + (kFp8 ? kTileKeys * kD : L::kTileElems);
+    constexpr int kRowPitch = kFp8 ? kD : L::kPitch;
 #pragma unroll
     for (int it = 0; it < kPasses; ++it) {
       const int c = myKey + it * kKeyStep, j = kvStart + c;
@@ -1623,9 +1636,36 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       const int inBlock =
           j - static_cast<int>(fastDivide(static_cast<uint32_t>(j), blockDiv)) * blockSize;
       const int64_t at =
-          (ok ? static_cast<int64_t>(pages[it]) * blockSize + inBlock : 0) * kvWidth + myChunk * 8;
-      cuda::cpAsync16(sK + c * L::kPitch + myChunk * 8, kCache + at, ok);
-      cuda::cpAsync16(sV + c * L::kPitch + myChunk * 8, vCache + at, ok);
+          (ok ? static_cast<int64_t>(pages[it]) * blockSize + inBlock : 0) * kvWidth +
+          myChunk * kChunkElems;
+      cuda::cpAsync16(sK + c * kRowPitch + myChunk * kChunkElems, kBase + at, ok);
+      cuda::cpAsync16(sV + c * kRowPitch + myChunk * kChunkElems, vBase + at, ok);
+    }
+  };
+  // An fp8 stage's codes widened (exactly) into the T stage the products read: each 16 codes of
+  // K or V become two 16-byte rows' worth of T. Zero codes (keys no row sees) stay zeros.
+  const auto widenStage = [&](int stage) {
+    if constexpr (kFp8) {
+      const E* raw = sRaw + stage * 2 * kTileKeys * kD;
+      for (int i = threadIdx.x; i < 2 * kTileKeys * kChunks; i += kThreads) {
+        const int kv = i / (kTileKeys * kChunks), c = i / kChunks % kTileKeys, ch = i % kChunks;
+        const uint4 codes =
+            *reinterpret_cast<const uint4*>(raw + (kv * kTileKeys + c) * kD + ch * 16);
+        uint4 lo, hi;
+        lo.x = widenFp8Pair<T, kCache>(codes.x);
+        lo.y = widenFp8Pair<T, kCache>(codes.x >> 16);
+        lo.z = widenFp8Pair<T, kCache>(codes.y);
+        lo.w = widenFp8Pair<T, kCache>(codes.y >> 16);
+        hi.x = widenFp8Pair<T, kCache>(codes.z);
+        hi.y = widenFp8Pair<T, kCache>(codes.z >> 16);
+        hi.z = widenFp8Pair<T, kCache>(codes.w);
+        hi.w = widenFp8Pair<T, kCache>(codes.w >> 16);
+        uint4* dst = reinterpret_cast<uint4*>(sKv + kv * L::kTileElems + c * L::kPitch + ch * 16);
+        dst[0] = lo;
+        dst[1] = hi;
+      }
+    } else {
+      (void)stage;
     }
   };
   // This block's run of key tiles: an even share of the tile's own range.
@@ -1669,7 +1709,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     if (kt + 2 < myEnd) fetchPages(kvStart + 2 * kTileKeys);
     cuda::cpAsyncWait<1>();
     __syncthreads();
-    const T* sK = sKv + stage * 2 * L::kTileElems;
+    if constexpr (kFp8) {
+      widenStage(stage);
+      __syncthreads();
+    }
+    const T* sK = sKv + (kFp8 ? 0 : stage * 2 * L::kTileElems);
     const T* sV = sK + L::kTileElems;
 
     // S = Q·Kᵀ: n8 blocks of keys, two a 16-key ldmatrix.
@@ -1881,6 +1925,15 @@ bool mmaFlashOn() {
   return on;
 }
 
+// TEXTGEN_FLASH_MMA_FP8=0: prompts over an fp8 cache on flashKernel (WMMA), for comparison.
+bool mmaFlashFp8On() {
+  static const bool on = [] {
+    const char* v = std::getenv("TEXTGEN_FLASH_MMA_FP8");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 template <typename T, KvCacheDType kCache, int kD, Bias kBias>
 Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minRows) {
   using L = FlashSmem<T, kD>;
@@ -1904,14 +1957,17 @@ Status launchFlashD(const PagedAttentionParams& p, cudaStream_t stream, int minR
   const int64_t splits = flashSplits(p, p.numSeqs * tilesPerSeq * p.numHeads, kD);
   const dim3 grid(static_cast<unsigned>(p.numSeqs * tilesPerSeq), static_cast<unsigned>(p.numHeads),
                   static_cast<unsigned>(splits));
-  if constexpr (kCache == KvCacheDType::kAuto && kBias == Bias::kNone) {
-    if (mmaFlashOn()) {
-      using M = MmaFlashSmem<T, kD>;
+  // fp8 caches too: their tiles are widened in shared memory (TEXTGEN_FLASH_MMA_FP8=0 keeps them
+  // on flashKernel, for comparison).
+  if constexpr (kBias == Bias::kNone) {
+    if (mmaFlashOn() && (kCache == KvCacheDType::kAuto || mmaFlashFp8On())) {
+      using M = MmaFlashSmem<T, kCache, kD>;
       static std::atomic<uint64_t> mmaOptedIn{0};
-      const auto kernel = p.scale > 0.0f && flashFoldOn() ? mmaFlashKernel<T, kD, true>
-                                                          : mmaFlashKernel<T, kD, false>;
+      const auto kernel = p.scale > 0.0f && flashFoldOn() ? mmaFlashKernel<T, kCache, kD, true>
+                                                          : mmaFlashKernel<T, kCache, kD, false>;
       if (!(mmaOptedIn.load(std::memory_order_acquire) & bit)) {
-        for (const auto k : {mmaFlashKernel<T, kD, true>, mmaFlashKernel<T, kD, false>}) {
+        for (const auto k :
+             {mmaFlashKernel<T, kCache, kD, true>, mmaFlashKernel<T, kCache, kD, false>}) {
           const cudaError_t attr = cudaFuncSetAttribute(
               k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(M::kBytes));
           if (attr != cudaSuccess) {

@@ -1433,6 +1433,14 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CachePrefillAndChunks) {
       runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 0.0f, kv}, rng_);  // ALiBi
       runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, true, 11.3137085f, kv}, rng_);  // Falcon's
       runAttention({dt, 1, 32, 8, 128, 16, 0, 2500, 64, false, 0.0f, kv}, rng_);     // split keys
+      // The tensor-core prompt kernel widens fp8 tiles in shared memory: heads of 64 with a
+      // window inside the prompt, cache blocks of 7, multi-head split keys (heads of 128 and 64),
+      // and a chunk beside one-to-few-row sequences.
+      runAttention({dt, 2, 8, 4, 64, 16, 64, 0, 400, false, 0.0f, kv}, rng_);
+      runAttention({dt, 2, 8, 4, 128, 7, 0, 300, 90, false, 0.0f, kv}, rng_);
+      runAttention({dt, 1, 16, 16, 128, 16, 0, 2000, 64, false, 0.0f, kv}, rng_);
+      runAttention({dt, 1, 8, 2, 64, 16, 0, 2000, 48, false, 0.0f, kv}, rng_);
+      runAttention({dt, 12, 8, 2, 128, 16, 0, 300, 70, false, 0.0f, kv}, rng_);
     }
   }
 }
