@@ -12,9 +12,9 @@
 //    S = Q·Kᵀ and O += P·V per 64-key tile of the paged cache, online softmax in shared memory.
 //    T5's encoder (no causal mask) and decoder prompts (causal) with the relative bias run here
 //    too: each key tile's 127 relative positions take their bias from a table built per tile.
-//  - mmaFlashKernel: the same tiles, splits and partials for the common case (a cache of T, no
-//    bias) in flash-attention-2's form: mma.sync with everything of a warp's 16 rows in registers,
-//    K/V tiles in two cp.async stages.
+//  - mmaFlashKernel: the same tiles, splits and partials for the common case (a cache of T or of
+//    fp8 codes, no bias) in flash-attention-2's form: mma.sync with everything of a warp's 16 rows
+//    in registers, K/V tiles in two cp.async stages (fp8 codes widened into one stage of T).
 // Both are templated on the bias (Bias: none, ALiBi's or T5's relative bias): it joins the scores
 // only in the instantiations launched with one, so the kernels without it are the same code as
 // before. Cross-attention (contextLens) takes the decode kernels alone (its rows are decode rows);
@@ -1513,19 +1513,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   flashFinish<T, kD>(p, sO, L::kOp, sM, sL, sS, rowBegin, numRows, head, numSplits);
 }
 
-// The tensor-core kernel of the common case (a cache of T, no bias) in flash-attention-2's form:
-// each warp keeps its 16 query rows' Q fragments, scores, probabilities and output accumulators
-// in registers (mma.sync m16n8k16; the scores' accumulator fragments are the probabilities' A
-// fragments once rounded to T), and the block's K and V tiles come in two shared-memory stages by
-// cp.async, the next tile's loads in flight while this one is multiplied. The tiling, the splits
-// and their partials are flashKernel's, and so is P rounded to T for P·V (the sums of its
-// unrounded terms). kFold (a positive scale, the default) computes each probability as one fma
-// and one exp2 against the raw maximum, so its exponents differ from flashKernel's by an ulp or
-// two, and the row maximum it writes for the merge (m · scale) can differ from the one its sums
-// are relative to (m · (scale log2 e), rounded) by a few roundings of |m · scale|: below bf16's
-// and fp16's resolution unless scaled logits reach thousands. Without kFold only the order of
-// some float sums differs from flashKernel. Blocks take their sequence's tiles from the last (a
-// causal prompt's heaviest: the most keys) to the first.
+// The tensor-core kernel of the common case (a cache of T or fp8 codes, no bias) in
+// flash-attention-2's form: each warp keeps its 16 query rows' Q fragments, scores, probabilities
+// and output accumulators in registers (mma.sync m16n8k16; the scores' accumulator fragments are
+// the probabilities' A fragments once rounded to T), and the block's K and V tiles come in two
+// shared-memory stages by cp.async, the next tile's loads in flight while this one is multiplied.
+// The tiling, the splits and their partials are flashKernel's, and so is P rounded to T for P·V
+// (the sums of its unrounded terms). kFold (a positive scale, the default) computes each
+// probability as one fma and one exp2 against the raw maximum, so its exponents differ from
+// flashKernel's by an ulp or two, and the row maximum it writes for the merge (m · scale) can
+// differ from the one its sums are relative to (m · (scale log2 e), rounded) by a few roundings of
+// |m · scale|: below bf16's and fp16's resolution unless scaled logits reach thousands. Without
+// kFold only the order of some float sums differs from flashKernel. Blocks take their sequence's
+// tiles from the last (a causal prompt's heaviest: the most keys) to the first.
 template <typename T, KvCacheDType kCache, int kD>
 struct MmaFlashSmem {
   // Row pitch (elements) of Q, K and V: 16 bytes past a multiple of 128, so that the eight rows an
