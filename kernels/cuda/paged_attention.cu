@@ -1917,9 +1917,12 @@ int64_t flashSplits(const PagedAttentionParams& p, int64_t units, int64_t headDi
   return std::clamp<int64_t>(splits, 1, kMaxFlashSplits);
 }
 
+int foldForTesting = -1, mmaFp8ForTesting = -1;  // setFlashVariantsForTesting
+
 // TEXTGEN_FLASH_FOLD=0: the tensor-core kernel scales scores before the maxima (as flashKernel
 // does), for comparison.
 bool flashFoldOn() {
+  if (foldForTesting >= 0) return foldForTesting != 0;
   static const bool on = [] {
     const char* v = std::getenv("TEXTGEN_FLASH_FOLD");
     return !(v && std::string_view(v) == "0");
@@ -1938,6 +1941,7 @@ bool mmaFlashOn() {
 
 // TEXTGEN_FLASH_MMA_FP8=0: prompts over an fp8 cache on flashKernel (WMMA), for comparison.
 bool mmaFlashFp8On() {
+  if (mmaFp8ForTesting >= 0) return mmaFp8ForTesting != 0;
   static const bool on = [] {
     const char* v = std::getenv("TEXTGEN_FLASH_MMA_FP8");
     return !(v && std::string_view(v) == "0");
@@ -2037,6 +2041,11 @@ Status launch(const PagedAttentionParams& p, cudaStream_t stream, bool flash) {
 }
 
 }  // namespace
+
+void setFlashVariantsForTesting(int fold, int mmaFp8) {
+  foldForTesting = fold;
+  mmaFp8ForTesting = mmaFp8;
+}
 
 Status invokePagedAttention(const PagedAttentionParams& p, Stream stream) {
   TG_RETURN_IF_ERROR(validatePagedAttention(p));

@@ -1019,7 +1019,8 @@ struct AttentionCase {
   // > 0: maxContext as a decode graph passes it (the model's whole context, past every row's), and
   // the output must equal, bit for bit, the same call with the batch's own longest context.
   int64_t graphContext = 0;
-  int64_t qPad = 0;  // elements past a fused qkv row (q's rows that much further apart)
+  int64_t qPad = 0;    // elements past a fused qkv row (q's rows that much further apart)
+  bool causal = true;  // false: every row sees its sequence's whole context (no window, no ALiBi)
 };
 
 std::string describe(const AttentionCase& c) {
@@ -1029,7 +1030,7 @@ std::string describe(const AttentionCase& c) {
          " window=" + std::to_string(c.window) + " maxStart=" + std::to_string(c.maxStart) +
          " maxRows=" + std::to_string(c.maxRows) + (c.alibi ? " alibi" : "") +
          (c.alibiBf16Divisor > 0 ? " falcon" : "") + (c.qPad > 0 ? " qPad" : "") +
-         " cache=" + std::string(kvCacheDTypeName(c.cache));
+         (c.causal ? "" : " non-causal") + " cache=" + std::string(kvCacheDTypeName(c.cache));
 }
 
 void runAttention(const AttentionCase& c, std::mt19937& rng) {
@@ -1092,6 +1093,7 @@ void runAttention(const AttentionCase& c, std::mt19937& rng) {
                          .scale = 1.0f / std::sqrt(static_cast<float>(c.headDim)),
                          .alibiSlopes = c.alibi ? slopes.data() : nullptr,
                          .alibiBf16Divisor = c.alibiBf16Divisor,
+                         .causal = c.causal,
                          .maxNewRows = maxNewRows,
                          .maxContext = maxContext,
                          // Mixed batches (prompts beside shorter sequences) split between the
@@ -1443,6 +1445,41 @@ TEST_F(OpsCudaTest, PagedAttentionFp8CachePrefillAndChunks) {
       runAttention({dt, 12, 8, 2, 128, 16, 0, 300, 70, false, 0.0f, kv}, rng_);
     }
   }
+}
+
+// The prompt kernels' variants a shard takes only where the environment says so
+// (TEXTGEN_FLASH_FOLD=0: scores scaled before their maxima; TEXTGEN_FLASH_MMA_FP8=0: fp8 caches on
+// the WMMA kernel), and non-causal prompts without a bias (T5's encoder has its relative bias),
+// over 16-bit and fp8 caches: prompts, cached prefixes, split keys, heads of 64 and a block size
+// of 7.
+TEST_F(OpsCudaTest, PagedAttentionPrefillVariants) {
+  struct Variant {
+    int fold, mmaFp8;
+    const char* name;
+  };
+  const Variant variants[] = {{-1, -1, "default"}, {0, -1, "fold off"}, {-1, 0, "fp8 on WMMA"}};
+  const KvCacheDType caches[] = {KvCacheDType::kAuto, KvCacheDType::kFp8E4M3,
+                                 KvCacheDType::kFp8E5M2};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    setFlashVariantsForTesting(v.fold, v.mmaFp8);
+    for (KvCacheDType kv : caches) {
+      if (v.mmaFp8 == 0 && kv == KvCacheDType::kAuto) continue;  // the switch is fp8's alone
+      for (DType dt : {DType::kF16, DType::kBF16}) {
+        if (v.fold == 0 || v.mmaFp8 == 0) {
+          runAttention({dt, 1, 8, 8, 128, 16, 0, 0, 300, false, 0.0f, kv}, rng_);
+          runAttention({dt, 3, 4, 4, 64, 16, 0, 500, 150, false, 0.0f, kv}, rng_);
+          runAttention({dt, 1, 16, 16, 128, 16, 0, 2000, 64, false, 0.0f, kv}, rng_);
+          runAttention({dt, 2, 8, 4, 64, 16, 64, 0, 400, false, 0.0f, kv}, rng_);
+        }
+        // Non-causal: no window, no ALiBi.
+        runAttention({dt, 3, 8, 2, 128, 16, 0, 0, 200, false, 0.0f, kv, 0, 0, false}, rng_);
+        runAttention({dt, 2, 4, 4, 64, 7, 0, 300, 100, false, 0.0f, kv, 0, 0, false}, rng_);
+        runAttention({dt, 1, 16, 16, 128, 16, 0, 2000, 64, false, 0.0f, kv, 0, 0, false}, rng_);
+      }
+    }
+  }
+  setFlashVariantsForTesting(-1, -1);
 }
 
 }  // namespace

@@ -87,5 +87,9 @@ Status validatePagedAttention(const PagedAttentionParams& p);
 // Host memory; the block tables and sequence arrays are read as given (no device indirection).
 Status pagedAttentionReference(const PagedAttentionParams& p);
 Status invokePagedAttention(const PagedAttentionParams& p, Stream stream);
+// Tests only: the prompt kernels' comparison switches, each 1 (on), 0 (off) or -1 (as the
+// environment says: TEXTGEN_FLASH_FOLD, TEXTGEN_FLASH_MMA_FP8), so that tests reach the variants
+// a serving shard takes only when told to.
+void setFlashVariantsForTesting(int fold, int mmaFp8);
 
 }  // namespace textgen::kernels
