@@ -12,7 +12,14 @@
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 [ -d .gpu/bin ] || tar xJf .gpu.txz
-[ -f .gpu/fixtures.txz ] && tar xJf .gpu/fixtures.txz
+# Made from the repository root (tests/reference/models/...) or from tests/ (reference/...).
+if [ -f .gpu/fixtures.txz ]; then
+  first=$(tar tJf .gpu/fixtures.txz 2>/dev/null | head -1)  # (tar's SIGPIPE ignored)
+  case $first in
+    reference/*) tar xJf .gpu/fixtures.txz -C tests ;;
+    *) tar xJf .gpu/fixtures.txz ;;
+  esac
+fi
 export LD_LIBRARY_PATH=$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TEXTGEN_MODEL_FIXTURES=$PWD/tests/reference/models PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,clocks.max.sm,temperature.gpu --format=csv,noheader

@@ -132,6 +132,20 @@ def test_routes(s):
     toks = json.loads(body)
     check(status == 200 and [t["text"] for t in toks] == ["", "Hello", " world"], f"/tokenize {body}")
     check(request(s.port, "GET", "/nope")[0] == 404, "404")
+    # A known route asked with another method is 405 naming the ones it takes; GET routes answer
+    # HEAD (headers, no body), as TGI's axum routes do.
+    status, headers, _ = request(s.port, "GET", "/generate")
+    allow = {k.lower(): v for k, v in headers.items()}.get("allow")
+    check(status == 405 and allow == "POST", f"GET /generate: {status} Allow {allow}")
+    check(request(s.port, "POST", "/info", {})[0] == 405, "POST /info")
+    status, _, body = request(s.port, "HEAD", "/health")
+    check(status == 200 and body == "", f"HEAD /health: {status} {body!r}")
+    check(request(s.port, "HEAD", "/info")[0] == 200, "HEAD /info")
+    # /tokenize's truncate keeps the last tokens (TGI's).
+    status, _, body = request(s.port, "POST", "/tokenize",
+                              {"inputs": "Hello world", "parameters": {"truncate": 2}})
+    check(status == 200 and [t["text"] for t in json.loads(body)] == ["Hello", " world"],
+          f"/tokenize truncate: {body}")
     # The OpenAPI document lists exactly what is served: every path and method answers (not 404).
     status, _, body = request(s.port, "GET", "/api-doc/openapi.json")
     doc = json.loads(body)

@@ -247,9 +247,9 @@ namespace {
 // info routes (/info, /health, /ping, /metrics, /v1/models, GET /) stay open, as in TGI.
 bool protectedRoute(const HttpRequest& r) {
   const std::string& p = r.path;
-  return (p == "/" && r.method != "GET") || p == "/generate" || p == "/generate_stream" ||
-         p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" ||
-         p == "/chat_tokenize" || p == "/invocations" || p == "/vertex";
+  return (p == "/" && r.method != "GET" && r.method != "HEAD") || p == "/generate" ||
+         p == "/generate_stream" || p == "/v1/completions" || p == "/v1/chat/completions" ||
+         p == "/tokenize" || p == "/chat_tokenize" || p == "/invocations" || p == "/vertex";
 }
 
 // Compares in time that depends on the lengths only, not on where the first difference is.
@@ -275,6 +275,23 @@ bool bearerAuthorized(const HttpRequest& request, const std::string& apiKey) {
   return constantTimeEquals(scheme, "bearer ") && constantTimeEquals(h.substr(7), apiKey);
 }
 
+// GET also answers HEAD (the HTTP layer sends the headers without the body), as axum's get() does.
+bool isGet(const HttpRequest& r) {
+  return r.method == "GET" || r.method == "HEAD";
+}
+
+// The methods a known route takes (its Allow header for a 405); empty for an unknown path.
+std::string allowedMethods(const std::string& p) {
+  if (p == "/") return "GET, HEAD, POST";
+  if (p == "/generate" || p == "/generate_stream" || p == "/v1/completions" || p == "/tokenize" ||
+      p == "/v1/chat/completions" || p == "/chat_tokenize" || p == "/invocations" || p == "/vertex")
+    return "POST";
+  if (p == "/info" || p == "/health" || p == "/ping" || p == "/metrics" ||
+      p == "/api-doc/openapi.json" || p == "/v1/models")
+    return "GET, HEAD";
+  return "";
+}
+
 bool generationRoute(const HttpRequest& r) {
   const std::string& p = r.path;
   return r.method == "POST" &&
@@ -291,7 +308,7 @@ void handleWithoutReplica(const HttpRequest& request, HttpResponder& responder,
   const std::string& p = request.path;
   if (request.method == "OPTIONS") return preflight(request, responder, corsAllowOrigins);
   HttpHeaders h = corsHeaders(request, corsAllowOrigins);
-  if (request.method == "GET" && p == "/metrics") {
+  if (isGet(request) && p == "/metrics") {
     h["Content-Type"] = "text/plain; version=0.0.4";
     responder.reply(200, metrics.render(), h);
     return;
@@ -300,7 +317,7 @@ void handleWithoutReplica(const HttpRequest& request, HttpResponder& responder,
     responder.reply(401, errorJson("Unauthorized", "unauthorized"), h);
     return;
   }
-  if (request.method == "GET" && (p == "/health" || p == "/ping")) {
+  if (isGet(request) && (p == "/health" || p == "/ping")) {
     responder.reply(503, errorJson("unhealthy", "healthcheck"), h);
     return;
   }
@@ -347,18 +364,18 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
   }
   if (DocsPage::owns(p)) {  // /docs and its files: GET and HEAD, an allow-list of names
     serveDocs(options_.docs.get(), request, *responder);
-  } else if (request.method == "GET" && p == "/info") {
+  } else if (isGet(request) && p == "/info") {
     info(responder);
-  } else if (request.method == "GET" && (p == "/health" || p == "/ping" || p == "/")) {
+  } else if (isGet(request) && (p == "/health" || p == "/ping" || p == "/")) {
     // A shard's Health RPC can take its whole deadline: never on the server's threads.
     if (!healthWorkers_->post([this, responder] { health(responder); }, 64))
       responder->reply(503, errorJson("unhealthy", "healthcheck"), {});
-  } else if (request.method == "GET" && p == "/metrics") {
+  } else if (isGet(request) && p == "/metrics") {
     loadGauges();
     responder->reply(200, metrics_.render(), {{"Content-Type", "text/plain; version=0.0.4"}});
-  } else if (request.method == "GET" && p == "/api-doc/openapi.json") {
+  } else if (isGet(request) && p == "/api-doc/openapi.json") {
     responder->reply(200, openApiDocument(), baseHeaders(request));
-  } else if (request.method == "GET" && p == "/v1/models") {
+  } else if (isGet(request) && p == "/v1/models") {
     responder->reply(200,
                      json{{"object", "list"},
                           {"data", json::array({{{"id", options_.modelId},
@@ -367,6 +384,11 @@ void RouterApp::handle(const HttpRequest& request, std::shared_ptr<HttpResponder
                                                  {"owned_by", options_.modelId}}})}}
                          .dump(),
                      baseHeaders(request));
+  } else if (const std::string allow = allowedMethods(p); !allow.empty()) {
+    // A known route asked with another method: 405 naming the ones it takes (TGI's axum router).
+    HttpHeaders h = baseHeaders(request);
+    h["Allow"] = allow;
+    responder->reply(405, errorJson("Method Not Allowed", "method_not_allowed"), h);
   } else {
     responder->reply(404, errorJson("Not Found", "not_found"), baseHeaders(request));
   }
@@ -419,7 +441,8 @@ void RouterApp::tokenize(const HttpRequest& request, std::shared_ptr<HttpRespond
     return;
   }
   // The input limit of /generate: a response that lists every token of a 2 MB body is ~100 MB.
-  auto e = validator_.tokenize(parsed->inputs, parsed->addSpecialTokens);
+  auto e =
+      validator_.tokenize(parsed->inputs, parsed->addSpecialTokens, parsed->parameters.truncate);
   if (!e.ok()) {
     responder->reply(422, errorJson(e.status().message(), "validation"), baseHeaders(request));
     return;
@@ -457,12 +480,17 @@ void RouterApp::info(std::shared_ptr<HttpResponder> responder) {
 void RouterApp::health(std::shared_ptr<HttpResponder> responder) {
   // Healthy when a replica's last batch did not fail and its shards answer Health (TGI's health
   // uses the batches' outcome, and asks the shards when it has none).
-  for (const auto& r : replicas_.serving()) {
+  // An unhealthy replica is checked again by its batching thread (Batcher::probe: ClearCache +
+  // Warmup while idle), so that one failure does not keep the replica out of a readiness probe's
+  // rotation until a request happens to succeed.
+  const auto serving = replicas_.serving();
+  for (const auto& r : serving) {
     if (r->batcher->healthy() && r->shards->health().ok()) {
       responder->reply(200, "", {});
       return;
     }
   }
+  for (const auto& r : serving) r->batcher->probe();
   responder->reply(503, errorJson("unhealthy", "healthcheck"), {});
 }
 

@@ -5,6 +5,7 @@
 #include <random>
 #include <system_error>
 #include <unordered_set>
+#include <utility>
 
 #include "textgen/base/log.h"
 #include "textgen/base/thread_name.h"
@@ -679,12 +680,36 @@ void Batcher::sendLoop() {
   }
 }
 
+void Batcher::probe() {
+  if (healthy_ || !options_.recover) return;
+  {
+    std::lock_guard lock(mutex_);
+    probe_ = true;
+  }
+  wake_.notify_one();
+}
+
 void Batcher::run() {
   while (true) {
+    bool probing = false;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty() || probe_; });
       if (stop_) return;
+      probing = std::exchange(probe_, false) && queue_.empty();
+    }
+    if (probing) {
+      // Nothing queued, so nothing runs: the shards are the check's alone. A request queued
+      // meanwhile runs recover() itself, below, if this check fails.
+      const auto now = std::chrono::steady_clock::now();
+      if (!healthy_ && options_.recover && now - lastProbe_ >= kMinProbeInterval) {
+        lastProbe_ = now;
+        if (options_.recover().ok()) {
+          mustRecover_ = false;
+          healthy_ = true;
+        }
+      }
+      continue;
     }
     std::vector<BatchEntry> first =
         takeBatch(std::nullopt, options_.maxBatchSize, options_.maxBatchPrefillTokens);

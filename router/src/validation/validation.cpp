@@ -387,6 +387,8 @@ StatusOr<std::optional<Grammar>> parseGrammar(const json& j, const std::string& 
   } else if (t == "regex") {
     if (!hasValue || !value->is_string())
       return fieldType(field + ".value", "a string (the regex)");
+    // An empty pattern is no grammar, as in TGI (its shards build no grammar processor for "").
+    if (value->get_ref<const std::string&>().empty()) return std::optional<Grammar>();
     g.type = Grammar::Type::kRegex;
     g.value = value->get<std::string>();
   } else {
@@ -412,11 +414,12 @@ Status Validator::checkGrammar(const Grammar& g) const {
   return okStatus();
 }
 
-StatusOr<tokenizer::Encoding> Validator::tokenize(const std::string& inputs,
-                                                  bool addSpecialTokens) const {
+StatusOr<tokenizer::Encoding> Validator::tokenize(const std::string& inputs, bool addSpecialTokens,
+                                                  std::optional<uint32_t> truncate) const {
   if (inputs.empty()) return invalidArgumentError("`inputs` cannot be empty");
   auto encoding = tokenizer_.encode(inputs, addSpecialTokens);
   if (!encoding.ok()) return invalidArgumentError("tokenizer error " + encoding.status().message());
+  if (truncate) encoding->truncateLeft(*truncate);
   if (encoding->size() > limits_.maxInputTokens) {
     return invalidArgumentError("`inputs` must have less than " +
                                 std::to_string(limits_.maxInputTokens) +

@@ -595,6 +595,51 @@ TEST(BatcherTest, AFailedJoiningPrefillEndsTheRunningBatchAndTheReplicaRecovers)
   EXPECT_TRUE(b.healthy());
 }
 
+// A replica left unhealthy by a failed prefill is checked again when asked (the health route's
+// probe()) while nothing is queued: recover() runs on the batching thread, and the replica is
+// healthy once it succeeds, with no request needed. A failing check leaves it unhealthy; a
+// healthy replica is not checked.
+TEST(BatcherTest, AnUnhealthyReplicaIsCheckedAgainWhenProbed) {
+  FakeShards shards;
+  std::atomic<int> recoveries{0};
+  std::atomic<bool> recoverWorks{false};
+  BatcherOptions o = stepExact(options(64, false, 4096, 0.3f, 1));
+  o.recover = [&]() -> Status {
+    ++recoveries;
+    return recoverWorks ? okStatus() : unavailableError("shard 0 still down");
+  };
+  Batcher b(shards, o, nullptr);
+  b.probe();  // healthy: nothing to check
+  shards.failPrefills = 1;
+  auto failed = std::make_shared<Collector>();
+  b.submit(1, request(4, 3), std::make_shared<RequestControl>(), failed);
+  ASSERT_TRUE(failed->wait());
+  ASSERT_TRUE(failed->error.has_value());
+  EXPECT_FALSE(b.healthy());
+  EXPECT_EQ(recoveries.load(), 0);
+  auto waitFor = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 500 && !done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  };
+  b.probe();  // the check fails: still unhealthy
+  ASSERT_TRUE(waitFor([&] { return recoveries.load() == 1; }));
+  EXPECT_FALSE(b.healthy());
+  recoverWorks = true;
+  std::this_thread::sleep_for(Batcher::kMinProbeInterval);
+  b.probe();
+  ASSERT_TRUE(waitFor([&] { return b.healthy(); }));
+  EXPECT_EQ(recoveries.load(), 2);
+  // Healthy again, and it serves without another recovery.
+  auto next = std::make_shared<Collector>();
+  b.submit(2, request(4, 3), std::make_shared<RequestControl>(), next);
+  ASSERT_TRUE(next->wait());
+  EXPECT_EQ(next->tokens, expected(2, 3));
+  b.probe();
+  std::this_thread::sleep_for(Batcher::kMinProbeInterval + std::chrono::milliseconds(100));
+  EXPECT_EQ(recoveries.load(), 2);
+}
+
 // Every client of the running batch leaves, and the shards fail to let go of it (ClearCache of
 // that batch fails): its blocks are free here and will be handed out again, so the replica
 // recovers before the next batch. It answered every step: it stays healthy.

@@ -187,6 +187,12 @@ TEST_F(ValidationTest, GrammarsAreParsedAndCompiled) {
       R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": {"type": "regex", "value": "[a-z]+"}}})");
   ASSERT_TRUE(regex.ok()) << regex.status().message();
   EXPECT_EQ(regex->grammar->type, Grammar::Type::kRegex);
+  // An empty pattern is no grammar (TGI's shards build no grammar for ""): the request generates
+  // freely instead of reaching a shard that refuses it.
+  auto emptyRegex = check(
+      R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": {"type": "regex", "value": ""}}})");
+  ASSERT_TRUE(emptyRegex.ok()) << emptyRegex.status().message();
+  EXPECT_FALSE(emptyRegex->grammar.has_value());
   auto schema = check(
       R"({"inputs": "Hi", "parameters": {"max_new_tokens": 4, "grammar": {"type": "json_schema", "value": {"name": "x", "schema": {"type": "null"}}}}})");
   ASSERT_TRUE(schema.ok()) << schema.status().message();
@@ -412,6 +418,23 @@ TEST_F(ValidationTest, TokenizeHasTheInputLimit) {
             std::string::npos)
       << big.status().message();
   EXPECT_FALSE(validator_->tokenize("", true).ok());
+}
+
+// /tokenize's `parameters.truncate` keeps the last tokens, as TGI's does, and the input limit
+// counts what is kept.
+TEST_F(ValidationTest, TokenizeTruncatesFromTheLeft) {
+  auto all = validator_->tokenize("Hello world and more words", true);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_GT(all->size(), 2u);
+  auto kept = validator_->tokenize("Hello world and more words", true, 2);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_EQ(kept->size(), 2u);
+  EXPECT_EQ(kept->ids[0], all->ids[all->size() - 2]);
+  EXPECT_EQ(kept->ids[1], all->ids.back());
+  EXPECT_EQ(kept->offsets[1], all->offsets.back());
+  auto big = validator_->tokenize(std::string(5000, 'a') + " b c d e f g", true, 4);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->size(), 4u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -106,6 +107,12 @@ class Batcher {
   // Requests queued or running: the load used to pick a replica.
   size_t load() const { return load_.load(); }
   bool healthy() const { return healthy_.load(); }
+  // Asks the batching thread to check an unhealthy replica again while nothing is queued (TGI's
+  // health route runs a generation when the last one failed): recover() (ClearCache + Warmup, a
+  // whole forward on every shard), and healthy once it succeeds. Without recover, or while
+  // healthy, nothing. At most one check a kMinProbeInterval; the route answers from the flag.
+  void probe();
+  static constexpr std::chrono::milliseconds kMinProbeInterval{1000};
   uint32_t freeBlocks() const;
   uint32_t cachedBlocks() const;
   uint32_t usableBlocks() const { return allocator_.usableBlocks(); }  // constant
@@ -228,6 +235,8 @@ class Batcher {
   // recover() (or, without it, ClearCache of every batch) runs before the next batch. Cleared
   // only when that succeeds; the batching thread's alone.
   bool mustRecover_ = false;
+  bool probe_ = false;                                 // probe() asked (under mutex_)
+  std::chrono::steady_clock::time_point lastProbe_{};  // the thread's alone
   std::atomic<bool> stop_{false};
   uint64_t nextBatchId_ = 1;
   // When the last step returned (steady-clock nanoseconds; 0: idle since); written by whichever

@@ -183,8 +183,10 @@ class Validator {
   // INVALID_ARGUMENT with TGI's message (HTTP 422, error_type "validation"); UNIMPLEMENTED for a
   // parameter whose feature textgen does not have yet (also 422).
   StatusOr<ValidRequest> validate(const GenerateRequest& request, Endpoint endpoint) const;
-  // `inputs` tokenized under the same limits as validate() (at most max_input_tokens); /tokenize.
-  StatusOr<tokenizer::Encoding> tokenize(const std::string& inputs, bool addSpecialTokens) const;
+  // `inputs` tokenized under the same limits as validate() (at most max_input_tokens, counted after
+  // `truncate`: the last that many tokens kept, as TGI's /tokenize does); /tokenize.
+  StatusOr<tokenizer::Encoding> tokenize(const std::string& inputs, bool addSpecialTokens,
+                                         std::optional<uint32_t> truncate = std::nullopt) const;
   const ValidationLimits& limits() const { return limits_; }
   // INVALID_ARGUMENT "grammar is not valid: ..." (TGI's message) unless it compiles within the
   // grammar engine's bounds. Compiled grammars are cached.
