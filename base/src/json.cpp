@@ -103,8 +103,8 @@ Status checkJson(std::string_view text, std::string_view what, int maxDepth, boo
 }  // namespace
 
 StatusOr<nlohmann::ordered_json> parseOrderedJson(std::string_view text, std::string_view what,
-                                                  int maxDepth) {
-  TG_RETURN_IF_ERROR(checkJson(text, what, maxDepth, /*ordered=*/true));
+                                                  int maxDepth, bool boundKeys) {
+  TG_RETURN_IF_ERROR(checkJson(text, what, maxDepth, /*ordered=*/boundKeys));
   auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalidArgumentError(std::string(what) + " is not valid JSON");
   return j;

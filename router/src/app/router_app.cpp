@@ -483,14 +483,16 @@ void RouterApp::health(std::shared_ptr<HttpResponder> responder) {
   // An unhealthy replica is checked again by its batching thread (Batcher::probe: ClearCache +
   // Warmup while idle), so that one failure does not keep the replica out of a readiness probe's
   // rotation until a request happens to succeed.
+  // Every unhealthy one, whether or not another answers: requests go to healthy replicas, so
+  // this is how a failed one comes back.
   const auto serving = replicas_.serving();
+  for (const auto& r : serving) r->batcher->probe();
   for (const auto& r : serving) {
     if (r->batcher->healthy() && r->shards->health().ok()) {
       responder->reply(200, "", {});
       return;
     }
   }
-  for (const auto& r : serving) r->batcher->probe();
   responder->reply(503, errorJson("unhealthy", "healthcheck"), {});
 }
 

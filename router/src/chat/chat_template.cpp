@@ -834,10 +834,11 @@ std::string tokenText(const json& config, const char* key) {
   return {};
 }
 
-// The file's JSON; NOT_FOUND when it does not exist.
+// The file's JSON; NOT_FOUND when it does not exist. A model's file: no bound on its objects' keys
+// (base/json.h; read once, at start-up).
 StatusOr<json> readJsonFile(const std::string& path) {
   TG_ASSIGN_OR_RETURN(std::string text, readRegularFile(path));
-  return parseOrderedJson(text, path);
+  return parseOrderedJson(text, path, kMaxJsonDepth, /*boundKeys=*/false);
 }
 
 }  // namespace

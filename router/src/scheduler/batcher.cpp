@@ -702,9 +702,11 @@ void Batcher::run() {
       // Nothing queued, so nothing runs: the shards are the check's alone. A request queued
       // meanwhile runs recover() itself, below, if this check fails.
       const auto now = std::chrono::steady_clock::now();
-      if (!healthy_ && options_.recover && now - lastProbe_ >= kMinProbeInterval) {
+      if (!healthy_ && options_.recover && now - lastProbe_ >= kMinProbeInterval && !stop_) {
         lastProbe_ = now;
-        if (options_.recover().ok()) {
+        // Health first (its short deadline): a shard still frozen fails it at once, so that
+        // Warmup's long deadline does not hold this thread (and ~Batcher, which waits for it).
+        if (shards_.health().ok() && options_.recover().ok()) {
           mustRecover_ = false;
           healthy_ = true;
         }

@@ -61,6 +61,11 @@ TEST(Json, OrderedParseRefusesObjectsOfTooManyKeys) {
     EXPECT_NE(s.message().find("has objects of too many keys"), std::string::npos) << s;
     EXPECT_TRUE(parseJson(*doc, "doc").ok());
   }
+  // A model's own files (tokenizer_config.json's added_tokens_decoder) are read without the bound.
+  auto file = parseOrderedJson(objectOfKeys(20000), "tokenizer_config.json", kMaxJsonDepth,
+                               /*boundKeys=*/false);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->size(), 20000u);
 }
 
 }  // namespace

@@ -635,8 +635,10 @@ TEST(BatcherTest, AnUnhealthyReplicaIsCheckedAgainWhenProbed) {
   b.submit(2, request(4, 3), std::make_shared<RequestControl>(), next);
   ASSERT_TRUE(next->wait());
   EXPECT_EQ(next->tokens, expected(2, 3));
+  std::this_thread::sleep_for(
+      Batcher::kMinProbeInterval);  // past the interval: only health stops it
   b.probe();
-  std::this_thread::sleep_for(Batcher::kMinProbeInterval + std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(recoveries.load(), 2);
 }
 

@@ -109,8 +109,9 @@ class Batcher {
   bool healthy() const { return healthy_.load(); }
   // Asks the batching thread to check an unhealthy replica again while nothing is queued (TGI's
   // health route runs a generation when the last one failed): recover() (ClearCache + Warmup, a
-  // whole forward on every shard), and healthy once it succeeds. Without recover, or while
-  // healthy, nothing. At most one check a kMinProbeInterval; the route answers from the flag.
+  // whole forward on every shard) once the shards answer Health, and healthy once it succeeds.
+  // Without recover, or while healthy, nothing. At most one check a kMinProbeInterval; the route
+  // answers from the flag. ~Batcher waits for a check under way (Warmup's deadline at most).
   void probe();
   static constexpr std::chrono::milliseconds kMinProbeInterval{1000};
   uint32_t freeBlocks() const;
